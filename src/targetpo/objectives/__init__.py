@@ -1,0 +1,48 @@
+"""TPO and its baselines as pure functions on tensors.
+
+Every objective takes tensors plus keyword hyperparameters and returns a :class:`LossOutput` with a scalar
+``.loss`` and detached ``.metrics``. Nothing here samples, steps an optimizer or reads global state.
+"""
+
+from ._checks import LossOutput
+from .aggregation import aggregate
+from .clipped import (
+    cispo_loss,
+    clipped_surrogate,
+    dapo_loss,
+    dr_grpo_loss,
+    grpo_loss,
+    gspo_loss,
+    k3_kl,
+    ppo_loss,
+    sapo_loss,
+)
+from .delightful import delight_gate, dg_loss
+from .policy_gradient import (
+    batch_standardized_pg_loss,
+    group_pg_loss,
+    importance_weighted_pg_loss,
+    reinforce_loss,
+    rloo_loss,
+)
+from .registry import Objective, available, get
+from .scores import (
+    batch_mean_baseline,
+    expected_baseline,
+    group_advantages,
+    rloo_advantages,
+    standardize_scores,
+    zero_variance_groups,
+)
+from .supervised import ce_loss
+from .tpo import sequence_logp, tpo_loss, tpo_sequence_loss, tpo_target, tpo_token_loss
+
+__all__ = [
+    "LossOutput", "Objective", "aggregate", "available", "get",
+    "standardize_scores", "group_advantages", "rloo_advantages", "zero_variance_groups",
+    "expected_baseline", "batch_mean_baseline",
+    "tpo_target", "tpo_loss", "tpo_token_loss", "tpo_sequence_loss", "sequence_logp",
+    "reinforce_loss", "importance_weighted_pg_loss", "batch_standardized_pg_loss", "rloo_loss", "group_pg_loss",
+    "ppo_loss", "grpo_loss", "dr_grpo_loss", "dapo_loss", "gspo_loss", "sapo_loss", "cispo_loss",
+    "clipped_surrogate", "k3_kl", "dg_loss", "delight_gate", "ce_loss",
+]

@@ -1,0 +1,98 @@
+"""Input validation shared by every objective.
+
+Errors name the argument and its shape, so a user who passes a broken batch learns which tensor is wrong.
+Half-precision inputs are promoted to float32: softmaxes over a group and exp(log-ratio) lose too much in
+bf16/fp16, and the objectives are cheap next to the model that produced their inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """What every objective returns: a scalar `loss` to backpropagate and detached scalar `metrics`."""
+
+    loss: Tensor
+    metrics: dict[str, Tensor] = field(default_factory=dict)
+
+
+def as_float(name: str, x: Tensor) -> Tensor:
+    """Return `x` as a floating tensor of at least float32 precision, rejecting NaN/inf."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        x = x.to(torch.float32)
+    elif x.dtype in (torch.float16, torch.bfloat16):
+        x = x.float()
+    check_finite(name, x)
+    return x
+
+
+def check_finite(name: str, x: Tensor) -> None:
+    # One reduction instead of isfinite().all(): it allocates no bool tensor of the input's size.
+    if not torch.isfinite(x.detach().sum()):
+        bad = (~torch.isfinite(x.detach())).sum().item()
+        if bad:
+            raise ValueError(f"{name} contains {bad} NaN/inf value(s) (shape {tuple(x.shape)})")
+
+
+def check_same_shape(**tensors: Tensor | None) -> None:
+    items = [(k, v) for k, v in tensors.items() if v is not None]
+    if not items:
+        return
+    ref_name, ref = items[0]
+    for name, t in items[1:]:
+        if t.shape != ref.shape:
+            raise ValueError(
+                f"{name} has shape {tuple(t.shape)} but {ref_name} has shape {tuple(ref.shape)}; they must match"
+            )
+
+
+def check_group_size(name: str, x: Tensor, minimum: int = 2) -> None:
+    if x.dim() < 1 or x.shape[-1] < minimum:
+        raise ValueError(
+            f"{name} must have a group axis (last dim) of size K >= {minimum}; got shape {tuple(x.shape)}"
+        )
+
+
+def as_mask(name: str, mask: Tensor | None, like: Tensor, *, require_nonempty_groups: bool = True) -> Tensor | None:
+    """Validate a candidate mask (True = valid). Every group must keep at least one candidate."""
+    if mask is None:
+        return None
+    if mask.shape != like.shape:
+        raise ValueError(f"{name} has shape {tuple(mask.shape)} but the scores/log-probs have {tuple(like.shape)}")
+    mask = mask.to(torch.bool)
+    if require_nonempty_groups:
+        empty = ~mask.any(dim=-1)
+        if empty.any():
+            idx = empty.nonzero()[0].tolist()
+            raise ValueError(
+                f"{name} masks out every candidate of {int(empty.sum())} group(s) (first at index {idx}, "
+                f"mask shape {tuple(mask.shape)}); drop such groups before calling the objective"
+            )
+    return mask
+
+
+def as_token_mask(name: str, token_mask: Tensor | None, like: Tensor) -> Tensor:
+    """Validate a per-token mask [..., T]; every sequence must keep at least one token."""
+    if token_mask is None:
+        return torch.ones_like(like, dtype=torch.bool)
+    if token_mask.shape != like.shape:
+        raise ValueError(f"{name} has shape {tuple(token_mask.shape)} but the per-token log-probs have {tuple(like.shape)}")
+    token_mask = token_mask.to(torch.bool)
+    empty = ~token_mask.any(dim=-1)
+    if empty.any():
+        raise ValueError(
+            f"{name} leaves {int(empty.sum())} sequence(s) with no valid token (shape {tuple(token_mask.shape)})"
+        )
+    return token_mask
+
+
+def check_positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value}")

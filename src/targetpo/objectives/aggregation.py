@@ -1,0 +1,65 @@
+"""How a per-element loss becomes one scalar: the conventions differ between papers and libraries.
+
+Layout: per-candidate values `[..., K]` (sequence level, or a 2-D `[rows, cols]` batch such as `[B, H]`
+tokens), or per-token values `[..., K, T]` with a token mask.
+
+- ``"sum-mean"``: sum over the last dim (candidates, or tokens of a row) and over T if present, mean over the
+  remaining leading dims. The paper's convention for PPO/GRPO/REINFORCE/DG (spec §1.3, §5.14): candidates and
+  tokens are *summed*, prompts/states averaged.
+- ``"mean"``: mean over every element (single-sample batches `[B]`, RLOO's 1/K).
+- ``"token-mean"``: Σ m·x / Σ m over all tokens of the batch (DAPO, Yu et al. 2025; verl's default).
+- ``"seq-mean-token-mean"``: mean over tokens within a sequence, then over sequences (GRPO, Shao et al. 2024).
+- ``"seq-mean-token-sum"``: sum over tokens within a sequence, mean over sequences.
+- ``"seq-mean-token-sum-norm"``: sum over tokens divided by a constant length (default T), mean over sequences
+  (Dr. GRPO, Liu et al. 2025), which removes the length bias of per-sequence means.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+LossAgg = Literal["sum-mean", "mean", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+TOKEN_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+MODES = ("sum-mean", "mean") + TOKEN_MODES
+
+
+def aggregate(
+    values: Tensor,
+    mode: str,
+    *,
+    token_mask: Tensor | None = None,
+    per_token: bool = False,
+    norm_len: float | None = None,
+) -> Tensor:
+    """Reduce per-element losses to a scalar. `per_token=True` means the last dim of `values` is T (tokens)
+    and `token_mask` (same shape, bool) marks valid tokens; otherwise `values` holds one value per row/candidate."""
+    if mode not in MODES:
+        raise ValueError(f"loss_agg must be one of {MODES}, got {mode!r}")
+    if token_mask is not None:
+        values = torch.where(token_mask, values, torch.zeros_like(values))
+    if not per_token:
+        if mode in TOKEN_MODES:
+            raise ValueError(f"loss_agg={mode!r} needs per-token inputs [..., T]; got per-candidate values {tuple(values.shape)}")
+        if mode == "mean" or values.dim() == 0:
+            return values.mean()
+        return values.sum(dim=-1).mean()
+    m = torch.ones_like(values) if token_mask is None else token_mask.to(values.dtype)
+    if mode == "token-mean":
+        return values.sum() / m.sum().clamp_min(1.0)
+    if mode == "sum-mean":
+        # Sum tokens and candidates, average groups: [G, K, T] -> Σ_{K,T}, mean_G; [B, T] -> Σ_T, mean_B.
+        summed = values.sum(dim=-1)
+        return summed.sum(dim=-1).mean() if summed.dim() >= 2 else summed.mean()
+    if mode == "mean":
+        return (values.sum(dim=-1) / m.sum(dim=-1).clamp_min(1.0)).mean()
+    per_seq = values.sum(dim=-1)
+    n_tok = m.sum(dim=-1)
+    if mode == "seq-mean-token-mean":
+        per_seq = per_seq / n_tok.clamp_min(1.0)
+    elif mode == "seq-mean-token-sum-norm":
+        per_seq = per_seq / float(norm_len if norm_len is not None else values.shape[-1])
+    # Average over sequences that keep at least one token (masked candidates do not dilute the mean).
+    return per_seq.sum() / (n_tok > 0).sum().clamp_min(1).to(values.dtype)

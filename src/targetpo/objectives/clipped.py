@@ -1,0 +1,275 @@
+r"""Ratio-based objectives: PPO and the GRPO family (GRPO, Dr. GRPO, DAPO, GSPO, SAPO, CISPO).
+
+Conventions. ρ = π_θ/π_old is the importance ratio to the rollout snapshot. Per-candidate inputs `[..., K]`
+(sequence log-probs, or a token-level state's K candidate tokens) give one ratio per candidate — the paper's
+sequence-level GRPO (spec §1.3, §1.7). Per-token inputs `[G, K, T]` with a `token_mask` give one ratio per
+token — the LLM convention. Advantages are constants. Masked candidates (`mask`) and padding tokens
+(`token_mask`) contribute nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._checks import LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_same_shape
+from .aggregation import aggregate
+from .scores import ZERO_VARIANCE_STD, group_advantages, zero_variance_groups
+
+
+def k3_kl(logp: Tensor, ref_logp: Tensor, *, log_ratio_clip: float | None = 20.0) -> Tensor:
+    r"""Schulman's k3 estimator of KL(π_θ ‖ π_ref) per sample: exp(−Δ) + Δ − 1 with Δ = log π_θ − log π_ref.
+    Non-negative, exactly 0 (with zero gradient) when the policies agree on the sample."""
+    delta = logp - ref_logp
+    if log_ratio_clip is not None:
+        delta = delta.clamp(-log_ratio_clip, log_ratio_clip)
+    return torch.exp(-delta) + delta - 1.0
+
+
+def clipped_surrogate(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> Tensor:
+    """PPO's pessimistic surrogate min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) (Schulman et al. 2017)."""
+    return torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)
+
+
+def _clip_fraction(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float, valid: Tensor | None) -> Tensor:
+    active = ((ratio > 1.0 + eps_high) & (adv > 0)) | ((ratio < 1.0 - eps_low) & (adv < 0))
+    if valid is None:
+        return active.float().mean()
+    return (active & valid).float().sum() / valid.float().sum().clamp_min(1.0)
+
+
+def ppo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    token_mask: Tensor | None = None,
+    loss_agg: str | None = None,
+) -> LossOutput:
+    r"""PPO's clipped surrogate (Schulman et al. 2017), no value loss or entropy bonus:
+    L = −agg(min(ρA, clip(ρ, 1−ε, 1+ε)A)), ρ = exp(log π_θ − log π_old) (unclamped, as the paper's code).
+
+    `[B]` single actions (default agg "mean") or `[B, H]` per-token with A_{b,t} (default "sum-mean": Σ_t,
+    mean_b, the paper's transformer PPO, §1.3)."""
+    lp = as_float("logp", logp)
+    old = as_float("old_logp", old_logp).detach()
+    a = as_float("advantages", advantages).detach()
+    check_same_shape(logp=lp, old_logp=old, advantages=a)
+    hi = clip_eps if clip_eps_high is None else clip_eps_high
+    ratio = torch.exp(lp - old)
+    per = -clipped_surrogate(ratio, a, clip_eps, hi)
+    agg = loss_agg if loss_agg is not None else ("mean" if lp.dim() == 1 else "sum-mean")
+    loss = aggregate(per, agg, token_mask=token_mask, per_token=token_mask is not None)
+    with torch.no_grad():
+        valid = None if token_mask is None else token_mask.bool()
+        metrics = {
+            "clip_frac": _clip_fraction(ratio, a, clip_eps, hi, valid),
+            "approx_kl": (k3_kl(old, lp.detach()) if valid is None else k3_kl(old, lp.detach())[valid]).mean(),
+            "ratio_mean": ratio.mean(),
+        }
+    return LossOutput(loss, metrics)
+
+
+def _layout(logp: Tensor, scores: Tensor) -> bool:
+    """True for per-token inputs [..., K, T], False for per-candidate [..., K]; anything else is an error."""
+    if logp.shape == scores.shape:
+        return False
+    if logp.dim() == scores.dim() + 1 and logp.shape[:-1] == scores.shape:
+        return True
+    raise ValueError(
+        f"logp has shape {tuple(logp.shape)} but scores has {tuple(scores.shape)}: logp must be [..., K] "
+        "(one log-prob per candidate) or [..., K, T] (per-token)"
+    )
+
+
+def grpo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    scores: Tensor,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    beta: float = 0.04,
+    ref_logp: Tensor | None = None,
+    token_mask: Tensor | None = None,
+    mask: Tensor | None = None,
+    mask_zero_var: bool = False,
+    scale_advantages: bool = True,
+    adv_eps: float = 1e-8,
+    loss_agg: str | None = None,
+    norm_len: float | None = None,
+    log_ratio_clip: float = 20.0,
+) -> LossOutput:
+    r"""GRPO (Shao et al. 2024, DeepSeekMath) with the paper's conventions (spec §1.3).
+
+    .. math::
+        A_i = \frac{s_i - \bar s}{\sigma_s + \epsilon},\quad
+        \Delta = \mathrm{clip}(\log\pi_\theta - \log\pi_{old}, \pm 20),\quad \rho = e^{\Delta},\\
+        L = -\mathrm{agg}\big(\min(\rho A, \mathrm{clip}(\rho, 1-\epsilon, 1+\epsilon) A) - \beta\,\mathrm{k3}(\log\pi_\theta, \log\pi_{ref})\big)
+
+    Args:
+      logp / old_logp: `[..., K]` per-candidate log-probs (the paper's sequence-level GRPO: one ratio per
+        completion, summed log-probs; or token-level GRPO_token over K candidate tokens), or `[G, K, T]`
+        per-token log-probs (LLM GRPO: one ratio per token).
+      scores: `[..., K]` rewards.
+      beta: k3 KL weight. The KL is to `ref_logp` when given (a frozen reference), else to the rollout
+        snapshot `old_logp` (the paper's code; then it is exactly 0 in the first epoch). β = 0 is "GRPO no-KL".
+      mask_zero_var: the paper's "GRPO masked" (§E9): drop zero-variance groups and normalise by the number
+        of informative groups instead of all groups.
+      scale_advantages: False gives Dr. GRPO's unscaled s − s̄.
+      loss_agg: default "sum-mean" for per-candidate inputs (Σ_K, mean over groups: the paper) and
+        "seq-mean-token-mean" for per-token inputs (the original GRPO); see `aggregation`.
+    """
+    lp = as_float("logp", logp)
+    old = as_float("old_logp", old_logp).detach()
+    s = as_float("scores", scores)
+    check_same_shape(logp=lp, old_logp=old, ref_logp=ref_logp)
+    check_group_size("scores", s)
+    per_token = _layout(lp, s)
+    mask = as_mask("mask", mask, s)
+    adv = group_advantages(s, mask, eps=adv_eps, scale=scale_advantages)
+    valid = torch.ones_like(s, dtype=torch.bool) if mask is None else mask
+    informative = ~zero_variance_groups(s, mask, eps=ZERO_VARIANCE_STD)
+    if mask_zero_var:
+        valid = valid & informative.unsqueeze(-1)
+    if per_token:
+        tm = as_token_mask("token_mask", token_mask, lp) & valid.unsqueeze(-1)
+        adv_b = adv.unsqueeze(-1)
+    else:
+        tm, adv_b = valid, adv
+    hi = clip_eps if clip_eps_high is None else clip_eps_high
+    delta = (lp - old).clamp(-log_ratio_clip, log_ratio_clip)
+    ratio = torch.exp(delta)
+    per = -clipped_surrogate(ratio, adv_b, clip_eps, hi)
+    kl = None
+    if beta != 0.0:
+        ref = old if ref_logp is None else as_float("ref_logp", ref_logp).detach()
+        kl = k3_kl(lp, ref, log_ratio_clip=log_ratio_clip)
+        per = per + beta * kl
+    mode = loss_agg if loss_agg is not None else ("seq-mean-token-mean" if per_token else "sum-mean")
+    per = torch.where(tm, per, torch.zeros_like(per))
+    loss = aggregate(per, mode, token_mask=tm if per_token else None, per_token=per_token, norm_len=norm_len)
+    if mask_zero_var and mode == "sum-mean":
+        # Normalise by informative groups, not all groups (the paper's grpo_masked).
+        n_groups = informative.numel()
+        loss = loss * n_groups / informative.sum().clamp_min(1).to(loss.dtype)
+    with torch.no_grad():
+        metrics = {
+            "clip_frac": _clip_fraction(ratio, adv_b.expand_as(ratio), clip_eps, hi, tm),
+            "frac_zero_var": (~informative).float().mean(),
+            "adv_abs_mean": adv.abs().mean(),
+        }
+        if kl is not None:
+            metrics["kl"] = kl[tm].mean() if tm.any() else kl.new_zeros(())
+    return LossOutput(loss, metrics)
+
+
+def dr_grpo_loss(logp: Tensor, old_logp: Tensor, scores: Tensor, *, beta: float = 0.0, norm_len: float | None = None,
+                 **kwargs) -> LossOutput:
+    r"""Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): GRPO without the two biases —
+    advantages s − s̄ (no std division) and per-sequence token *sums* divided by a constant length
+    (`norm_len`, default the padded T) instead of each sequence's own length. Per-token inputs `[G, K, T]`."""
+    kwargs.setdefault("loss_agg", "seq-mean-token-sum-norm")
+    return grpo_loss(logp, old_logp, scores, beta=beta, scale_advantages=False, norm_len=norm_len, **kwargs)
+
+
+def dapo_loss(logp: Tensor, old_logp: Tensor, scores: Tensor, *, clip_eps: float = 0.2, clip_eps_high: float = 0.28,
+              **kwargs) -> LossOutput:
+    r"""DAPO (Yu et al. 2025): GRPO with decoupled clip-higher (ε_low = 0.2, ε_high = 0.28), token-level
+    aggregation ("token-mean": every token of the batch weighs the same) and no KL. Dynamic sampling (dropping
+    zero-variance groups) is a data step; `mask_zero_var=True` gives its effect on a fixed batch."""
+    kwargs.setdefault("loss_agg", "token-mean")
+    kwargs.setdefault("beta", 0.0)
+    return grpo_loss(logp, old_logp, scores, clip_eps=clip_eps, clip_eps_high=clip_eps_high, **kwargs)
+
+
+def _per_token_inputs(logp, old_logp, scores, token_mask, mask):
+    lp = as_float("logp", logp)
+    old = as_float("old_logp", old_logp).detach()
+    s = as_float("scores", scores)
+    check_same_shape(logp=lp, old_logp=old)
+    check_group_size("scores", s)
+    if not _layout(lp, s):
+        raise ValueError(f"expected per-token logp [G, K, T] for scores {tuple(s.shape)}; got {tuple(lp.shape)}")
+    mask = as_mask("mask", mask, s)
+    tm = as_token_mask("token_mask", token_mask, lp)
+    if mask is not None:
+        tm = tm & mask.unsqueeze(-1)
+    return lp, old, s, tm, mask
+
+
+def gspo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    scores: Tensor,
+    *,
+    clip_eps: float = 3e-4,
+    clip_eps_high: float = 4e-4,
+    token_mask: Tensor | None = None,
+    mask: Tensor | None = None,
+    adv_eps: float = 1e-8,
+) -> LossOutput:
+    r"""GSPO (Zheng et al. 2025, Group Sequence Policy Optimization): one length-normalised *sequence* ratio
+    s_i = exp(mean_t (log π_θ − log π_old)) per completion, clipped at the sequence level:
+    L = −mean_i min(s_i A_i, clip(s_i, 1−ε_low, 1+ε_high) A_i), with GRPO's group advantages.
+    The paper's clip range is tiny (3e-4, 4e-4) because s_i is a geometric mean of token ratios."""
+    lp, old, s, tm, mask = _per_token_inputs(logp, old_logp, scores, token_mask, mask)
+    adv = group_advantages(s, mask, eps=adv_eps)
+    n_tok = tm.sum(dim=-1).clamp_min(1).to(lp.dtype)
+    mean_delta = torch.where(tm, lp - old, torch.zeros_like(lp)).sum(dim=-1) / n_tok
+    ratio = torch.exp(mean_delta.clamp(-20.0, 20.0))
+    per = -clipped_surrogate(ratio, adv, clip_eps, clip_eps_high)
+    valid = tm.any(dim=-1)
+    loss = torch.where(valid, per, torch.zeros_like(per)).sum() / valid.sum().clamp_min(1)
+    with torch.no_grad():
+        metrics = {"clip_frac": _clip_fraction(ratio, adv, clip_eps, clip_eps_high, valid), "ratio_mean": ratio[valid].mean()}
+    return LossOutput(loss, metrics)
+
+
+def sapo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    scores: Tensor,
+    *,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    token_mask: Tensor | None = None,
+    mask: Tensor | None = None,
+    loss_agg: str = "token-mean",
+    adv_eps: float = 1e-8,
+) -> LossOutput:
+    r"""SAPO (Gao et al. 2025, Soft Adaptive Policy Optimization, arXiv 2511.20347): hard clipping replaced by a
+    smooth gate, L = −agg(f_τ(ρ)·A) with f_τ(ρ) = σ(τ(ρ − 1))·4/τ, τ = τ_pos if A > 0 else τ_neg.
+    f'_τ(1) = 1, so on-policy it is exactly the policy gradient; far off-policy tokens are softly damped."""
+    lp, old, s, tm, mask = _per_token_inputs(logp, old_logp, scores, token_mask, mask)
+    adv = group_advantages(s, mask, eps=adv_eps).unsqueeze(-1)
+    ratio = torch.exp((lp - old).clamp(-20.0, 20.0))
+    tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
+    loss = aggregate(-gate * adv, loss_agg, token_mask=tm, per_token=True)
+    return LossOutput(loss, {"gate_mean": gate.detach()[tm].mean()})
+
+
+def cispo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    scores: Tensor,
+    *,
+    ratio_min: float = 0.0,
+    ratio_max: float = 5.0,
+    token_mask: Tensor | None = None,
+    mask: Tensor | None = None,
+    loss_agg: str = "token-mean",
+    adv_eps: float = 1e-8,
+) -> LossOutput:
+    r"""CISPO (MiniMax 2025, MiniMax-M1): clip the importance *weight*, never the gradient of a token:
+    L = −agg(sg[clip(ρ, ratio_min, ratio_max)]·A·log π_θ). Every token keeps a gradient, unlike PPO-style
+    clipping which zeroes it outside the trust region. The default has no lower bound (as in MiniMax-M1)."""
+    lp, old, s, tm, mask = _per_token_inputs(logp, old_logp, scores, token_mask, mask)
+    adv = group_advantages(s, mask, eps=adv_eps).unsqueeze(-1)
+    ratio = torch.exp((lp.detach() - old).clamp(-20.0, 20.0))
+    w = ratio.clamp(ratio_min, ratio_max)
+    loss = aggregate(-w * adv * lp, loss_agg, token_mask=tm, per_token=True)
+    return LossOutput(loss, {"clip_frac": ((ratio > ratio_max) | (ratio < ratio_min))[tm].float().mean()})

@@ -1,0 +1,43 @@
+r"""Delightful policy gradient (DG; Osband 2026; spec §1.3): a sigmoid gate on surprisal × advantage.
+
+.. math::  w = \mathrm{sg}\big(\sigma(A\cdot\ell/\eta)\,A\big),\quad \ell = -\log\pi_\theta(a),\qquad
+           L = -\mathrm{agg}(w \log\pi_\theta(a))
+
+A surprising success (large ℓ, A > 0) keeps almost all of its weight, an expected failure (small ℓ, A < 0)
+is damped to ~A/2, and a surprising failure is suppressed. The gate uses the *current* log-probs but carries
+no gradient, so the paper runs DG for exactly one epoch per batch (re-using a batch changes the gate).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._checks import LossOutput, as_float, check_positive, check_same_shape
+from .aggregation import aggregate
+
+
+def delight_gate(logp: Tensor, advantages: Tensor, eta: float = 1.0) -> Tensor:
+    """σ(A·(−log π)/η), detached."""
+    return torch.sigmoid(advantages * (-logp.detach()) / eta)
+
+
+def dg_loss(
+    logp: Tensor,
+    advantages: Tensor,
+    *,
+    eta: float = 1.0,
+    token_mask: Tensor | None = None,
+    loss_agg: str | None = None,
+) -> LossOutput:
+    """DG loss. `[B]` single actions (default agg "mean", MNIST) or `[B, H]` per-token (default "sum-mean",
+    the transformer experiments)."""
+    check_positive("eta", eta)
+    lp = as_float("logp", logp)
+    a = as_float("advantages", advantages).detach()
+    check_same_shape(logp=lp, advantages=a)
+    gate = delight_gate(lp, a, eta)
+    w = gate * a
+    agg = loss_agg if loss_agg is not None else ("mean" if lp.dim() == 1 else "sum-mean")
+    loss = aggregate(-w * lp, agg, token_mask=token_mask, per_token=token_mask is not None)
+    return LossOutput(loss, {"gate_mean": gate.mean(), "weight_abs_mean": w.abs().mean()})

@@ -1,0 +1,121 @@
+r"""Score-function (REINFORCE-family) objectives: −A·log π with different advantages A.
+
+All are *surrogates*: their value is meaningless, their gradient is the estimator. Advantages are treated as
+constants (detached).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._checks import LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_positive, check_same_shape
+from .aggregation import aggregate
+from .scores import rloo_advantages, standardize_scores
+
+
+def _default_agg(x: Tensor, loss_agg: str | None) -> str:
+    return loss_agg if loss_agg is not None else ("mean" if x.dim() == 1 else "sum-mean")
+
+
+def reinforce_loss(
+    logp: Tensor,
+    advantages: Tensor,
+    *,
+    token_mask: Tensor | None = None,
+    loss_agg: str | None = None,
+) -> LossOutput:
+    r"""REINFORCE (Williams 1992): L = −agg(A · log π_θ(a)).
+
+    `logp` and `advantages` share a shape: `[B]` single actions (default agg "mean", the paper's 1-D form) or
+    `[B, H]` per-token (default "sum-mean": Σ_t, mean_b — the paper's 2-D form, §1.3). Pair with a baseline:
+    :func:`expected_baseline` (Σπ², MNIST) or :func:`batch_mean_baseline` (per-position, transformer).
+    """
+    lp = as_float("logp", logp)
+    a = as_float("advantages", advantages).detach()
+    check_same_shape(logp=lp, advantages=a)
+    per_token = token_mask is not None
+    loss = aggregate(-a * lp, _default_agg(lp, loss_agg), token_mask=token_mask, per_token=per_token)
+    return LossOutput(loss, {"adv_mean": a.mean(), "adv_abs_mean": a.abs().mean()})
+
+
+def importance_weighted_pg_loss(
+    logp: Tensor,
+    behaviour_logp: Tensor,
+    advantages: Tensor,
+    *,
+    loss_agg: str | None = None,
+) -> LossOutput:
+    r"""Off-policy policy gradient with an (unclipped) importance ratio ρ = π_θ(a)/μ(a):
+    L = −agg(sg[ρ]·A·log π_θ(a)), whose gradient is ρ·A·∇log π_θ(a) = A·∇ρ (Precup et al. 2000)."""
+    lp = as_float("logp", logp)
+    b = as_float("behaviour_logp", behaviour_logp).detach()
+    a = as_float("advantages", advantages).detach()
+    check_same_shape(logp=lp, behaviour_logp=b, advantages=a)
+    ratio = (lp.detach() - b).exp()
+    loss = aggregate(-ratio * a * lp, _default_agg(lp, loss_agg))
+    return LossOutput(loss, {"ratio_mean": ratio.mean(), "ratio_max": ratio.max()})
+
+
+def batch_standardized_pg_loss(logp: Tensor, rewards: Tensor, *, eps: float = 1e-8) -> LossOutput:
+    r"""Single-sample "GRPO" of the paper's MNIST bandit (§E3): REINFORCE with batch-standardized rewards,
+    Â = (r − mean_B r)/(std_B r + ε) with the population std; L = −mean(Â·log π(a)). No clipping, no KL."""
+    lp = as_float("logp", logp)
+    r = as_float("rewards", rewards)
+    check_same_shape(logp=lp, rewards=r)
+    if lp.dim() != 1 or lp.shape[0] < 2:
+        raise ValueError(f"batch_standardized_pg_loss needs a 1-D batch of >= 2 samples; got logp shape {tuple(lp.shape)}")
+    adv = (r - r.mean()) / (r.std(unbiased=False) + eps)
+    return reinforce_loss(lp, adv)
+
+
+def rloo_loss(
+    logp: Tensor,
+    scores: Tensor,
+    *,
+    mask: Tensor | None = None,
+    token_mask: Tensor | None = None,
+    loss_agg: str = "mean",
+) -> LossOutput:
+    r"""RLOO (Kool et al. 2019; Ahmadian et al. 2024): A_i = s_i − mean_{j≠i} s_j, L = −agg(A_i·log π(y_i)).
+
+    `logp` is `[G, K]` sequence log-probs or `[G, K, T]` per-token log-probs (then `loss_agg` may be any
+    token mode); the default "mean" is the estimator's 1/(G·K) average."""
+    lp = as_float("logp", logp)
+    s = as_float("scores", scores)
+    adv = rloo_advantages(s, mask)
+    per_token = lp.dim() == s.dim() + 1
+    if per_token:
+        tm = as_token_mask("token_mask", token_mask, lp)
+        if mask is not None:
+            tm = tm & as_mask("mask", mask, s).unsqueeze(-1)
+        return LossOutput(aggregate(-adv.unsqueeze(-1) * lp, loss_agg, token_mask=tm, per_token=True), {})
+    check_same_shape(logp=lp, scores=s)
+    per = -adv * lp
+    if mask is not None:
+        m = as_mask("mask", mask, s)
+        per = per.masked_fill(~m, 0.0)
+        if loss_agg == "mean":
+            return LossOutput(per.sum() / m.sum(), {})
+    return LossOutput(aggregate(per, loss_agg), {})
+
+
+def group_pg_loss(
+    logp: Tensor,
+    scores: Tensor,
+    *,
+    eta: float = 1.0,
+    mask: Tensor | None = None,
+) -> LossOutput:
+    r"""Group PG, the paper's same-signal scalar ablation (§3.7, §5.15): L = −mean_g Σ_i (u_i/η)·log π(y_i).
+
+    u is TPO's standardized score; unlike TPO the group log-probs are *not* renormalised over the K
+    candidates and nothing anchors the update, so its fixed point is not p = q.
+    """
+    check_positive("eta", eta)
+    lp = as_float("logp", logp)
+    s = as_float("scores", scores)
+    check_same_shape(logp=lp, scores=s)
+    check_group_size("scores", s)
+    u = standardize_scores(s, mask) / eta
+    return LossOutput(-(u * lp).sum(dim=-1).mean(), {"u_abs_mean": u.abs().mean()})

@@ -1,0 +1,114 @@
+"""Within-group score transforms: TPO's standardization and the baselines' advantages.
+
+A group is the last dim of a tensor: K scored candidates for one context. An optional boolean `mask`
+(True = valid) excludes candidates (padding, failed generations) from every statistic; masked entries
+come back as 0.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._checks import as_float, as_mask, check_group_size
+
+# The paper's code treats a group as zero-variance when its population std is at or below this.
+ZERO_VARIANCE_STD = 1e-6
+
+
+def _masked_moments(s: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Population mean and std over the last dim, counting only valid entries. Returns (mean, std, count)."""
+    if mask is None:
+        n = torch.full_like(s[..., :1], s.shape[-1])
+        mean = s.mean(dim=-1, keepdim=True)
+        var = (s - mean).square().mean(dim=-1, keepdim=True)
+    else:
+        m = mask.to(s.dtype)
+        n = m.sum(dim=-1, keepdim=True).clamp_min(1.0)
+        mean = (s * m).sum(dim=-1, keepdim=True) / n
+        var = ((s - mean).square() * m).sum(dim=-1, keepdim=True) / n
+    return mean, var.sqrt(), n
+
+
+def standardize_scores(scores: Tensor, mask: Tensor | None = None, *, eps: float = ZERO_VARIANCE_STD) -> Tensor:
+    r"""TPO's within-group standardized scores u (paper App. A; spec §1.1).
+
+    .. math::  u_i = (s_i - \bar s) / \sigma \quad\text{if } \sigma > \epsilon, \qquad u_i = s_i - \bar s \text{ otherwise}
+
+    with the *population* std σ (ddof = 0) over the valid candidates of the group. The fallback keeps the
+    authors' code exactly: an all-equal group has centred scores of exactly 0 (so q = p_old), and a group
+    whose spread is below ε gets tiny centred scores instead of an exploding division.
+
+    Args:
+      scores: [..., K] candidate scores (rewards). Any positive affine map of a group's scores leaves u unchanged.
+      mask: optional [..., K] bool, True for valid candidates. Masked entries get u = 0.
+    Returns:
+      u with the shape of `scores`, float32 (or float64 if `scores` is float64).
+    """
+    s = as_float("scores", scores)
+    check_group_size("scores", s, minimum=1)
+    mask = as_mask("mask", mask, s)
+    mean, std, _ = _masked_moments(s, mask)
+    centred = s - mean
+    u = torch.where(std > eps, centred / std.clamp_min(eps), centred)
+    return u if mask is None else u.masked_fill(~mask, 0.0)
+
+
+def group_advantages(scores: Tensor, mask: Tensor | None = None, *, eps: float = 1e-8, scale: bool = True) -> Tensor:
+    r"""GRPO's group-relative advantages (Shao et al. 2024, DeepSeekMath; spec §1.3).
+
+    .. math::  A_i = (s_i - \bar s) / (\sigma + \epsilon)
+
+    with the population std, as in the paper's code (TRL uses the Bessel-corrected std; pass that yourself if
+    you need it). A zero-variance group gives A = 0. `scale=False` returns s_i − s̄ (Dr. GRPO, Liu et al. 2025).
+    """
+    s = as_float("scores", scores)
+    check_group_size("scores", s, minimum=2)
+    mask = as_mask("mask", mask, s)
+    mean, std, _ = _masked_moments(s, mask)
+    a = s - mean
+    if scale:
+        a = a / (std + eps)
+    return a if mask is None else a.masked_fill(~mask, 0.0)
+
+
+def rloo_advantages(scores: Tensor, mask: Tensor | None = None) -> Tensor:
+    r"""REINFORCE leave-one-out advantages (Kool et al. 2019; Ahmadian et al. 2024).
+
+    .. math::  A_i = s_i - \frac{1}{K-1}\sum_{j\ne i} s_j = \frac{K}{K-1}(s_i - \bar s)
+
+    over the valid candidates; needs at least two valid candidates per group.
+    """
+    s = as_float("scores", scores)
+    check_group_size("scores", s, minimum=2)
+    mask = as_mask("mask", mask, s)
+    m = torch.ones_like(s) if mask is None else mask.to(s.dtype)
+    n = m.sum(dim=-1, keepdim=True)
+    if (n < 2).any():
+        raise ValueError(f"rloo needs >= 2 valid candidates per group; mask leaves fewer (mask shape {tuple(m.shape)})")
+    total = (s * m).sum(dim=-1, keepdim=True)
+    return ((s - (total - s) / (n - 1)) * m)
+
+
+def zero_variance_groups(scores: Tensor, mask: Tensor | None = None, *, eps: float = ZERO_VARIANCE_STD) -> Tensor:
+    """Bool [...]: groups whose valid scores have population std ≤ eps (all-fail or all-success groups)."""
+    s = as_float("scores", scores)
+    mask = as_mask("mask", mask, s)
+    _, std, _ = _masked_moments(s, mask)
+    return std.squeeze(-1) <= eps
+
+
+def expected_baseline(probs: Tensor) -> Tensor:
+    r"""The paper's MNIST/REINFORCE expected-reward baseline b = Σ_i π_i² (spec §E3).
+
+    For a reward 1{a = y} with y unknown to the learner, Σπ² is the policy's expected reward if the label were
+    drawn from the policy itself; it is stop-gradient and needs no label.
+    """
+    p = as_float("probs", probs)
+    return p.detach().square().sum(dim=-1)
+
+
+def batch_mean_baseline(rewards: Tensor, dim: int = 0) -> Tensor:
+    """Per-position batch-mean baseline b_t = mean_b r_{b,t} (the paper's transformer PPO/DG/REINFORCE, §1.3)."""
+    r = as_float("rewards", rewards)
+    return r.mean(dim=dim, keepdim=True).expand_as(r)

@@ -1,0 +1,18 @@
+"""The supervised oracle: cross-entropy to the true label (it sees the label, which no bandit learner does)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._checks import LossOutput, as_float
+
+
+def ce_loss(logits: Tensor, labels: Tensor) -> LossOutput:
+    r"""CE oracle: L = −mean log softmax(logits)_y. `logits` [..., C], `labels` [...] int."""
+    lg = as_float("logits", logits)
+    if labels.shape != lg.shape[:-1]:
+        raise ValueError(f"labels has shape {tuple(labels.shape)}; expected {tuple(lg.shape[:-1])} for logits {tuple(lg.shape)}")
+    logp = torch.log_softmax(lg, dim=-1)
+    nll = -torch.gather(logp, -1, labels.long().unsqueeze(-1)).squeeze(-1)
+    return LossOutput(nll.mean(), {"accuracy": (lg.argmax(-1) == labels).float().mean()})
