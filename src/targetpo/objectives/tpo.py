@@ -41,10 +41,17 @@ from .scores import ZERO_VARIANCE_STD, standardize_scores
 _NEG = -1e30  # log-weight of a masked candidate: exp() underflows to exactly 0 without producing NaN
 
 
+def _log_softmax(x: Tensor) -> Tensor:
+    # Written out: for the small group dims used here (K ≲ 100, many groups) this is several times faster on
+    # CPU than torch.log_softmax's generic kernel, and it is the same max-shifted formula.
+    shifted = x - x.detach().amax(dim=-1, keepdim=True)
+    return shifted - shifted.exp().sum(dim=-1, keepdim=True).log()
+
+
 def _masked_log_softmax(x: Tensor, mask: Tensor | None) -> Tensor:
     if mask is not None:
         x = x.masked_fill(~mask, _NEG)
-    return torch.log_softmax(x, dim=-1)
+    return _log_softmax(x)
 
 
 def tpo_target(
@@ -83,7 +90,7 @@ def _target_and_u(old_logp, scores, eta, mask, anchor) -> tuple[Tensor, Tensor]:
     logits = u.to(dtype) / eta
     if anchor:
         logits = logits + _masked_log_softmax(old.detach().to(dtype), mask)
-    return torch.softmax(_masked_log_softmax(logits, mask), dim=-1).detach(), u
+    return _masked_log_softmax(logits, mask).exp().detach(), u
 
 
 def _tpo_from_group_logp(logp: Tensor, q: Tensor, mask: Tensor | None, u: Tensor) -> LossOutput:

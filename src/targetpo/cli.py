@@ -1,0 +1,144 @@
+"""The `targetpo` command: list, run, report, reproduce (and rlvr when the LLM extra is installed)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import sys
+from pathlib import Path
+
+from .experiments import EXPERIMENTS, load
+
+
+def _field_help(cfg_cls) -> dict[str, str]:
+    doc = inspect.getdoc(cfg_cls) or ""
+    out = {}
+    for line in doc.splitlines():
+        if ":" in line:
+            key, text = line.split(":", 1)
+            out[key.strip()] = text.strip()
+    return out
+
+
+def _experiment_epilog() -> str:
+    lines = ["experiments (config fields can be overridden as key=value):"]
+    for name in EXPERIMENTS:
+        exp = load(name)
+        cls = type(next(iter(exp.PRESETS.values())))
+        helps = _field_help(cls)
+        lines.append(f"\n  {name}: {exp.TITLE}  [presets: {', '.join(exp.PRESETS)}; reproduce uses {exp.REPRODUCE_PRESET}]")
+        for f in dataclasses.fields(cls):
+            default = getattr(exp.PRESETS.get("cpu", next(iter(exp.PRESETS.values()))), f.name)
+            if isinstance(default, (tuple, list)):
+                default = ",".join(map(str, default))
+            lines.append(f"      {f'{f.name}={default}':<28} {helps.get(f.name, '')}")
+    return "\n".join(lines)
+
+
+def cmd_list(args) -> int:
+    for name in EXPERIMENTS:
+        exp = load(name)
+        presets = ", ".join(f"{p} ({c.seeds} seeds)" for p, c in exp.PRESETS.items())
+        print(f"{name:<20} {exp.TITLE}\n{'':<20} presets: {presets}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from .experiments.runner import run_experiment
+
+    run_experiment(args.name, args.preset, out=args.out, seeds=args.seeds, overrides=args.overrides,
+                   resume=args.resume, force=args.force, device=args.device, progress=not args.no_progress,
+                   threads=args.threads)
+    if not args.no_report:
+        from .reporting.report import write_report
+
+        run_dir = Path(args.out) if args.out else Path("results") / f"{args.name}-{args.preset}"
+        print(f"report: {write_report(run_dir)}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .reporting.report import write_report
+
+    print(write_report(args.dir, args.output))
+    return 0
+
+
+def cmd_reproduce(args) -> int:
+    from .experiments.runner import run_experiment
+    from .reporting.report import write_report
+
+    names = args.only or list(EXPERIMENTS)
+    out = Path(args.out)
+    for name in names:
+        exp = load(name)
+        preset = args.preset or exp.REPRODUCE_PRESET
+        run_dir = out / name
+        run_experiment(name, preset, out=run_dir, resume=(run_dir / "run.json").exists() and not args.fresh,
+                       force=args.fresh, device=args.device, progress=not args.no_progress)
+    print(f"report: {write_report(out)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="targetpo", description="Target Policy Optimization: run the paper's experiments and report them.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("list", help="list experiments and their presets")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("run", help="run one experiment", epilog=_experiment_epilog(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", choices=list(EXPERIMENTS), help="experiment to run")
+    p.add_argument("--preset", default="cpu", help="smoke (seconds), cpu (minutes on 2 cores; default) or paper "
+                   "(the paper's exact protocol)")
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds (overrides the preset)")
+    p.add_argument("--out", default=None, help="run directory (default results/NAME-PRESET)")
+    p.add_argument("--resume", action="store_true", help="continue the run stored in --out: finished units are "
+                   "skipped, a partial unit is replayed without rewriting the lines already on disk")
+    p.add_argument("--force", action="store_true", help="delete an existing run in --out and start over")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the experiment's choice)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--no-report", action="store_true", help="do not write REPORT.md into the run directory")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. steps=500 "
+                   "methods=tpo,grpo (fields listed below)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("report", help="write REPORT.md (tables vs the paper, plots, claim checks) for stored runs")
+    p.add_argument("dir", help="a run directory, or a directory of run directories")
+    p.add_argument("-o", "--output", default=None, help="report path (default DIR/REPORT.md)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("reproduce", help="run every experiment at its reproduce preset and write one report")
+    p.add_argument("--out", default="results", help="directory for all runs and REPORT.md (default results)")
+    p.add_argument("--only", nargs="*", choices=list(EXPERIMENTS), help="run only these experiments")
+    p.add_argument("--preset", default=None, help="use this preset for every experiment instead of each one's default")
+    p.add_argument("--fresh", action="store_true", help="discard existing runs instead of resuming them")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.set_defaults(func=cmd_reproduce)
+
+    try:  # the LLM entry point needs the optional LLM extra
+        from .llm.cli import add_rlvr_parser
+    except ImportError:
+        pass
+    else:
+        add_rlvr_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except (ValueError, FileExistsError, FileNotFoundError, KeyError) as exc:
+        print(f"targetpo: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

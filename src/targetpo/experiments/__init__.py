@@ -1,0 +1,32 @@
+"""The paper's experiments, one module each, all run by :mod:`targetpo.experiments.runner`.
+
+An experiment module defines:
+- ``NAME`` (the CLI name), ``TITLE``, ``PAPER_REF`` (section / figure);
+- ``Config``: a dataclass with every hyperparameter (docstring lines ``field: help`` document each one);
+- ``PRESETS``: ``{"smoke": Config(...), "cpu": Config(...), "paper": Config(...)}``;
+- ``REPRODUCE_PRESET``: the preset ``targetpo reproduce`` uses;
+- ``units(cfg) -> list[str]``: resumable pieces of work (typically one per method; seeds are vectorised
+  inside a unit);
+- ``unit_steps(cfg, unit) -> int``: progress-bar length of a unit;
+- ``run_unit(cfg, unit, ctx)``: does the work, calling ``ctx.log({"step": t, ...})`` as metrics are produced;
+  it must be deterministic given (cfg, unit) so a resumed run replays it exactly;
+- ``report(run, section)``: tables next to the paper's numbers, plots and claim checks, from the metrics only;
+- optionally ``summary(run) -> str``: the one-line result printed at the end of a run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# CLI name -> module. Imported lazily so `targetpo list` and `--help` stay fast.
+EXPERIMENTS: dict[str, str] = {
+    "tabular-single": "targetpo.experiments.tabular_single",
+    "tabular-multi": "targetpo.experiments.tabular_multi",
+}
+
+
+def load(name: str) -> ModuleType:
+    if name not in EXPERIMENTS:
+        raise KeyError(f"unknown experiment {name!r}; available: {', '.join(EXPERIMENTS)}")
+    return importlib.import_module(EXPERIMENTS[name])

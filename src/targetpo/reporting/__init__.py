@@ -1,0 +1,1 @@
+"""Run storage (append-only JSONL + run.json) and reports (tables vs the paper, PNG plots, claim checks)."""

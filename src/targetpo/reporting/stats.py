@@ -1,0 +1,39 @@
+"""Seed statistics as the paper defines them (spec conventions): s.e. = std(ddof=0)/√n; "steps to x" =
+first 0-based index where the seed-mean curve is below x; "final" = seed mean at the last point, unsmoothed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def mean_se(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """values [..., seeds] -> (mean, s.e.) over the last axis."""
+    v = np.asarray(values, dtype=float)
+    n = v.shape[-1]
+    return v.mean(axis=-1), v.std(axis=-1) / np.sqrt(max(n, 1))
+
+
+def first_below(steps: np.ndarray, curve: np.ndarray, threshold: float) -> int | None:
+    """First step whose value is < threshold, or None if never."""
+    idx = np.flatnonzero(np.asarray(curve) < threshold)
+    return int(np.asarray(steps)[idx[0]]) if idx.size else None
+
+
+def value_at(steps: np.ndarray, curve: np.ndarray, step: int) -> float:
+    i = int(np.searchsorted(steps, step))
+    if i >= len(steps) or steps[i] != step:
+        raise KeyError(f"step {step} was not recorded")
+    return float(curve[i])
+
+
+def fmt(x: float | int | None, digits: int = 3) -> str:
+    """Compact number for tables: '–' for missing, scientific below 1e-3."""
+    if x is None:
+        return "–"
+    if isinstance(x, (int, np.integer)):
+        return str(int(x))
+    if not np.isfinite(x):
+        return str(x)
+    if x != 0 and abs(x) < 1e-3:
+        return f"{x:.1e}"
+    return f"{x:.{digits}g}"

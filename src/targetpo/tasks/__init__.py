@@ -1,0 +1,1 @@
+"""Environments and tasks: tabular bandits, MNIST, token sequences."""
