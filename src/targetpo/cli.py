@@ -132,7 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides may follow options (`run NAME --preset paper steps=10`); argparse leaves those over.
+    if extra and getattr(args, "command", None) == "run" and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides = list(args.overrides or []) + extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args) or 0
     except (ValueError, FileExistsError, FileNotFoundError, KeyError) as exc:
