@@ -5,9 +5,9 @@ An experiment module defines:
 - ``Config``: a dataclass with every hyperparameter (docstring lines ``field: help`` document each one);
 - ``PRESETS``: ``{"smoke": Config(...), "cpu": Config(...), "paper": Config(...)}``;
 - ``REPRODUCE_PRESET``: the preset ``targetpo reproduce`` uses;
-- ``units(cfg) -> list[str]``: resumable pieces of work (typically one per method; seeds are vectorised
-  inside a unit);
-- ``unit_steps(cfg, unit) -> int``: progress-bar length of a unit;
+- optionally ``units(cfg) -> list[str]``: resumable pieces of work (default: one per entry of
+  ``cfg.methods``; seeds are vectorised inside a unit) and ``unit_steps(cfg, unit) -> int``, a unit's
+  progress-bar length (default ``cfg.steps``);
 - ``run_unit(cfg, unit, ctx)``: does the work, calling ``ctx.log({"step": t, ...})`` as metrics are produced;
   it must be deterministic given (cfg, unit) so a resumed run replays it exactly;
 - ``report(run, section)``: tables next to the paper's numbers, plots and claim checks, from the metrics only;

@@ -45,6 +45,25 @@ class RunContext:
 
 # ----------------------------------------------------------------------------- config handling
 
+def check_config(cfg: Any, allowed_methods: tuple[str, ...], positive: tuple[str, ...] = ("seeds", "steps")) -> None:
+    """The validation every experiment shares: known methods, positive counts."""
+    bad = [m for m in getattr(cfg, "methods", ()) if m not in allowed_methods]
+    if bad:
+        raise ValueError(f"methods {bad} not in {allowed_methods}")
+    small = {f: getattr(cfg, f) for f in positive if getattr(cfg, f) < 1}
+    if small:
+        raise ValueError(f"these config fields must be >= 1: {small}")
+
+
+def units_of(exp: ModuleType, cfg: Any) -> list[str]:
+    """An experiment's resumable units; by default one per method."""
+    return exp.units(cfg) if hasattr(exp, "units") else list(cfg.methods)
+
+
+def steps_of(exp: ModuleType, cfg: Any, unit: str) -> int:
+    return exp.unit_steps(cfg, unit) if hasattr(exp, "unit_steps") else cfg.steps
+
+
 def config_fields(cfg_cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cfg_cls)}
 
@@ -158,7 +177,7 @@ def run_experiment(
 
     existing = {record_key(r): r for r in read_metrics(run_dir / METRICS_FILE, repair=True)}
     done = {k[0] for k in existing if k[2] == "done"}
-    units = exp.units(cfg)
+    units = units_of(exp, cfg)
     todo = [u for u in units if u not in done]
     t0 = time.time()
     meta["status"] = "running"
@@ -166,7 +185,7 @@ def run_experiment(
                          "units": todo})
     write_run_json(run_dir, meta)
 
-    total = sum(exp.unit_steps(cfg, u) for u in todo)
+    total = sum(steps_of(exp, cfg, u) for u in todo)
     writer = MetricsWriter(run_dir / METRICS_FILE, existing)
     dev = torch.device(device)
     with tqdm(total=total, desc=f"{name} [{preset}]", unit="step", disable=not progress, mininterval=0.5,

@@ -16,8 +16,9 @@ import numpy as np
 import torch
 
 from .. import paper
+from .runner import check_config
 from ..reporting import plots
-from ..reporting.stats import first_below, fmt, mean_se, value_at
+from ..reporting.stats import curves, first_below, fmt, ours_vs_paper, value_at
 from ..tasks.tabular import beta_dg, beta_grpo, beta_pg, beta_tpo, correct_direction, exact_update, misalignment, normalized_step
 
 NAME = "tabular-multi"
@@ -48,11 +49,9 @@ class Config:
     seed: int = 42
 
     def validate(self) -> None:
-        bad = [m for m in self.methods if m not in METHODS]
-        if bad:
-            raise ValueError(f"methods {bad} not in {METHODS}")
-        if self.actions < 2 or self.contexts < 1 or self.steps < 1 or self.seeds < 1:
-            raise ValueError(f"need actions >= 2 and contexts, steps, seeds >= 1; got {self}")
+        check_config(self, METHODS, ("seeds", "steps", "contexts"))
+        if self.actions < 2:
+            raise ValueError(f"actions must be >= 2, got {self.actions}")
 
 
 PRESETS = {
@@ -61,14 +60,6 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "paper"
-
-
-def units(cfg: Config) -> list[str]:
-    return list(cfg.methods)
-
-
-def unit_steps(cfg: Config, unit: str) -> int:
-    return cfg.steps
 
 
 def softmax(logits: torch.Tensor) -> torch.Tensor:
@@ -96,14 +87,6 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
 LABELS = {"pg": "PG", "dg": "DG", "tpo": "TPO", "grpo": "GRPO", "ce": "CE"}
 
 
-def _curves(run, metric):
-    out = {}
-    for m in run.units():
-        steps, vals = run.series(m, metric)
-        out[m] = (steps, *mean_se(vals), vals)
-    return out
-
-
 def measured_betas(p: float = 0.1, actions: int = 10) -> dict[str, float]:
     """β read off the implemented updates: g / (e_y − π) on a policy with π(y) = p, the rest uniform."""
     probs = torch.full((1, actions), (1 - p) / (actions - 1), dtype=torch.float64)
@@ -113,13 +96,13 @@ def measured_betas(p: float = 0.1, actions: int = 10) -> dict[str, float]:
 
 
 def summary(run) -> str:
-    err = _curves(run, "error")
+    err = curves(run, "error")
     return "first step below 1%: " + ", ".join(
         f"{LABELS[m]} {fmt(first_below(err[m][0], err[m][1], 0.01))}" for m in err)
 
 
 def report(run, section) -> None:
-    err, mis = _curves(run, "error"), _curves(run, "misalignment")
+    err, mis = curves(run, "error"), curves(run, "misalignment")
     ref_e, ref_m = paper.TABULAR_MULTI_ERROR.values, paper.TABULAR_MULTI_MISALIGNMENT.values
     section.text(__doc__.split("\n\n", 1)[1])
     last = int(max(s[-1] for s, *_ in err.values()))
@@ -127,16 +110,14 @@ def report(run, section) -> None:
     steps_e = [s for s in ref_e["steps"] if s <= last]
     rows = []
     for m, (steps, mean, se, _) in err.items():
-        rows.append([LABELS[m]]
-                    + [f"{fmt(value_at(steps, mean, s))} ({fmt(v)})" for s, v in zip(ref_e["steps"], ref_e[m]["error"]) if s <= last]
+        rows.append([LABELS[m]] + ours_vs_paper(err[m], ref_e["steps"], ref_e[m]["error"])
                     + [f"{fmt(first_below(steps, mean, 0.01))} ({fmt(ref_e[m]['below_1pct'])})",
                        f"{fmt(first_below(steps, mean, 0.001))} ({fmt(ref_e[m]['below_0.1pct'])})"])
     section.table(["method"] + [f"err@{s}" for s in steps_e] + ["first <1%", "first <0.1%"], rows,
                   f"Average error: ours (reference: {paper.TABULAR_MULTI_ERROR.source})")
 
     steps_m = [s for s in ref_m["steps"] if s <= last]
-    rows = [[LABELS[m]] + [f"{fmt(value_at(st, mean, s))} ({fmt(v)})" for s, v in zip(ref_m["steps"], ref_m[m]) if s <= last]
-            for m, (st, mean, se, _) in mis.items() if m in ref_m]
+    rows = [[LABELS[m]] + ours_vs_paper(mis[m], ref_m["steps"], ref_m[m]) for m in mis if m in ref_m]
     section.table(["method"] + [f"@{s}" for s in steps_m], rows, "Misalignment to CE: ours (reference)")
 
     betas = measured_betas()

@@ -22,9 +22,10 @@ import numpy as np
 import torch
 
 from .. import paper
+from .runner import check_config
 from ..objectives import dg_loss, reinforce_loss, tpo_loss
 from ..reporting import plots
-from ..reporting.stats import first_below, fmt, mean_se, value_at
+from ..reporting.stats import curves, first_below, fmt, ours_vs_paper
 from ..tasks.tabular import correct_direction, misalignment, normalized_step
 
 NAME = "tabular-single"
@@ -57,11 +58,9 @@ class Config:
     seed: int = 0
 
     def validate(self) -> None:
-        bad = [m for m in self.methods if m not in METHODS]
-        if bad:
-            raise ValueError(f"methods {bad} not in {METHODS}")
-        if self.actions < 2 or self.batch < 1 or self.steps < 1 or self.seeds < 1:
-            raise ValueError(f"need actions >= 2 and batch, steps, seeds >= 1; got {self}")
+        check_config(self, METHODS, ("seeds", "steps", "batch"))
+        if self.actions < 2:
+            raise ValueError(f"actions must be >= 2, got {self.actions}")
 
 
 PRESETS = {
@@ -70,14 +69,6 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "paper"
-
-
-def units(cfg: Config) -> list[str]:
-    return list(cfg.methods)
-
-
-def unit_steps(cfg: Config, unit: str) -> int:
-    return cfg.steps
 
 
 def direction(method: str, logits: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, cfg: Config) -> torch.Tensor:
@@ -126,23 +117,15 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
 LABELS = {"pg": "PG", "dg": "DG", "tpo": "TPO", "grpo": "GRPO"}
 
 
-def _curves(run, metric):
-    out = {}
-    for m in run.units():
-        steps, vals = run.series(m, metric)
-        out[m] = (steps, *mean_se(vals), vals)
-    return out
-
-
 def summary(run) -> str:
-    err = _curves(run, "error")
+    err = curves(run, "error")
     parts = [f"{LABELS[m]} final {fmt(err[m][1][-1])} first<1% {fmt(first_below(err[m][0], err[m][1], 0.01))}"
              for m in err]
     return "error: " + "; ".join(parts)
 
 
 def report(run, section) -> None:
-    err, mis = _curves(run, "error"), _curves(run, "misalignment")
+    err, mis = curves(run, "error"), curves(run, "misalignment")
     ref_e, ref_m = paper.TABULAR_SINGLE_ERROR.values, paper.TABULAR_SINGLE_MISALIGNMENT.values
     section.text(__doc__.split("\n\n", 1)[1])
     last = int(max(s[-1] for s, *_ in err.values()))
@@ -150,9 +133,7 @@ def report(run, section) -> None:
     steps_e = [s for s in ref_e["steps"] if s <= last]
     rows = []
     for m, (steps, mean, se, _) in err.items():
-        ours = [fmt(value_at(steps, mean, s)) for s in steps_e]
-        theirs = [fmt(v) for s, v in zip(ref_e["steps"], ref_e[m]["error"]) if s <= last]
-        rows.append([LABELS[m]] + [f"{o} ({p})" for o, p in zip(ours, theirs)]
+        rows.append([LABELS[m]] + ours_vs_paper(err[m], ref_e["steps"], ref_e[m]["error"])
                     + [f"{fmt(first_below(steps, mean, 0.01))} ({fmt(ref_e[m]['below_1pct'])})",
                        f"{fmt(first_below(steps, mean, 0.001))} ({fmt(ref_e[m]['below_0.1pct'])})"])
     section.table(["method"] + [f"ε@{s}" for s in steps_e] + ["first ε<1%", "first ε<0.1%"], rows,
@@ -160,9 +141,7 @@ def report(run, section) -> None:
                   f"{paper.TABULAR_SINGLE_ERROR.source})")
 
     steps_m = [s for s in ref_m["steps"] if s <= last]
-    rows = [[LABELS[m]] + [f"{fmt(value_at(st, mean, s))} ({fmt(v)})"
-                           for s, v in zip(ref_m["steps"], ref_m[m]) if s <= last]
-            for m, (st, mean, se, _) in mis.items()]
+    rows = [[LABELS[m]] + ours_vs_paper(mis[m], ref_m["steps"], ref_m[m]) for m in mis]
     section.table(["method"] + [f"@{s}" for s in steps_m], rows, "Misalignment 1 − cos(g, g*_PG): ours (reference)")
 
     fig, (ax1, ax2) = plots.figure(2)

@@ -3,6 +3,8 @@ first 0-based index where the seed-mean curve is below x; "final" = seed mean at
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 
@@ -37,3 +39,26 @@ def fmt(x: float | int | None, digits: int = 3) -> str:
     if x != 0 and abs(x) < 1e-3:
         return f"{x:.1e}"
     return f"{x:.{digits}g}"
+
+
+class Curve(NamedTuple):
+    steps: np.ndarray
+    mean: np.ndarray
+    se: np.ndarray
+    values: np.ndarray  # [steps, seeds]
+
+
+def curves(run, metric: str) -> dict[str, Curve]:
+    """Every unit's seed-mean curve of `metric` from a stored run."""
+    out = {}
+    for unit in run.units():
+        steps, vals = run.series(unit, metric)
+        if len(steps):
+            out[unit] = Curve(steps, *mean_se(vals), vals)
+    return out
+
+
+def ours_vs_paper(curve: Curve, ref_steps, ref_values) -> list[str]:
+    """'ours (paper)' cells at the paper's steps that this run recorded."""
+    last = curve.steps[-1]
+    return [f"{fmt(value_at(curve.steps, curve.mean, s))} ({fmt(v)})" for s, v in zip(ref_steps, ref_values) if s <= last]
