@@ -71,6 +71,10 @@ def softmax(logits: torch.Tensor) -> torch.Tensor:
 def run_unit(cfg: Config, unit: str, ctx) -> None:
     gen = torch.Generator().manual_seed(cfg.seed)  # same initial logits for every method
     logits = torch.randn(cfg.seeds, cfg.contexts, cfg.actions, generator=gen, dtype=torch.float32)
+    # Same [seeds, N, A] view, stored action-major: reductions over the 10 actions then run along a strided dim,
+    # vectorised over contexts (~3x faster on CPU than over a contiguous last dim of 10). Elementwise ops keep
+    # this layout, so every tensor below inherits it.
+    logits = logits.transpose(-1, -2).contiguous().transpose(-1, -2)
     every = (-2, -1)  # normalise over all N·A entries of one seed
     probs = softmax(logits)
     for t in range(cfg.steps):

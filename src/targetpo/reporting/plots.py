@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from .stats import mean_se
 
-from .stats import mean_se  # noqa: E402
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend, imported on first use: experiments import this module,
+    and a training run should not pay matplotlib's ~0.5 s import before it starts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 # One colour per method across every figure of the report.
 COLORS = {
@@ -19,7 +26,7 @@ COLORS = {
 
 
 def figure(ncols: int = 1, width: float = 5.0, height: float = 3.6):
-    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
+    fig, axes = pyplot().subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
     return fig, list(axes[0])
 
 

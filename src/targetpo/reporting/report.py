@@ -12,12 +12,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 from ..experiments import load  # noqa: E402
+from . import plots  # noqa: E402
 from .store import Run, find_runs  # noqa: E402
 
 
@@ -50,10 +47,10 @@ class Section:
         lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
         self.blocks.append("\n".join(lines) + "\n")
 
-    def figure(self, fig: plt.Figure, name: str, caption: str) -> Path:
+    def figure(self, fig, name: str, caption: str) -> Path:
         path = self.run.path / f"{name}.png"
         fig.savefig(path, dpi=110, bbox_inches="tight")
-        plt.close(fig)
+        plots.pyplot().close(fig)
         rel = os.path.relpath(path, self.report_dir)
         self.blocks.append(f"![{caption}]({rel})\n\n*{caption}*\n")
         return path
