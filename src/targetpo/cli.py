@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # key=value overrides may follow options (`run NAME --preset paper steps=10`); argparse leaves those over.
-    if extra and getattr(args, "command", None) == "run" and all("=" in e and not e.startswith("-") for e in extra):
+    if extra and getattr(args, "command", None) in ("run", "rlvr") and all("=" in e and not e.startswith("-") for e in extra):
         args.overrides = list(args.overrides or []) + extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -23,8 +23,10 @@ from . import load
 class RunContext:
     """What a unit sees of the runner: `log` a metrics record, `advance` the progress bar, a `device`."""
 
-    def __init__(self, unit: str, writer: MetricsWriter, bar: tqdm, device: torch.device, meta: dict):
+    def __init__(self, unit: str, writer: MetricsWriter, bar: tqdm, device: torch.device, meta: dict,
+                 run_dir: Path | None = None):
         self.unit = unit
+        self.run_dir = run_dir  # for units that keep files (model checkpoints) next to the metrics
         self._writer = writer
         self._bar = bar
         self.device = device
@@ -192,7 +194,7 @@ def run_experiment(
               file=sys.stderr, dynamic_ncols=True) as bar:
         for unit in todo:
             bar.set_postfix_str(unit)
-            exp.run_unit(cfg, unit, RunContext(unit, writer, bar, dev, meta))
+            exp.run_unit(cfg, unit, RunContext(unit, writer, bar, dev, meta, run_dir))
             writer.write({"unit": unit, "event": "done"})
     writer.close()
 

@@ -1,0 +1,131 @@
+"""`targetpo rlvr`: RLVR training of a Hugging Face causal LM with TPO or a baseline, a thin front end over the
+`rlvr` experiment (so runs get run.json, append-only metrics, resume and a report like every experiment)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def load_tokenizer(directory: str | Path):
+    """The tokenizer of a model directory. The offline character tokenizer (saved by `targetpo.llm.tiny`) is
+    loaded as a plain fast tokenizer: `AutoTokenizer` would rebuild it as the model family's tokenizer class."""
+    from transformers import AutoTokenizer
+
+    from .tiny import load_tiny_tokenizer
+
+    cfg_file = Path(directory) / "tokenizer_config.json"
+    if cfg_file.is_file():
+        cls = json.loads(cfg_file.read_text()).get("tokenizer_class")
+        if cls in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+            return load_tiny_tokenizer(directory)
+    return AutoTokenizer.from_pretrained(str(directory))
+
+
+def load_model(path: str | Path, dtype: str = "float32"):
+    """(model, tokenizer) from a local directory or a hub name (downloads only if the hub is reachable and
+    HF_HUB_OFFLINE is unset)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+    tok = load_tokenizer(path)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token  # generation pads finished rows; masks keep padding out of every loss
+    return model, tok
+
+
+def _methods(objectives: str, seq_logp: str | None) -> str:
+    """`--objective tpo,grpo --seq-logp mean` -> "tpo_mean,grpo"; `--seq-logp both` gives TPO twice."""
+    out = []
+    for o in (x.strip() for x in objectives.split(",") if x.strip()):
+        if o in ("tpo", "tpo_no_anchor"):
+            reds = ("sum", "mean") if seq_logp == "both" else (seq_logp or "sum",)
+            out += [f"{o}_{r}" for r in reds]
+        else:
+            out.append(o)
+    return ",".join(out)
+
+
+def cmd_rlvr(args) -> int:
+    from ..experiments.runner import run_experiment
+
+    overrides = list(args.overrides or [])
+    given = {o.split("=", 1)[0].strip().replace("-", "_") for o in overrides}
+    if args.model:
+        overrides.append(f"model={args.model}")
+    if args.task:
+        overrides.append(f"task={args.task}")
+        # A new task starts from its own defaults unless the options are given too.
+        if "task_options" not in given:
+            overrides.append("task_options=")
+        if "compact" not in given:
+            overrides.append("compact=false")
+    if args.data_path:
+        overrides.append(f"data_path={args.data_path}")
+    if args.objective or args.seq_logp:
+        if "methods" in given:
+            raise ValueError("give either --objective/--seq-logp or methods=..., not both")
+        overrides.append(f"methods={_methods(args.objective or 'tpo', args.seq_logp)}")
+    out = Path(args.out) if args.out else Path("results") / f"rlvr-{args.preset}"
+    run_experiment("rlvr", args.preset, out=out, overrides=overrides, resume=args.resume, force=args.force,
+                   device=args.device, progress=not args.no_progress, threads=args.threads)
+    if not args.no_report:
+        from ..reporting.report import write_report
+
+        print(f"report: {write_report(out)}")
+    return 0
+
+
+def add_rlvr_parser(subparsers) -> argparse.ArgumentParser:
+    from ..cli import _field_help
+    from ..experiments import rlvr
+
+    lines = ["config fields (key=value; defaults of the cpu preset):"]
+    helps = _field_help(rlvr.Config)
+    cpu = rlvr.PRESETS["cpu"]
+    for name in rlvr.Config.__dataclass_fields__:
+        default = getattr(cpu, name)
+        if isinstance(default, tuple):
+            default = ",".join(map(str, default))
+        lines.append(f"  {f'{name}={default}':<34} {helps.get(name, '')}")
+    epilog = "\n".join([
+        "examples:",
+        "  targetpo rlvr --preset cpu                      # TPO (sum, mean) vs GRPO on a tiny model, ~10 min on 2 cores",
+        "  targetpo rlvr --preset smoke --out runs/s       # seconds",
+        "  targetpo rlvr --preset cpu --objective tpo,grpo,dapo --seq-logp both steps=300",
+        "  targetpo rlvr --preset paper --model Qwen/Qwen3-1.7B --data-path ../shared/data/gsm8k --device cuda",
+        "  targetpo rlvr --out runs/s --resume             # continue a killed run from its last checkpoint",
+        "", *lines])
+    p = subparsers.add_parser(
+        "rlvr", help="RLVR-train a Hugging Face causal LM with TPO or a baseline (own single-process loop)",
+        description="RLVR on verifiable rewards: K sampled completions per prompt, rewards from reasoning-gym or "
+                    "GSM8K (math-verify), TPO or a GRPO-family objective, optional KL and LoRA. Runs the `rlvr` "
+                    "experiment: a supervised warm start (if warmstart_steps > 0) shared by every method, then one "
+                    "RL unit per method; writes run.json, metrics.jsonl, checkpoints and REPORT.md to --out.",
+        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="cpu", choices=list(rlvr.PRESETS),
+                   help="smoke (seconds), cpu (tiny model on 2 CPU cores, ~10 min; default) or paper (App. G: "
+                        "Qwen3-1.7B on GSM8K, K=16, LoRA r=32, KL 1e-3; needs a GPU; untested here)")
+    p.add_argument("--model", default=None, help="Hugging Face model directory or hub name (sets model=; "
+                   "default: the preset's, 'tiny' = the offline character-level Qwen2)")
+    p.add_argument("--task", default=None, help="gsm8k or a reasoning-gym dataset (basic_arithmetic, chain_sum, "
+                   "graph_color, knights_knaves, ...); resets task_options and compact unless they are also given")
+    p.add_argument("--data-path", default=None, help="GSM8K directory with train.jsonl and test.jsonl (sets data_path=)")
+    p.add_argument("--objective", default=None, help="comma-separated objectives to compare: tpo, tpo_no_anchor, "
+                   "grpo, dr_grpo, dapo, gspo, sapo, cispo (sets methods=)")
+    p.add_argument("--seq-logp", default=None, choices=("sum", "mean", "both"),
+                   help="TPO's sequence log-score: sum of token log-probs (the paper), mean (length-normalised) "
+                        "or both (two TPO runs); default sum")
+    p.add_argument("--out", default=None, help="run directory (default results/rlvr-PRESET)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out: finished methods are kept, "
+                   "a partial one continues from its last checkpoint")
+    p.add_argument("--force", action="store_true", help="delete an existing run in --out and start over")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--no-report", action="store_true", help="do not write REPORT.md")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (fields below)")
+    p.set_defaults(func=cmd_rlvr)
+    return p

@@ -1,0 +1,153 @@
+"""Prompt sources: reasoning-gym tasks by name, and GSM8K from a jsonl path.
+
+A :class:`Problem` holds the question text, the gold answer as text (what the supervised warm start teaches)
+and whatever the scorer needs. :func:`load_task` builds a task; :func:`train_and_heldout` draws a training pool
+and a disjoint held-out set from it, deterministically from a seed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .rewards import gsm8k_gold, score_gsm8k, score_reasoning_gym
+
+# Tasks whose reasoning-gym entries carry a short `expression` ("12 + 7"): `compact` prompts use it.
+ARITHMETIC_TASKS = ("chain_sum", "basic_arithmetic")
+HELDOUT_SEED_OFFSET = 1_000_003  # held-out problems come from another generator seed
+
+
+@dataclass(frozen=True)
+class Problem:
+    question: str
+    answer: str
+    entry: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+
+
+class ReasoningGymTask:
+    """A reasoning-gym dataset by name, scored by its own ``score_answer``.
+
+    compact: for arithmetic tasks, use the bare expression ``"12 + 7 ="`` as the question instead of the
+    dataset's sentence (a tiny character model learns it in minutes). options: the dataset's config fields,
+    e.g. ``min_terms=2, max_terms=2, max_digits=2`` for chain_sum.
+    """
+
+    def __init__(self, name: str, compact: bool = False, **options):
+        import reasoning_gym as rg
+
+        self.name = name
+        self.compact = compact
+        self.options = options
+        if compact and name not in ARITHMETIC_TASKS:
+            raise ValueError(f"compact prompts exist for {ARITHMETIC_TASKS}, not {name!r}")
+        try:
+            self._scorer = rg.create_dataset(name, size=1, seed=0, **options)  # scoring reads only the entry
+        except Exception as exc:  # unknown name or bad option: say which
+            raise ValueError(f"reasoning-gym task {name!r} with options {options}: {exc}") from exc
+
+    def problems(self, split: str, size: int, seed: int) -> list[Problem]:
+        import reasoning_gym as rg
+
+        if split not in ("train", "heldout"):
+            raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+        s = seed if split == "train" else seed + HELDOUT_SEED_OFFSET
+        ds = rg.create_dataset(self.name, size=size, seed=s, **self.options)
+        return [self._problem(e) for e in ds]
+
+    def _problem(self, e: dict) -> Problem:
+        if self.name == "graph_color":  # no `answer`: any valid coloring scores 1; teach the generator's one
+            gold = json.dumps({str(k): v for k, v in e["metadata"]["possible_answer"].items()})
+        else:
+            gold = str(e["answer"])
+        question = f"{e['metadata']['expression']} =" if self.compact else e["question"]
+        return Problem(question, gold, e)
+
+    def score(self, problem: Problem, answer: str | None) -> float:
+        return score_reasoning_gym(self._scorer, problem.entry, answer)
+
+
+class Gsm8kTask:
+    """GSM8K from a directory holding ``train.jsonl`` and ``test.jsonl`` (lines ``{"question", "answer"}``, final
+    answer after ``#### ``). The held-out split is the test file; training draws from the train file."""
+
+    name = "gsm8k"
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        for f in ("train.jsonl", "test.jsonl"):
+            if not (self.path / f).is_file():
+                raise FileNotFoundError(f"GSM8K directory {self.path} has no {f} (pass data_path=DIR holding "
+                                        "train.jsonl and test.jsonl)")
+
+    def problems(self, split: str, size: int, seed: int) -> list[Problem]:
+        import random
+
+        if split not in ("train", "heldout"):
+            raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+        rows = [json.loads(line) for line in (self.path / ("train.jsonl" if split == "train" else "test.jsonl"))
+                .read_text(encoding="utf-8").splitlines() if line.strip()]
+        if size > len(rows):
+            raise ValueError(f"asked for {size} GSM8K {split} problems; the file has {len(rows)}")
+        if split == "train":
+            rows = random.Random(seed).sample(rows, size)
+        else:
+            rows = rows[:size]  # the first `size` test problems: the same held-out set for every seed
+        return [Problem(r["question"], gsm8k_gold(r["answer"]), {"solution": r["answer"]}) for r in rows]
+
+    def score(self, problem: Problem, answer: str | None) -> float:
+        return score_gsm8k(problem.answer, answer)
+
+
+def load_task(name: str, *, data_path: str | None = None, compact: bool = False, options: dict | None = None):
+    """`gsm8k` (needs `data_path`) or any reasoning-gym dataset name (graph_color, knights_knaves, chain_sum,
+    basic_arithmetic, ...)."""
+    if name == "gsm8k":
+        if not data_path:
+            raise ValueError("task gsm8k needs data_path=DIR (a directory with train.jsonl and test.jsonl)")
+        if options:
+            raise ValueError(f"task gsm8k takes no options, got {options}")
+        return Gsm8kTask(data_path)
+    return ReasoningGymTask(name, compact=compact, **(options or {}))
+
+
+def parse_options(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``("min_terms=2", "allow_negation=false")`` -> ``{"min_terms": 2, "allow_negation": False}``."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"task option {item!r} must look like key=value")
+        key, value = (s.strip() for s in item.split("=", 1))
+        low = value.lower()
+        if low in ("true", "false"):
+            out[key] = low == "true"
+        else:
+            try:
+                out[key] = int(value)
+            except ValueError:
+                try:
+                    out[key] = float(value)
+                except ValueError:
+                    out[key] = value
+    return out
+
+
+def train_and_heldout(task, train_size: int, eval_size: int, seed: int) -> tuple[list[Problem], list[Problem]]:
+    """A training pool and a held-out set whose questions never occur in the pool (deterministic in `seed`).
+
+    Small generated spaces (two 1-digit operands) repeat questions; held-out candidates that also occur in the
+    pool are dropped, and more are drawn until `eval_size` remain (ValueError if the space is too small).
+    """
+    train = task.problems("train", train_size, seed)
+    seen = {p.question for p in train}
+    heldout: list[Problem] = []
+    draw = eval_size
+    for _ in range(6):
+        heldout = [p for p in dict((p.question, p) for p in task.problems("heldout", draw, seed)).values()
+                   if p.question not in seen][:eval_size]
+        if len(heldout) == eval_size:
+            return train, heldout
+        draw *= 2
+    raise ValueError(f"could only find {len(heldout)} held-out problems outside the {train_size}-problem training "
+                     f"pool (eval_size={eval_size}); widen the task or shrink train_size")

@@ -1,0 +1,166 @@
+"""Rollouts: K sampled completions per prompt with Hugging Face ``generate``, then per-token log-probs from
+one forward pass, and the masks that say which tokens belong to each completion.
+
+Layout. A batch of B prompts gives N = B·K rows; row ``g·K + i`` is candidate i of group (prompt) g, so a
+``[N, T]`` tensor reshapes to ``[B, K, T]`` without copying. ``group_ids[n] = n // K`` travels with the rows and
+is checked wherever rows are split (see :func:`check_whole_groups`).
+
+Log-probs. The rollout's "old" log-probs come from :func:`token_logprobs` (a no-grad forward after generation),
+the same function the update differentiates, so in the first epoch the ratio π_θ/π_old is exactly 1 and TPO's
+p_θ equals p_old. The scores ``generate`` returns are not used: a different kernel path (KV cache, padding)
+would make them differ in the last bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Rollout:
+    """B prompts × K completions, rows grouped by prompt (see the module docstring)."""
+
+    prompt_ids: Tensor        # [N, P] left-padded
+    prompt_mask: Tensor       # [N, P] bool
+    completion_ids: Tensor    # [N, C] right-padded
+    completion_mask: Tensor   # [N, C] bool: tokens up to and including the first EOS
+    old_logp: Tensor          # [N, C] float32 rollout-time log-probs (0 on padding)
+    rewards: Tensor           # [N] float32
+    group_ids: Tensor         # [N] int64, row n belongs to group n // K
+    k: int
+    ref_logp: Tensor | None = None  # [N, C] frozen reference log-probs when a KL penalty is used
+
+    @property
+    def num_groups(self) -> int:
+        return self.rewards.shape[0] // self.k
+
+    def rows(self, index: Tensor) -> "Rollout":
+        """The rows `index` (a 1-D long tensor) as a new Rollout; the caller keeps groups whole."""
+        kw = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name, v in kw.items():
+            if isinstance(v, Tensor):
+                kw[name] = v[index]
+        return Rollout(**kw)
+
+
+def check_whole_groups(group_ids: Tensor, k: int) -> None:
+    """Raise ValueError unless the rows form whole groups: K consecutive rows with one group id each, and no
+    group id appearing in two blocks. Group objectives are wrong on a split group (the group softmax and the
+    z-scores would be taken over part of it), so a trainer calls this on every micro-batch."""
+    n = group_ids.numel()
+    if k < 2:
+        raise ValueError(f"K (completions per prompt) must be >= 2, got {k}")
+    if n % k:
+        raise ValueError(f"a micro-batch of {n} rows cannot hold whole groups of K={k}; its size must be a "
+                         f"multiple of K")
+    blocks = group_ids.reshape(-1, k)
+    if not (blocks == blocks[:, :1]).all():
+        raise ValueError(f"rows of different groups are mixed within a block of K={k} rows: group ids "
+                         f"{blocks.tolist()} (each block of K consecutive rows must be one whole group)")
+    if blocks[:, 0].unique().numel() != blocks.shape[0]:
+        raise ValueError(f"a group's rows are split across blocks: group ids {blocks[:, 0].tolist()}")
+
+
+def group_micro_batches(num_groups: int, k: int, micro_batch_size: int, order: Tensor | None = None) -> list[Tensor]:
+    """Row indices of micro-batches that each hold whole groups, in `order` (a permutation of the groups).
+
+    micro_batch_size: rows (completions) per micro-batch; must be a multiple of K so no group is split
+    (the same constraint as TRL's ``per_device_train_batch_size % num_generations == 0``).
+    """
+    if micro_batch_size < k or micro_batch_size % k:
+        raise ValueError(f"micro_batch_size={micro_batch_size} would split groups of K={k} completions; it must "
+                         f"be a positive multiple of K")
+    order = torch.arange(num_groups) if order is None else order
+    per = micro_batch_size // k
+    rows = (order.unsqueeze(1) * k + torch.arange(k)).reshape(-1)  # group g -> rows gK .. gK+K-1
+    return list(rows.split(per * k))
+
+
+def encode_prompts(tokenizer, texts: list[str], device) -> tuple[Tensor, Tensor]:
+    """Left-padded prompt ids and mask (left padding so every prompt ends where generation starts)."""
+    old_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    finally:
+        tokenizer.padding_side = old_side
+    return enc["input_ids"].to(device), enc["attention_mask"].to(device).bool()
+
+
+def completion_mask(completion_ids: Tensor, eos_id: int) -> Tensor:
+    """True on the tokens up to and including the first EOS (all tokens if there is none: a truncated
+    completion still counts; its missing EOS is simply not scored as a stop)."""
+    is_eos = completion_ids == eos_id
+    before = torch.cumsum(is_eos.int(), dim=-1) - is_eos.int()  # EOS tokens strictly before each position
+    return before == 0
+
+
+def position_ids(mask: Tensor) -> Tensor:
+    """Positions that skip left padding, as ``generate`` computes them from the attention mask."""
+    return (mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def token_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+                   completion_mask: Tensor, temperature: float = 1.0) -> Tensor:
+    """log π(y_t | x, y_<t) of every completion token, [N, C] float32 (0 where ``completion_mask`` is False).
+
+    One forward pass over [prompt; completion]; logits are divided by the sampling temperature so the
+    log-probs are those of the distribution that was sampled. Differentiable when called with grad enabled.
+    """
+    ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    p = prompt_ids.shape[1]
+    out = model(input_ids=ids, attention_mask=mask.long(), position_ids=position_ids(mask), use_cache=False)
+    logits = out.logits[:, p - 1:-1].float()  # the logits that predict each completion token
+    if temperature != 1.0:
+        logits = logits / temperature
+    chosen = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+    logp = chosen - torch.logsumexp(logits, dim=-1)
+    return torch.where(completion_mask, logp, torch.zeros_like(logp))
+
+
+@torch.no_grad()
+def sample(model, tokenizer, prompts: list[str], *, k: int, max_new_tokens: int, temperature: float = 1.0,
+           greedy: bool = False, seed: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """K completions per prompt from ``model.generate`` (pure sampling at `temperature`: no top-k/top-p, so
+    the completions follow exactly the distribution whose log-probs the loss uses), or one greedy
+    completion per prompt with ``greedy=True`` (k must then be 1).
+
+    `seed` seeds torch's global generator right before sampling (what ``generate`` draws from), which makes a
+    step's rollout a function of (seed, weights) alone: a resumed run resamples exactly.
+    Returns (prompt_ids [N, P], prompt_mask, completion_ids [N, C], completion_mask), N = len(prompts)·k.
+    """
+    from transformers import GenerationConfig
+
+    if greedy and k != 1:
+        raise ValueError(f"greedy decoding gives one completion per prompt; got k={k}")
+    device = next(model.parameters()).device
+    ids, mask = encode_prompts(tokenizer, prompts, device)
+    ids, mask = ids.repeat_interleave(k, dim=0), mask.repeat_interleave(k, dim=0)
+    gen = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy,
+                           temperature=temperature if not greedy else None, top_k=None if greedy else 0,
+                           top_p=None if greedy else 1.0, pad_token_id=tokenizer.pad_token_id,
+                           eos_token_id=tokenizer.eos_token_id, num_return_sequences=1)
+    if seed is not None:
+        torch.manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    try:
+        out = model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=gen)
+    finally:
+        model.train(was_training)
+    comp = out[:, ids.shape[1]:]
+    if comp.shape[1] == 0:
+        raise ValueError("generate returned no new tokens (max_new_tokens must be >= 1)")
+    cmask = completion_mask(comp, tokenizer.eos_token_id)
+    comp = torch.where(cmask, comp, torch.full_like(comp, tokenizer.pad_token_id))
+    return ids, mask, comp, cmask
+
+
+def decode_completions(tokenizer, completion_ids: Tensor, completion_mask: Tensor) -> list[str]:
+    """Completion texts without special tokens (EOS, padding)."""
+    return [tokenizer.decode(row[m].tolist(), skip_special_tokens=True)
+            for row, m in zip(completion_ids, completion_mask)]

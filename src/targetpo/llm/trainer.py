@@ -1,0 +1,391 @@
+"""A single-process RLVR trainer for any Hugging Face causal LM: TPO or a GRPO-family baseline on verifiable
+rewards.
+
+One step t:
+  1. rollout: B prompts from the training pool (drawn from a generator seeded by (seed, t)), K completions each,
+     sampled at temperature T (``generate``, pure sampling); rewards from the task's verifier; per-token
+     log-probs from a no-grad forward (:func:`~targetpo.llm.rollout.token_logprobs`, the path the update
+     differentiates, so the first epoch has ratio exactly 1 and TPO's p_θ = p_old); optional log-probs of a
+     frozen reference.
+  2. update: μ epochs over the batch. Each epoch shuffles whole groups, splits them into `updates_per_epoch`
+     mini-batches (one AdamW step each) and each mini-batch into micro-batches of `micro_batch_size` rows
+     (a multiple of K: groups are never split, and every micro-batch is checked). Micro-batch losses are
+     weighted so their gradients add up to the mini-batch loss's gradient exactly (see :func:`micro_weight`).
+  3. metrics: mean reward, accuracy (reward = 1), fraction of zero-variance groups, the objective's metrics
+     (TPO: target entropy, KL(q‖p_θ)) from the first epoch, loss, completion length, grad norm, wall time;
+     greedy held-out accuracy every `eval_every` steps.
+
+The loss is ``objective(logp [G, K, T], old_logp, rewards [G, K], token_mask) + β·KL`` with the objective from
+:mod:`targetpo.objectives` (never re-implemented here) and β·KL = β · mean over sequences of the per-token mean
+of k3(log π_θ, log π_ref) against a frozen reference (the base weights; with LoRA, the adapter switched off). The
+KL term is the same for every objective, so paired runs differ only in the policy loss (the paper's App. G).
+
+Checkpoints hold the trainable parameters, the optimizer state, the step and the RNG state; rollouts are seeded
+per step, so a run resumed from a checkpoint reproduces the uninterrupted run exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import random
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .. import objectives as obj
+from ..objectives.scores import zero_variance_groups
+from .rollout import (
+    Rollout,
+    check_whole_groups,
+    decode_completions,
+    group_micro_batches,
+    sample,
+    token_logprobs,
+)
+
+# Objectives the trainer can call on per-token [G, K, T] inputs, and how each aggregates over a batch:
+# "rows" = a mean over sequences/groups, "tokens" = a mean over all valid tokens of the batch (DAPO-style).
+OBJECTIVES: dict[str, str] = {
+    "tpo": "rows", "tpo_no_anchor": "rows", "grpo": "rows", "dr_grpo": "rows", "gspo": "rows",
+    "dapo": "tokens", "sapo": "tokens", "cispo": "tokens",
+}
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """objective: tpo, tpo_no_anchor, grpo, dr_grpo, dapo, gspo, sapo or cispo (targetpo.objectives)
+    seq_logp: TPO's sequence log-score: "sum" of token log-probs (the paper) or "mean" (length-normalised)
+    eta: TPO's target temperature η
+    objective_options: extra keyword arguments of the objective, e.g. {"clip_eps": 0.2}
+    k: completions per prompt (the group size K)
+    batch_prompts: prompts per step (B); a step samples B·K completions
+    epochs: μ, passes over each rollout batch (targets and old log-probs stay frozen)
+    updates_per_epoch: optimizer steps per epoch (whole-group mini-batches; must divide B)
+    micro_batch_size: rows per forward/backward (a multiple of K; 0 = a whole mini-batch); gradients accumulate
+    lr: AdamW learning rate
+    weight_decay: AdamW weight decay
+    adam_betas: AdamW (β1, β2)
+    max_grad_norm: gradient clipping by global norm (0 = off)
+    kl_coef: β of the k3 KL to a frozen reference (0 = no reference model is kept)
+    temperature: sampling temperature (log-probs use the same temperature)
+    max_new_tokens: completion length limit
+    eval_every: greedy held-out evaluation every N steps (0 = only before and after training)
+    eval_batch: prompts per greedy evaluation batch
+    checkpoint_every: save a resumable checkpoint every N steps (0 = never)
+    seed: seeds prompt draws, sampling and epoch shuffles (a step's randomness depends on (seed, step) only)"""
+
+    objective: str = "tpo"
+    seq_logp: str = "sum"
+    eta: float = 1.0
+    objective_options: dict = field(default_factory=dict)
+    k: int = 8
+    batch_prompts: int = 8
+    epochs: int = 1
+    updates_per_epoch: int = 1
+    micro_batch_size: int = 0
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = 1.0
+    kl_coef: float = 0.0
+    temperature: float = 1.0
+    max_new_tokens: int = 32
+    eval_every: int = 0
+    eval_batch: int = 64
+    checkpoint_every: int = 0
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {sorted(OBJECTIVES)}, got {self.objective!r}")
+        if self.seq_logp not in ("sum", "mean"):
+            raise ValueError(f"seq_logp must be 'sum' or 'mean', got {self.seq_logp!r}")
+        if self.k < 2:
+            raise ValueError(f"k (completions per prompt) must be >= 2, got {self.k}")
+        for name in ("batch_prompts", "epochs", "updates_per_epoch", "max_new_tokens", "eval_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.batch_prompts % self.updates_per_epoch:
+            raise ValueError(f"updates_per_epoch={self.updates_per_epoch} must divide batch_prompts="
+                             f"{self.batch_prompts} (mini-batches hold whole groups)")
+        mini_rows = self.batch_prompts // self.updates_per_epoch * self.k
+        if self.micro_batch_size and (self.micro_batch_size % self.k or mini_rows % self.micro_batch_size):
+            raise ValueError(f"micro_batch_size={self.micro_batch_size} must be a multiple of k={self.k} (whole "
+                             f"groups) that divides the mini-batch of {mini_rows} rows")
+        if not (self.lr > 0 and self.temperature > 0 and self.eta > 0):
+            raise ValueError(f"lr, temperature and eta must be > 0; got {self.lr}, {self.temperature}, {self.eta}")
+        if self.kl_coef < 0 or self.max_grad_norm < 0:
+            raise ValueError(f"kl_coef and max_grad_norm must be >= 0; got {self.kl_coef}, {self.max_grad_norm}")
+
+
+def step_seed(seed: int, step: int, salt: int = 0) -> int:
+    """A 63-bit seed for one step's randomness, from (seed, step, salt) only."""
+    return int(np.random.SeedSequence([seed, step, salt]).generate_state(1, np.uint64)[0]) & ((1 << 63) - 1)
+
+
+# ----------------------------------------------------------------------------- the loss
+
+def policy_loss(cfg: TrainerConfig, logp: Tensor, old_logp: Tensor, rewards: Tensor, token_mask: Tensor,
+                k: int) -> obj.LossOutput:
+    """The objective on one micro-batch of whole groups: rows [n, T] are reshaped to [n/K, K, T]."""
+    g = rewards.shape[0] // k
+    lp, old, tm = (x.reshape(g, k, -1) for x in (logp, old_logp, token_mask))
+    r = rewards.reshape(g, k)
+    opts = dict(cfg.objective_options)
+    if cfg.objective in ("tpo", "tpo_no_anchor"):
+        return obj.tpo_sequence_loss(lp, old, r, token_mask=tm, seq_logp=cfg.seq_logp, eta=cfg.eta,
+                                     anchor=cfg.objective == "tpo", **opts)
+    if cfg.objective in ("grpo", "dr_grpo"):
+        opts.setdefault("beta", 0.0)  # the trainer's KL term replaces GRPO's own (same for every objective)
+    if cfg.objective == "dr_grpo":
+        opts.setdefault("norm_len", float(cfg.max_new_tokens))  # Dr. GRPO's constant: the generation budget
+    return obj.get(cfg.objective).fn(lp, old, r, token_mask=tm, **opts)
+
+
+def micro_weight(cfg: TrainerConfig, micro: Rollout, mini_rows: int, mini_tokens: int) -> float:
+    """Factor that makes Σ_micro weight·loss(micro) equal loss(mini-batch), so gradient accumulation is exact:
+    the share of the mini-batch's sequences (objectives that average over sequences/groups) or of its valid
+    tokens (token-mean objectives) held by this micro-batch."""
+    if OBJECTIVES[cfg.objective] == "tokens":
+        return float(micro.completion_mask.sum()) / mini_tokens
+    return micro.rewards.shape[0] / mini_rows
+
+
+def kl_penalty(logp: Tensor, ref_logp: Tensor, token_mask: Tensor) -> Tensor:
+    """Mean over sequences of the per-token mean of k3(log π_θ, log π_ref) (Schulman's estimator of KL(π_θ‖π_ref))."""
+    kl = obj.k3_kl(logp, ref_logp)
+    m = token_mask.to(kl.dtype)
+    return ((kl * m).sum(-1) / m.sum(-1).clamp_min(1.0)).mean()
+
+
+def micro_batch_loss(model, cfg: TrainerConfig, micro: Rollout, mini_rows: int | None = None,
+                     mini_tokens: int | None = None) -> tuple[Tensor, obj.LossOutput]:
+    """Forward one micro-batch (whole groups, checked) and return its share of the mini-batch loss,
+    w·objective + β·w_rows·KL (weights from :func:`micro_weight`; 1 when the micro-batch is the whole
+    mini-batch), and the objective's output."""
+    check_whole_groups(micro.group_ids, micro.k)
+    rows = micro.rewards.shape[0]
+    mini_rows = rows if mini_rows is None else mini_rows
+    mini_tokens = int(micro.completion_mask.sum()) if mini_tokens is None else mini_tokens
+    logp = token_logprobs(model, micro.prompt_ids, micro.prompt_mask, micro.completion_ids, micro.completion_mask,
+                          cfg.temperature)
+    out = policy_loss(cfg, logp, micro.old_logp, micro.rewards, micro.completion_mask, micro.k)
+    loss = out.loss * micro_weight(cfg, micro, mini_rows, mini_tokens)
+    if cfg.kl_coef > 0:
+        if micro.ref_logp is None:
+            raise ValueError("kl_coef > 0 but the rollout has no reference log-probs")
+        loss = loss + cfg.kl_coef * kl_penalty(logp, micro.ref_logp, micro.completion_mask) * rows / mini_rows
+    return loss, out
+
+
+# ----------------------------------------------------------------------------- models
+
+def add_lora(model, r: int, alpha: float | None = None, dropout: float = 0.0, target_modules="all-linear"):
+    """Wrap `model` with a PEFT LoRA adapter of rank r (only the adapter is trained)."""
+    from peft import LoraConfig, get_peft_model
+
+    if r < 1:
+        raise ValueError(f"LoRA rank must be >= 1, got {r}")
+    config = LoraConfig(r=r, lora_alpha=alpha if alpha is not None else 2 * r, lora_dropout=dropout,
+                        target_modules=target_modules, task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+@contextmanager
+def _reference(model, ref_model):
+    """The frozen reference: a separate copy, or (LoRA) the same model with its adapter switched off."""
+    if ref_model is not None:
+        yield ref_model
+    elif hasattr(model, "disable_adapter"):
+        with model.disable_adapter():
+            yield model
+    else:
+        raise ValueError("kl_coef > 0 needs a reference: pass ref_model or use a LoRA (peft) model")
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+@torch.no_grad()
+def evaluate_greedy(model, tokenizer, task, template, problems: list, *, max_new_tokens: int,
+                    batch_size: int = 64) -> dict[str, float]:
+    """Greedy decoding on `problems`: {"heldout_reward": mean reward, "heldout_accuracy": fraction with reward 1}."""
+    if not problems:
+        return {}
+    rewards = []
+    for i in range(0, len(problems), batch_size):
+        chunk = problems[i:i + batch_size]
+        prompts = [template.prompt(p.question, tokenizer) for p in chunk]
+        _, _, comp, cmask = sample(model, tokenizer, prompts, k=1, max_new_tokens=max_new_tokens, greedy=True)
+        texts = decode_completions(tokenizer, comp, cmask)
+        rewards += [task.score(p, template.extract(t)) for p, t in zip(chunk, texts)]
+    r = torch.tensor(rewards, dtype=torch.float32)
+    return {"heldout_reward": float(r.mean()), "heldout_accuracy": float((r >= 1.0).float().mean())}
+
+
+# ----------------------------------------------------------------------------- the trainer
+
+class RLVRTrainer:
+    """RLVR on one process. `task.score(problem, answer)` gives rewards; `template` renders prompts and
+    extracts answers; `train_problems` is the prompt pool, `heldout` the fixed greedy-evaluation set."""
+
+    def __init__(self, model, tokenizer, task, template, train_problems: list, heldout: list,
+                 cfg: TrainerConfig):
+        cfg.validate()
+        if len(train_problems) < cfg.batch_prompts:
+            raise ValueError(f"the training pool has {len(train_problems)} problems; batch_prompts="
+                             f"{cfg.batch_prompts} needs at least that many")
+        self.model, self.tokenizer, self.task, self.template, self.cfg = model, tokenizer, task, template, cfg
+        self.train_problems, self.heldout = train_problems, heldout
+        model.eval()  # dropout off: the update's log-probs must be those the rollout scored
+        self.ref_model = None
+        if cfg.kl_coef > 0 and not hasattr(model, "disable_adapter"):
+            self.ref_model = copy.deepcopy(model).requires_grad_(False)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.adam_betas),
+                                           weight_decay=cfg.weight_decay)
+        self.device = next(model.parameters()).device
+
+    # ---- rollout
+    def batch_problems(self, step: int) -> list:
+        rng = np.random.default_rng([self.cfg.seed, step, 1])
+        idx = rng.choice(len(self.train_problems), size=self.cfg.batch_prompts, replace=False)
+        return [self.train_problems[i] for i in idx]
+
+    def score(self, problems: list, texts: list[str], k: int) -> Tensor:
+        return torch.tensor([self.task.score(problems[n // k], self.template.extract(t)) for n, t in enumerate(texts)],
+                            dtype=torch.float32)
+
+    @torch.no_grad()
+    def _logprobs(self, model, ids, mask, comp, cmask) -> Tensor:
+        rows = self.cfg.micro_batch_size or ids.shape[0]
+        return torch.cat([token_logprobs(model, ids[i:i + rows], mask[i:i + rows], comp[i:i + rows],
+                                         cmask[i:i + rows], self.cfg.temperature) for i in range(0, ids.shape[0], rows)])
+
+    def rollout(self, step: int) -> tuple[Rollout, list[str]]:
+        cfg = self.cfg
+        problems = self.batch_problems(step)
+        prompts = [self.template.prompt(p.question, self.tokenizer) for p in problems]
+        ids, mask, comp, cmask = sample(self.model, self.tokenizer, prompts, k=cfg.k, max_new_tokens=cfg.max_new_tokens,
+                                        temperature=cfg.temperature, seed=step_seed(cfg.seed, step, 2))
+        texts = decode_completions(self.tokenizer, comp, cmask)
+        rewards = self.score(problems, texts, cfg.k).to(self.device)
+        old = self._logprobs(self.model, ids, mask, comp, cmask)
+        ref = None
+        if cfg.kl_coef > 0:
+            with _reference(self.model, self.ref_model) as ref_model:
+                ref = self._logprobs(ref_model, ids, mask, comp, cmask)
+        n = ids.shape[0]
+        group_ids = torch.arange(n, device=self.device) // cfg.k
+        return Rollout(ids, mask, comp, cmask, old, rewards, group_ids, cfg.k, ref), texts
+
+    # ---- update
+    def update(self, batch: Rollout, step: int) -> dict[str, float]:
+        cfg = self.cfg
+        groups = batch.num_groups
+        per_mini = groups // cfg.updates_per_epoch
+        micro_rows = cfg.micro_batch_size or per_mini * cfg.k
+        gen = torch.Generator().manual_seed(step_seed(cfg.seed, step, 3))
+        first_epoch: dict[str, float] = {}
+        losses, norms = [], []
+        for epoch in range(cfg.epochs):
+            order = torch.randperm(groups, generator=gen)
+            for mini_groups in order.split(per_mini):
+                mini = batch.rows(group_micro_batches(groups, cfg.k, per_mini * cfg.k, mini_groups)[0].to(self.device))
+                mini_rows, mini_tokens = mini.rewards.shape[0], int(mini.completion_mask.sum())
+                self.optimizer.zero_grad(set_to_none=True)
+                total = 0.0
+                for rows in group_micro_batches(per_mini, cfg.k, micro_rows):
+                    micro = mini.rows(rows.to(self.device))
+                    loss, out = micro_batch_loss(self.model, cfg, micro, mini_rows, mini_tokens)
+                    loss.backward()
+                    total += float(loss.detach())
+                    w = micro_weight(cfg, micro, mini_rows, mini_tokens)
+                    if epoch == 0:
+                        for name, v in out.metrics.items():
+                            first_epoch[name] = first_epoch.get(name, 0.0) + float(v) * w / cfg.updates_per_epoch
+                norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
+                self.optimizer.step()
+                losses.append(total)
+                norms.append(float(norm))
+        return {"loss": float(np.mean(losses)), "grad_norm": float(np.mean(norms)),
+                **{f"obj_{k}": v for k, v in first_epoch.items()}}
+
+    def step(self, step: int) -> dict[str, float]:
+        """One rollout + update; returns the step's metrics."""
+        t0 = time.perf_counter()
+        batch, _ = self.rollout(step)
+        t1 = time.perf_counter()
+        upd = self.update(batch, step)
+        r = batch.rewards.reshape(-1, batch.k)
+        return {"reward": float(r.mean()), "accuracy": float((r >= 1.0).float().mean()),
+                "frac_zero_var": float(zero_variance_groups(r).float().mean()),
+                "completion_len": float(batch.completion_mask.sum(-1).float().mean()), **upd,
+                "wall_rollout_s": t1 - t0, "wall_step_s": time.perf_counter() - t0}
+
+    # ---- evaluation
+    def evaluate(self, problems: list | None = None) -> dict[str, float]:
+        """Greedy held-out accuracy and mean reward (see :func:`evaluate_greedy`)."""
+        return evaluate_greedy(self.model, self.tokenizer, self.task, self.template,
+                               self.heldout if problems is None else problems,
+                               max_new_tokens=self.cfg.max_new_tokens, batch_size=self.cfg.eval_batch)
+
+    # ---- checkpoints
+    def save_checkpoint(self, path: str | Path, step: int) -> None:
+        """Atomically write the state after `step` updates (trainable weights, optimizer, RNG)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {"step": step, "trainable": {n: p.detach().cpu().clone() for n, p in self.model.named_parameters()
+                                             if p.requires_grad},
+                 "optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+                 "python_rng": random.getstate(), "numpy_rng": np.random.get_state()}
+        tmp = path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+
+    def load_checkpoint(self, path: str | Path) -> int:
+        """Restore a checkpoint written by :meth:`save_checkpoint`; returns the number of updates it holds."""
+        state = torch.load(Path(path), map_location="cpu", weights_only=False)
+        named = dict(self.model.named_parameters())
+        missing = set(state["trainable"]) ^ {n for n, p in named.items() if p.requires_grad}
+        if missing:
+            raise ValueError(f"checkpoint {path} does not match the model's trainable parameters: {sorted(missing)[:5]}")
+        with torch.no_grad():
+            for n, v in state["trainable"].items():
+                named[n].copy_(v)
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+        np.random.set_state(state["numpy_rng"])
+        return int(state["step"])
+
+    # ---- the loop
+    def train(self, steps: int, log: Callable[[dict], None] = lambda r: None, advance: Callable[[int], None] = lambda n: None,
+              checkpoint: str | Path | None = None) -> None:
+        """Run steps 0..steps−1, calling `log` with each step's record (held-out metrics at evaluation steps,
+        measured before that step's update, and once more after the last update at step = steps).
+        With `checkpoint`, resume from it when it exists and save it every `checkpoint_every` steps."""
+        cfg = self.cfg
+        start = 0
+        if checkpoint is not None and Path(checkpoint).exists():
+            start = self.load_checkpoint(checkpoint)
+            advance(start)
+        for t in range(start, steps):
+            rec: dict = {"step": t}
+            if t == 0 or (cfg.eval_every and t % cfg.eval_every == 0):
+                rec.update(self.evaluate())
+            rec.update(self.step(t))
+            log(rec)
+            advance(1)
+            if checkpoint is not None and cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0 and t + 1 < steps:
+                self.save_checkpoint(checkpoint, t + 1)
+        log({"step": steps, **self.evaluate()})

@@ -1,0 +1,200 @@
+"""The RLVR trainer on a tiny offline model: the gradient on the group sequence scores is exactly p − q through
+the real loss path, gradient accumulation keeps groups whole and is exact, resume equals an uninterrupted run,
+and the same seed gives the same metrics."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from targetpo.experiments.runner import run_experiment
+from targetpo.llm import trainer as trainer_mod
+from targetpo.llm.data import load_task, parse_options, train_and_heldout
+from targetpo.llm.rollout import check_whole_groups, group_micro_batches
+from targetpo.llm.templates import Template
+from targetpo.llm.tiny import build_char_tokenizer, build_tiny_model
+from targetpo.llm.trainer import RLVRTrainer, TrainerConfig, add_lora, micro_batch_loss
+from targetpo.reporting.store import read_metrics
+from safetensors.torch import load_file
+
+K, B = 4, 3
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tok = build_char_tokenizer()
+    task = load_task("basic_arithmetic", compact=True, options=parse_options(
+        ["operators=+", "min_terms=2", "max_terms=2", "min_digits=2", "max_digits=2", "allow_parentheses=false",
+         "allow_negation=false"]))
+    train, held = train_and_heldout(task, 40, 6, seed=0)
+    return tok, task, train, held
+
+
+def make_trainer(setup, **kw):
+    tok, task, train, held = setup
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    cfg = TrainerConfig(**{"k": K, "batch_prompts": B, "max_new_tokens": 4, "lr": 1e-2, **kw})
+    return RLVRTrainer(model, tok, task, Template("plain"), train, held, cfg)
+
+
+def with_rewards(batch, seed=0):
+    """Distinct random rewards, so every group has variance and q differs from p_old."""
+    r = torch.rand(batch.rewards.shape, generator=torch.Generator().manual_seed(seed))
+    return dataclasses.replace(batch, rewards=r)
+
+
+def independent_target(seq_old: np.ndarray, rewards: np.ndarray, eta: float = 1.0) -> np.ndarray:
+    """q ∝ p_old·exp(u/η) with u the population z-score, in float64 numpy (independent of the library)."""
+    u = (rewards - rewards.mean(-1, keepdims=True)) / rewards.std(-1, keepdims=True)
+    logits = seq_old - seq_old.max(-1, keepdims=True) + u / eta
+    q = np.exp(logits)
+    return q / q.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("seq_logp", ["sum", "mean"])
+def test_gradient_on_group_sequence_scores_is_p_minus_q(setup, monkeypatch, seq_logp):
+    tr = make_trainer(setup, seq_logp=seq_logp)
+    batch = with_rewards(tr.rollout(0)[0])
+    captured = []
+    real = trainer_mod.token_logprobs
+
+    def spy(*args, **kwargs):  # the trainer's own per-token log-probs, kept to read their gradient
+        out = real(*args, **kwargs)
+        out.retain_grad()
+        captured.append(out)
+        return out
+
+    monkeypatch.setattr(trainer_mod, "token_logprobs", spy)
+    loss, _ = micro_batch_loss(tr.model, tr.cfg, batch)
+    loss.backward()
+    logp = captured[0]
+    assert torch.equal(logp.detach(), batch.old_logp)  # first epoch: p_θ = p_old exactly (same code path)
+
+    mask = batch.completion_mask.double().numpy()
+    tok_old = batch.old_logp.double().numpy()
+    seq_old = (tok_old * mask).sum(-1)
+    if seq_logp == "mean":
+        seq_old = seq_old / mask.sum(-1)
+    seq_old = seq_old.reshape(B, K)
+    p = np.exp(seq_old - seq_old.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    q = independent_target(seq_old, batch.rewards.double().numpy().reshape(B, K))
+    d_seq = ((p - q) / B).reshape(-1)  # d loss / d (group sequence log-score)
+    # Chain rule to the tokens: d seq / d logp_t = 1 (sum) or 1/n (mean) on valid tokens, 0 on padding.
+    per_tok = mask / (mask.sum(-1, keepdims=True) if seq_logp == "mean" else 1.0)
+    np.testing.assert_allclose(logp.grad.double().numpy(), d_seq[:, None] * per_tok, atol=1e-6)
+    assert np.abs(p - q).max() > 1e-3  # the check is not vacuous
+
+
+@pytest.mark.parametrize("objective", ["tpo", "dapo", "grpo"])
+def test_gradient_accumulation_over_whole_group_micro_batches_is_exact(setup, objective):
+    tr = make_trainer(setup, objective=objective, kl_coef=0.1)
+    batch = with_rewards(tr.rollout(0)[0])
+    batch = dataclasses.replace(batch, ref_logp=batch.old_logp - 0.05)  # a reference that differs from the policy
+
+    def grads(micro_rows):
+        tr.model.zero_grad()
+        rows_all, tokens_all = batch.rewards.shape[0], int(batch.completion_mask.sum())
+        for rows in group_micro_batches(B, K, micro_rows, torch.tensor([2, 0, 1])):
+            micro = batch.rows(rows)
+            loss, _ = micro_batch_loss(tr.model, tr.cfg, micro, rows_all, tokens_all)
+            loss.backward()
+        return torch.cat([p.grad.reshape(-1) for p in tr.params])
+
+    whole, per_group = grads(B * K), grads(K)
+    assert whole.abs().max() > 1e-4
+    torch.testing.assert_close(per_group, whole, rtol=1e-4, atol=1e-7)
+
+
+def test_layouts_that_would_split_a_group_are_rejected(setup):
+    with pytest.raises(ValueError, match="multiple of K"):
+        group_micro_batches(3, 4, 6)
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        TrainerConfig(k=4, batch_prompts=3, micro_batch_size=6).validate()
+    with pytest.raises(ValueError, match="updates_per_epoch"):
+        TrainerConfig(k=4, batch_prompts=3, updates_per_epoch=2).validate()
+    with pytest.raises(ValueError, match="mixed"):
+        check_whole_groups(torch.tensor([0, 0, 1, 1, 1, 1, 0, 0]), 4)
+    with pytest.raises(ValueError, match="split across"):
+        check_whole_groups(torch.tensor([0, 0, 1, 1, 0, 0]), 2)
+    with pytest.raises(ValueError, match="multiple of K"):
+        check_whole_groups(torch.tensor([0, 0, 0]), 2)
+    # A rollout whose rows were shuffled across groups is refused by the update itself.
+    tr = make_trainer(setup)
+    batch = tr.rollout(0)[0]
+    perm = torch.tensor([1, 0, 2, 3, 4, 5, 6, 7, 8, 9, 11, 10])
+    perm[[3, 4]] = perm[[4, 3]]  # rows 3 and 4 belong to groups 0 and 1
+    with pytest.raises(ValueError, match="whole group"):
+        tr.update(batch.rows(perm), 0)
+
+
+def test_multi_epoch_update_moves_towards_the_target_and_grpo_first_epoch_is_unclipped(setup):
+    tr = make_trainer(setup, epochs=3)
+    rec = tr.step(0)
+    assert {"reward", "accuracy", "frac_zero_var", "loss", "obj_kl_q_p", "obj_target_entropy", "completion_len",
+            "grad_norm", "wall_step_s"} <= set(rec)
+    g = make_trainer(setup, objective="grpo")
+    batch = with_rewards(g.rollout(0)[0])
+    _, out = micro_batch_loss(g.model, g.cfg, batch)
+    assert float(out.metrics["clip_frac"]) == 0.0  # ratio exactly 1 in the first epoch
+
+
+def test_lora_with_kl_to_the_frozen_base_trains_only_the_adapter(setup):
+    tok, task, train, held = setup
+    model = add_lora(build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                                      intermediate_size=64), r=4)
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    tr = RLVRTrainer(model, tok, task, Template("plain"), train, held,
+                     TrainerConfig(k=K, batch_prompts=B, max_new_tokens=4, lr=1e-2, kl_coef=0.1))
+    batch = tr.rollout(0)[0]
+    assert torch.equal(batch.ref_logp, batch.old_logp)  # before training the adapter is the identity (B = 0)
+    tr.update(with_rewards(batch), 0)
+    tr.update(with_rewards(tr.rollout(1)[0]), 1)
+    assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen)
+    after = tr.rollout(2)[0]
+    assert not torch.equal(after.ref_logp, after.old_logp)  # the adapter moved; the reference did not
+
+
+def _stable(path):
+    return [{k: v for k, v in r.items() if not k.startswith("wall_")} for r in read_metrics(path)]
+
+
+def test_checkpoint_resume_equals_uninterrupted_run_and_same_seed_same_metrics(tmp_path, monkeypatch):
+    overrides = ["steps=5", "checkpoint_every=2", "eval_every=2", "warmstart_steps=8"]
+    full = run_experiment("rlvr", "smoke", out=tmp_path / "full", overrides=overrides, progress=False, quiet=True)
+
+    calls = []
+    real_step = RLVRTrainer.step
+
+    def dying_step(self, t):
+        calls.append((self.cfg.objective, t))
+        if self.cfg.objective == "grpo" and t == 3:
+            raise KeyboardInterrupt("killed")
+        return real_step(self, t)
+
+    monkeypatch.setattr(RLVRTrainer, "step", dying_step)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment("rlvr", "smoke", out=tmp_path / "cut", overrides=overrides, progress=False, quiet=True)
+    assert (tmp_path / "cut" / "checkpoints" / "grpo.pt").exists()
+    calls.clear()
+    monkeypatch.setattr(RLVRTrainer, "step", lambda self, t: (calls.append((self.cfg.objective, t)), real_step(self, t))[1])
+    run_experiment("rlvr", "smoke", out=tmp_path / "cut", resume=True, progress=False, quiet=True)
+    assert calls == [("grpo", 2), ("grpo", 3), ("grpo", 4)]  # continued from the step-2 checkpoint
+    meta = json.loads((tmp_path / "cut" / "run.json").read_text())
+    assert "resume_mismatches" not in meta
+    assert sorted(map(json.dumps, _stable(tmp_path / "cut" / "metrics.jsonl"))) == \
+        sorted(map(json.dumps, _stable(full / "metrics.jsonl")))
+    # Same seed, fresh run: identical metrics line for line; the RL units started from identical weights.
+    again = run_experiment("rlvr", "smoke", out=tmp_path / "again", overrides=overrides, progress=False, quiet=True)
+    assert _stable(again / "metrics.jsonl") == _stable(full / "metrics.jsonl")
+    for unit in ("tpo_sum", "grpo"):
+        wa = load_file(full / "models" / unit / "model.safetensors")
+        wb = load_file(tmp_path / "cut" / "models" / unit / "model.safetensors")
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
