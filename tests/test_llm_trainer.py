@@ -198,3 +198,23 @@ def test_checkpoint_resume_equals_uninterrupted_run_and_same_seed_same_metrics(t
         wa = load_file(full / "models" / unit / "model.safetensors")
         wb = load_file(tmp_path / "cut" / "models" / unit / "model.safetensors")
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_rlvr_cli_documents_every_field_and_maps_flags(capsys):
+    from targetpo.cli import build_parser
+    from targetpo.experiments import rlvr
+    from targetpo.llm.cli import _methods
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["rlvr", "--help"])
+    text = capsys.readouterr().out
+    for name in rlvr.Config.__dataclass_fields__:
+        assert f"{name}=" in text, name
+    for flag in ("--preset", "--model", "--task", "--objective", "--seq-logp", "--out", "--resume"):
+        assert flag in text
+    assert _methods("tpo,grpo", "both") == "tpo_sum,tpo_mean,grpo"
+    assert _methods("tpo", None) == "tpo_sum"
+    with pytest.raises(ValueError, match="unknown method"):
+        rlvr.method_objective("tpo_median")
+    with pytest.raises(ValueError, match="methods"):
+        rlvr.PRESETS["smoke"].__class__(methods=("ppo",)).validate()
