@@ -74,9 +74,12 @@ def group_micro_batches(num_groups: int, k: int, micro_batch_size: int, order: T
         raise ValueError(f"micro_batch_size={micro_batch_size} would split groups of K={k} completions; it must "
                          f"be a positive multiple of K")
     order = torch.arange(num_groups) if order is None else order
-    per = micro_batch_size // k
-    rows = (order.unsqueeze(1) * k + torch.arange(k)).reshape(-1)  # group g -> rows gK .. gK+K-1
-    return list(rows.split(per * k))
+    return list(group_rows(order, k).split(micro_batch_size // k * k))
+
+
+def group_rows(groups: Tensor, k: int) -> Tensor:
+    """Row indices of the given groups, each group's K rows together: group g -> rows gK .. gK+K−1."""
+    return (groups.unsqueeze(1) * k + torch.arange(k, device=groups.device)).reshape(-1)
 
 
 def encode_prompts(tokenizer, texts: list[str], device) -> tuple[Tensor, Tensor]:

@@ -47,6 +47,7 @@ from .rollout import (
     check_whole_groups,
     decode_completions,
     group_micro_batches,
+    group_rows,
     sample,
     token_logprobs,
 )
@@ -300,7 +301,7 @@ class RLVRTrainer:
         for epoch in range(cfg.epochs):
             order = torch.randperm(groups, generator=gen)
             for mini_groups in order.split(per_mini):
-                mini = batch.rows(group_micro_batches(groups, cfg.k, per_mini * cfg.k, mini_groups)[0].to(self.device))
+                mini = batch.rows(group_rows(mini_groups, cfg.k).to(self.device))
                 mini_rows, mini_tokens = mini.rewards.shape[0], int(mini.completion_mask.sum())
                 self.optimizer.zero_grad(set_to_none=True)
                 total = 0.0
