@@ -11,23 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from targetpo.objectives import tpo_sequence_loss
 from targetpo.objectives.scores import ZERO_VARIANCE_STD
-
-
-def group_ids_from_rows(rows: Tensor) -> Tensor:
-    """Integer group ids [N] from per-row keys: rows that are equal get the same id.
-
-    `rows` is [N] (e.g. a prompt index) or [N, L] (e.g. left-padded prompt token ids; two completions belong to
-    the same group iff their prompt rows are identical). Ids are numbered in order of first appearance.
-    """
-    if rows.dim() == 1:
-        rows = rows.unsqueeze(1)
-    if rows.dim() != 2:
-        raise ValueError(f"rows must be [N] or [N, L], got shape {tuple(rows.shape)}")
-    _, inverse = torch.unique(rows, dim=0, return_inverse=True)
-    # Renumber by first appearance so ids read naturally in error messages.
-    first = {}
-    return torch.tensor([first.setdefault(int(i), len(first)) for i in inverse.tolist()], dtype=torch.long)
 
 
 def layout_counts(micro_batches: list[Tensor]) -> list[list[int]]:
@@ -102,3 +87,45 @@ def standardized_block_violations(u: Tensor, group_size: int, *, atol: float = 1
                 f"{float(mean[j]):.4g}, population variance {float(var[j]):.4g}; a whole group has mean 0 and "
                 f"variance 1, or is all 0)"]
     return []
+
+
+def tpo_group_loss(per_token_logps, old_per_token_logps, rewards, completion_mask, group_size: int, *,
+                   seq_logp: str = "sum", eta: float = 1.0):
+    """TPO on a micro-batch of whole groups laid out as consecutive blocks of `group_size` rows.
+
+    Args:
+      per_token_logps, old_per_token_logps: [N, T] completion token log-probs (current / rollout-time).
+      rewards: [N] raw rewards, NaN for unscorable completions.
+      completion_mask: [N, T] 1 on completion tokens.
+    Returns:
+      (loss, metrics): the mean over the N/K groups of the cross-entropy to the target (a group with no valid
+      candidate counts as 0), and the objective's metrics (target_entropy, kl_q_p, frac_zero_var, ...).
+    """
+    n, t = per_token_logps.shape
+    if n % group_size:
+        raise ValueError(f"per_token_logps has {n} rows, not a multiple of K = {group_size}")
+    g = n // group_size
+    tok = completion_mask.bool()
+    has_tok = tok.any(dim=-1)
+    valid = has_tok & ~torch.isnan(rewards)
+    # Rows without a valid token are masked candidates; give them a full token mask so the sequence reduction
+    # stays defined (their log-score never reaches the softmax).
+    tok = tok | ~has_tok[:, None]
+    keep = valid.view(g, group_size).any(dim=-1)
+    n_keep = int(keep.sum())
+    if n_keep == 0:
+        zero = per_token_logps.sum() * 0.0
+        return zero, {"frac_groups_dropped": torch.tensor(1.0)}
+
+    def grouped(x):
+        x = x.reshape(g, group_size, *x.shape[1:])
+        return x if n_keep == g else x[keep]
+
+    cand = grouped(valid)
+    out = tpo_sequence_loss(
+        grouped(per_token_logps), grouped(old_per_token_logps), grouped(torch.nan_to_num(rewards, nan=0.0)),
+        token_mask=grouped(tok), seq_logp=seq_logp, eta=eta, mask=None if bool(cand.all()) else cand,
+    )
+    metrics = dict(out.metrics)
+    metrics["frac_groups_dropped"] = torch.tensor(1.0 - n_keep / g)
+    return (out.loss if n_keep == g else out.loss * (n_keep / g)), metrics

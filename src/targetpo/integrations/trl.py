@@ -42,10 +42,9 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
-from targetpo.integrations.groups import check_whole_groups
-from targetpo.objectives import tpo_sequence_loss
+from targetpo.integrations.groups import check_whole_groups, tpo_group_loss
 
-__all__ = ["TargetPOConfig", "TargetPOTrainer", "shuffle_whole_groups", "IGNORED_GRPO_SETTINGS"]
+__all__ = ["TargetPOConfig", "TargetPOTrainer", "shuffle_whole_groups", "tpo_group_loss", "IGNORED_GRPO_SETTINGS"]
 
 # GRPO settings that only shape GRPO's clipped surrogate or its extras; TPO's loss does not read them, so a
 # non-default value would be silently ignored. Raise instead.
@@ -283,44 +282,3 @@ class TargetPOTrainer(GRPOTrainer):
     def _global_mean(self, total, count) -> float:
         totals = self.accelerator.reduce(torch.stack([total.detach().float(), count.detach().float()]), reduction="sum")
         return (totals[0] / totals[1].clamp(min=1.0)).item()
-
-
-def tpo_group_loss(per_token_logps, old_per_token_logps, rewards, completion_mask, group_size: int, *,
-                   seq_logp: str = "sum", eta: float = 1.0):
-    """TPO on a micro-batch of whole groups laid out as consecutive blocks of `group_size` rows.
-
-    Args:
-      per_token_logps, old_per_token_logps: [N, T] completion token log-probs (current / rollout-time).
-      rewards: [N] raw rewards, NaN for unscorable completions.
-      completion_mask: [N, T] 1 on completion tokens.
-    Returns:
-      (loss, metrics): the mean over the N/K groups of the cross-entropy to the target (a group with no valid
-      candidate counts as 0), and the objective's metrics (target_entropy, kl_q_p, frac_zero_var, ...).
-    """
-    n, t = per_token_logps.shape
-    if n % group_size:
-        raise ValueError(f"per_token_logps has {n} rows, not a multiple of K = {group_size}")
-    g = n // group_size
-    tok = completion_mask.bool()
-    has_tok = tok.any(dim=-1)
-    valid = has_tok & ~torch.isnan(rewards)
-    # Rows without a valid token are masked candidates; give them a full token mask so the sequence reduction
-    # stays defined (their log-score never reaches the softmax).
-    tok = tok | ~has_tok[:, None]
-    keep = valid.view(g, group_size).any(dim=-1)
-    if not keep.any():
-        zero = per_token_logps.sum() * 0.0
-        return zero, {"frac_groups_dropped": torch.tensor(1.0)}
-
-    def grouped(x):
-        return x.view(g, group_size, *x.shape[1:])[keep]
-
-    cand = grouped(valid)
-    out = tpo_sequence_loss(
-        grouped(per_token_logps), grouped(old_per_token_logps), grouped(torch.nan_to_num(rewards, nan=0.0)),
-        token_mask=grouped(tok), seq_logp=seq_logp, eta=eta, mask=None if bool(cand.all()) else cand,
-    )
-    frac_kept = keep.float().mean()
-    metrics = dict(out.metrics)
-    metrics["frac_groups_dropped"] = 1.0 - frac_kept
-    return out.loss * frac_kept.to(out.loss.dtype), metrics
