@@ -105,12 +105,14 @@ def test_train_runs_steps_changes_parameters_and_logs_tpo_metrics(tmp_path):
     model, tokenizer = load_tiny_model(save_tiny_model(tmp_path / "model", hidden_size=32, num_layers=1,
                                                        num_heads=2, num_kv_heads=1, intermediate_size=64))
     before = [p.detach().clone() for p in model.parameters()]
-    args = TargetPOConfig(**common_args(tmp_path, max_steps=3, seq_logp="mean", beta=0.01))
+    # num_iterations=2 reuses each generation batch, so TRL computes old_per_token_logps (p_old != p_θ).
+    args = TargetPOConfig(**common_args(tmp_path, max_steps=3, seq_logp="mean", beta=0.01, num_iterations=2))
     trainer = TargetPOTrainer(model=model, reward_funcs=digit_reward, train_dataset=PROMPTS,
                               processing_class=tokenizer, args=args)
     assert trainer.ref_model is not None
     trainer.train()
     assert trainer.state.global_step == 3
+    assert "old_per_token_logps" in trainer._buffered_inputs[0]
     changed = [not torch.equal(a, b) for a, b in zip(before, model.parameters())]
     assert sum(changed) >= len(changed) // 2
     logs = [h for h in trainer.state.log_history if "loss" in h]
