@@ -37,15 +37,21 @@ import os
 
 import numpy as np
 import torch
-from verl.trainer.ppo import core_algos
 
 from targetpo.integrations.groups import standardized_block_violations, tpo_group_loss
 from targetpo.objectives import standardize_scores
 
+logger = logging.getLogger(__name__)
+
+try:
+    from verl.trainer.ppo import core_algos
+except Exception as exc:  # verl swallows plugin import errors at DEBUG level: make this one visible
+    logger.warning("targetpo's verl plugin could not import verl.trainer.ppo.core_algos (%s); `tpo` is not "
+                   "registered. targetpo needs verl==0.9.1.", exc)
+    raise
+
 __all__ = ["NAME", "ETA_ENV", "SEQ_LOGP_BY_LOSS_AGG", "compute_tpo_advantage", "compute_policy_loss_tpo",
            "verify_registration", "tpo_eta_from_env"]
-
-logger = logging.getLogger(__name__)
 
 NAME = "tpo"
 ETA_ENV = "TARGETPO_TPO_ETA"
