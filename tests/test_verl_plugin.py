@@ -240,3 +240,35 @@ def test_graph_color_reward_uses_reasoning_gyms_scorer():
         bad = {**entry["metadata"]["possible_answer"], str(u): 1, str(v): 1}
         assert module.compute_score(DATA_SOURCE, f"<answer>{json.dumps(bad)}</answer>", truth) == 0.01
         assert module.compute_score(DATA_SOURCE, "no answer tags", truth) == 0.0
+
+
+def test_verls_worker_loss_ppo_loss_runs_tpo_end_to_end():
+    """verl's own worker loss (`workers.utils.losses.ppo_loss`, the caller in the FSDP engine) with loss_mode=tpo."""
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.losses import ppo_loss
+
+    n, p_len, t, k = 8, 3, 5, 4
+    gen = torch.Generator().manual_seed(0)
+    resp_len = torch.randint(1, t + 1, (n,), generator=gen)
+    resp_mask = (torch.arange(t)[None] < resp_len[:, None]).long()
+    scores = torch.tensor([1.0, 0, 0, 1, 1, 1, 0, 1])
+    token_rewards = torch.zeros(n, t)
+    token_rewards[torch.arange(n), resp_len - 1] = scores
+    adv = core_algos.get_adv_estimator_fn("tpo")(token_level_rewards=token_rewards, response_mask=resp_mask.float(),
+                                                 index=np.repeat(["a", "b"], k))[0]
+    full = -torch.rand(n, p_len + t, generator=gen)  # model output: log-prob of each next token, unpadded below
+    old = -torch.rand(n, t, generator=gen)
+    flat = torch.cat([full[i, : p_len + resp_len[i]] for i in range(n)]).requires_grad_()
+    data = TensorDict({"prompts": torch.ones(n, p_len, dtype=torch.long), "responses": torch.ones(n, t, dtype=torch.long),
+                       "attention_mask": torch.cat([torch.ones(n, p_len, dtype=torch.long), resp_mask], 1),
+                       "response_mask": resp_mask, "old_log_probs": old, "advantages": adv}, batch_size=[n])
+    tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=int(resp_mask.sum()), global_batch_size=n)
+    loss, metrics = ppo_loss(actor_config(k), {"log_probs": flat}, data)
+    # Response token j's log-prob is the model output at position p_len - 1 + j (verl shifts by one).
+    resp_logp = torch.stack([torch.nn.functional.pad(full[i, p_len - 1: p_len - 1 + resp_len[i]], (0, t - resp_len[i]))
+                             for i in range(n)])
+    ref = tpo_sequence_loss(resp_logp.view(2, k, t), old.view(2, k, t), scores.view(2, k),
+                            token_mask=resp_mask.bool().view(2, k, t))
+    torch.testing.assert_close(loss, ref.loss)
+    assert {"actor/pg_loss", "actor/tpo_kl_q_p", "actor/tpo_target_entropy"} <= set(metrics)
