@@ -1,0 +1,274 @@
+"""The verl 0.9.1 plugin: registration through the entry point, the loss through verl's registry, group checks,
+the example config against verl's own defaults, and the graph-coloring reward."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from verl.trainer.ppo import core_algos  # `import verl` loads the plugin through the entry point
+from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+
+from targetpo.integrations import verl_plugin
+from targetpo.objectives import tpo_sequence_loss
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "verl" / "tpo_qwen3_1.7b_graph_color.yaml"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _float32_default():
+    # Other test modules set float64 as torch's default dtype at import; these tests model float32 training.
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    yield
+    torch.set_default_dtype(previous)
+
+
+def actor_config(k, loss_agg_mode="seq-mean-token-sum"):
+    return ActorConfig(strategy="fsdp", rollout_n=k, ppo_micro_batch_size_per_gpu=k, loss_agg_mode=loss_agg_mode,
+                       policy_loss=PolicyLossConfig(loss_mode="tpo"))
+
+
+def batch(g=3, k=4, t=6, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    n = g * k
+    lengths = torch.randint(1, t + 1, (n,), generator=gen)
+    mask = (torch.arange(t)[None] < lengths[:, None]).float()
+    rewards = torch.randint(0, 3, (n,), generator=gen).float()
+    rewards[:k] = 1.0  # one zero-variance group
+    token_rewards = torch.zeros(n, t)
+    token_rewards[torch.arange(n), lengths - 1] = rewards  # outcome reward on the last response token
+    uid = np.repeat(np.array([f"p{i}" for i in range(g)], dtype=object), k)
+    return dict(
+        rewards=rewards, token_rewards=token_rewards, mask=mask, uid=uid,
+        logp=-torch.rand(n, t, generator=gen) * 3, old=-torch.rand(n, t, generator=gen) * 3,
+    )
+
+
+def tpo_advantages(b):
+    adv, ret = core_algos.get_adv_estimator_fn("tpo")(token_level_rewards=b["token_rewards"],
+                                                       response_mask=b["mask"], index=b["uid"], config=None)
+    assert torch.equal(adv, ret)
+    return adv
+
+
+def test_entry_point_is_discoverable_and_import_verl_registers_tpo_lazily():
+    eps = [ep for ep in entry_points(group="verl.plugins") if ep.value == "targetpo.integrations.verl_plugin"]
+    assert len(eps) == 1, "reinstall with `make install` so the verl.plugins entry point is in the metadata"
+    code = (
+        "import sys\n"
+        "import targetpo, targetpo.objectives, targetpo.integrations\n"
+        "assert not {'trl', 'verl', 'transformers'} & set(sys.modules), 'targetpo imported an optional library'\n"
+        "import verl\n"
+        "from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn\n"
+        "assert get_policy_loss_fn('tpo').__module__ == 'targetpo.integrations.verl_plugin'\n"
+        "assert get_adv_estimator_fn('tpo').__module__ == 'targetpo.integrations.verl_plugin'\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_PLUGINS"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_advantage_estimator_writes_population_z_scores_broadcast_over_tokens():
+    b = batch()
+    adv = tpo_advantages(b)
+    r = b["rewards"].view(3, 4)
+    sd = r.std(dim=1, unbiased=False, keepdim=True)
+    u = torch.where(sd > 1e-6, (r - r.mean(1, keepdim=True)) / sd, torch.zeros_like(r)).reshape(-1)
+    torch.testing.assert_close(adv, u[:, None] * b["mask"])
+    assert torch.equal(adv[:4], torch.zeros(4, 6))  # zero-variance group
+
+
+def test_advantage_estimator_refuses_a_reordered_batch():
+    b = batch()
+    perm = torch.tensor([0, 4, 1, 5, 2, 6, 3, 7, 8, 9, 10, 11])  # what balance_batch can do
+    with pytest.raises(ValueError, match="balance_batch=False"):
+        core_algos.get_adv_estimator_fn("tpo")(token_level_rewards=b["token_rewards"][perm],
+                                               response_mask=b["mask"][perm], index=b["uid"][perm.numpy()])
+
+
+@pytest.mark.parametrize("agg, seq_logp", [("seq-mean-token-sum", "sum"), ("seq-mean-token-mean", "mean")])
+def test_loss_through_verls_registry_matches_the_objective(agg, seq_logp):
+    b = batch()
+    adv = tpo_advantages(b)
+    logp = b["logp"].clone().requires_grad_()
+    loss, metrics = core_algos.get_policy_loss_fn("tpo")(
+        old_log_prob=b["old"], log_prob=logp, advantages=adv, response_mask=b["mask"], loss_agg_mode=agg,
+        config=actor_config(4, agg), rollout_is_weights=None)
+    loss.backward()
+    ref_logp = b["logp"].clone().requires_grad_()
+    ref = tpo_sequence_loss(ref_logp.view(3, 4, 6), b["old"].view(3, 4, 6), b["rewards"].view(3, 4),
+                            token_mask=b["mask"].bool().view(3, 4, 6), seq_logp=seq_logp)
+    ref.loss.backward()
+    torch.testing.assert_close(loss, ref.loss)
+    torch.testing.assert_close(logp.grad, ref_logp.grad)
+    r = b["rewards"].view(3, 4)
+    assert metrics["actor/tpo_frac_zero_var"] == pytest.approx(float((r == r[:, :1]).all(1).float().mean()))
+    assert metrics["actor/tpo_kl_q_p"] >= 0
+
+
+def test_loss_is_its_share_of_the_global_mini_batch_mean_and_reads_eta_from_the_environment(monkeypatch):
+    b = batch()
+    adv = tpo_advantages(b)
+    fn = core_algos.get_policy_loss_fn("tpo")
+    cfg = actor_config(4)
+    cfg.global_batch_info.update(dp_size=2, global_batch_size=48, batch_num_tokens=None, loss_scale_factor=None)
+    monkeypatch.setenv(verl_plugin.ETA_ENV, "0.5")
+    loss, _ = fn(old_log_prob=b["old"], log_prob=b["logp"], advantages=adv, response_mask=b["mask"],
+                 loss_agg_mode="seq-mean-token-sum", config=cfg)
+    ref = tpo_sequence_loss(b["logp"].view(3, 4, 6), b["old"].view(3, 4, 6), b["rewards"].view(3, 4),
+                            token_mask=b["mask"].bool().view(3, 4, 6), eta=0.5)
+    # 12 of the global 48 rows, averaged over 2 data-parallel ranks: 12/48 · 2 of this micro-batch's group mean.
+    torch.testing.assert_close(loss, ref.loss * 12 / 48 * 2)
+    monkeypatch.setenv(verl_plugin.ETA_ENV, "-1")
+    with pytest.raises(ValueError, match=verl_plugin.ETA_ENV):
+        fn(old_log_prob=b["old"], log_prob=b["logp"], advantages=adv, response_mask=b["mask"],
+           loss_agg_mode="seq-mean-token-sum", config=actor_config(4))
+
+
+def test_loss_rejects_a_shuffled_group_and_other_layouts_it_cannot_trust():
+    b = batch(g=2)
+    b["token_rewards"][:, :] = 0
+    last = b["mask"].sum(-1).long() - 1
+    b["token_rewards"][torch.arange(8), last] = torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 0])
+    adv = tpo_advantages(b)
+    fn = core_algos.get_policy_loss_fn("tpo")
+
+    def call(perm=None, advantages=adv, agg="seq-mean-token-sum", k=4, **kw):
+        p = torch.arange(8) if perm is None else torch.tensor(perm)
+        return fn(old_log_prob=b["old"][p], log_prob=b["logp"][p], advantages=advantages[p],
+                  response_mask=b["mask"][p], loss_agg_mode=agg, config=actor_config(k, agg), **kw)
+
+    call()  # the whole layout passes
+    call(perm=[4, 5, 6, 7, 0, 1, 2, 3])  # whole groups in another order pass too
+    with pytest.raises(ValueError, match="whole groups"):
+        call(perm=[4, 1, 2, 3, 0, 5, 6, 7])  # one row swapped between groups
+    with pytest.raises(ValueError, match="not a multiple of K"):
+        call(k=3)
+    grpo, _ = core_algos.compute_grpo_outcome_advantage(b["token_rewards"], b["mask"], b["uid"])
+    with pytest.raises(ValueError, match="whole groups"):  # GRPO's Bessel-scaled advantages are not z-scores
+        call(advantages=grpo)
+    noisy = adv + 0.1 * torch.rand(adv.shape) * b["mask"]
+    with pytest.raises(ValueError, match="vary over its tokens"):
+        call(advantages=noisy)
+    with pytest.raises(ValueError, match="loss_agg_mode"):
+        call(agg="token-mean")
+    with pytest.raises(ValueError, match="importance weights"):
+        call(rollout_is_weights=torch.ones(8, 6))
+
+
+def test_verify_registration_raises_and_warns_when_tpo_is_missing(monkeypatch, caplog):
+    verl_plugin.verify_registration()
+    monkeypatch.setitem(core_algos.POLICY_LOSS_REGISTRY, "tpo", core_algos.get_policy_loss_fn("vanilla"))
+    with caplog.at_level(logging.WARNING), pytest.raises(RuntimeError, match="did not register"):
+        verl_plugin.verify_registration()
+    assert any("did not register" in r.message for r in caplog.records)
+
+
+def _leaf_keys(node, prefix=""):
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            yield from _leaf_keys(value, path + ".")
+        else:
+            yield path
+
+
+def _has_key(cfg, dotted):
+    node = cfg
+    for part in dotted.split("."):
+        if part not in node.keys():  # keys() also lists mandatory (???) values, which `in` hides
+            return False
+        node = node._get_node(part)
+    return True
+
+
+def test_example_config_keys_exist_in_verls_defaults_and_build_the_actor_config():
+    from hydra import compose, initialize_config_dir, initialize_config_module
+    from verl.utils.config import omega_conf_to_dataclass
+
+    ours = OmegaConf.to_container(OmegaConf.load(EXAMPLE))
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        default = compose(config_name="ppo_trainer")
+    added = {"ray_kwargs.ray_init.runtime_env.env_vars"}  # a new mapping that verl merges into Ray's runtime_env
+    missing = [key for key in _leaf_keys({k: v for k, v in ours.items() if k not in ("hydra", "defaults")})
+               if not any(key.startswith(a) for a in added) and not _has_key(default, key)]
+    assert missing == []
+    with initialize_config_dir(config_dir=str(EXAMPLE.parent), version_base=None):
+        cfg = compose(config_name=EXAMPLE.stem)
+    assert cfg.trainer.use_v1 is False and cfg.trainer.balance_batch is False
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)  # verl's own validation of the actor section
+    k = actor.rollout_n
+    assert k == 16 and actor.policy_loss.loss_mode == "tpo" and not actor.use_dynamic_bsz and not actor.shuffle
+    assert actor.ppo_micro_batch_size_per_gpu % k == 0
+    assert (actor.ppo_mini_batch_size * k // cfg.trainer.n_gpus_per_node) % k == 0  # whole groups per GPU
+    assert cfg.algorithm.adv_estimator == "tpo"
+    b = batch(g=2, k=k)
+    adv = tpo_advantages(b)
+    loss, _ = core_algos.get_policy_loss_fn(actor.policy_loss.loss_mode)(
+        old_log_prob=b["old"], log_prob=b["logp"], advantages=adv, response_mask=b["mask"],
+        loss_agg_mode=actor.loss_agg_mode, config=actor)
+    assert torch.isfinite(loss)
+
+
+def test_graph_color_reward_uses_reasoning_gyms_scorer():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("graph_color_reward", EXAMPLE.parent / "graph_color_reward.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # the file verl's custom_reward_function.path points at
+    from targetpo.integrations.verl_rewards import DATA_SOURCE, graph_color_rows
+
+    import reasoning_gym as rg
+
+    rows = graph_color_rows(3, seed=5, split="train")
+    entries = rg.create_dataset("graph_color", size=3, seed=5)
+    for row, entry in zip(rows, entries):
+        assert row["prompt"][-1]["content"] == entry["question"] and row["data_source"] == DATA_SOURCE
+        truth = row["reward_model"]["ground_truth"]
+        good = json.dumps(entry["metadata"]["possible_answer"])
+        assert module.compute_score(DATA_SOURCE, f"think...<answer>{good}</answer>", truth) == 1.0
+        u, v = entry["metadata"]["puzzle"]["edges"][0]
+        bad = {**entry["metadata"]["possible_answer"], str(u): 1, str(v): 1}
+        assert module.compute_score(DATA_SOURCE, f"<answer>{json.dumps(bad)}</answer>", truth) == 0.01
+        assert module.compute_score(DATA_SOURCE, "no answer tags", truth) == 0.0
+
+
+def test_verls_worker_loss_ppo_loss_runs_tpo_end_to_end():
+    """verl's own worker loss (`workers.utils.losses.ppo_loss`, the caller in the FSDP engine) with loss_mode=tpo."""
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.losses import ppo_loss
+
+    n, p_len, t, k = 8, 3, 5, 4
+    gen = torch.Generator().manual_seed(0)
+    resp_len = torch.randint(1, t + 1, (n,), generator=gen)
+    resp_mask = (torch.arange(t)[None] < resp_len[:, None]).long()
+    scores = torch.tensor([1.0, 0, 0, 1, 1, 1, 0, 1])
+    token_rewards = torch.zeros(n, t)
+    token_rewards[torch.arange(n), resp_len - 1] = scores
+    adv = core_algos.get_adv_estimator_fn("tpo")(token_level_rewards=token_rewards, response_mask=resp_mask.float(),
+                                                 index=np.repeat(["a", "b"], k))[0]
+    full = -torch.rand(n, p_len + t, generator=gen)  # model output: log-prob of each next token, unpadded below
+    old = -torch.rand(n, t, generator=gen)
+    flat = torch.cat([full[i, : p_len + resp_len[i]] for i in range(n)]).requires_grad_()
+    data = TensorDict({"prompts": torch.ones(n, p_len, dtype=torch.long), "responses": torch.ones(n, t, dtype=torch.long),
+                       "attention_mask": torch.cat([torch.ones(n, p_len, dtype=torch.long), resp_mask], 1),
+                       "response_mask": resp_mask, "old_log_probs": old, "advantages": adv}, batch_size=[n])
+    tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=int(resp_mask.sum()), global_batch_size=n)
+    loss, metrics = ppo_loss(actor_config(k), {"log_probs": flat}, data)
+    # Response token j's log-prob is the model output at position p_len - 1 + j (verl shifts by one).
+    resp_logp = torch.stack([torch.nn.functional.pad(full[i, p_len - 1: p_len - 1 + resp_len[i]], (0, t - resp_len[i]))
+                             for i in range(n)])
+    ref = tpo_sequence_loss(resp_logp.view(2, k, t), old.view(2, k, t), scores.view(2, k),
+                            token_mask=resp_mask.bool().view(2, k, t))
+    torch.testing.assert_close(loss, ref.loss)
+    assert {"actor/pg_loss", "actor/tpo_kl_q_p", "actor/tpo_target_entropy"} <= set(metrics)
