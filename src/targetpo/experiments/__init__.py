@@ -23,6 +23,7 @@ from types import ModuleType
 EXPERIMENTS: dict[str, str] = {
     "tabular-single": "targetpo.experiments.tabular_single",
     "tabular-multi": "targetpo.experiments.tabular_multi",
+    "mnist": "targetpo.experiments.mnist",
 }
 
 
