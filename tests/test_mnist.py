@@ -318,3 +318,48 @@ def test_cli_data_flags(tmp_path, monkeypatch, capsys):
     assert "mnist NOT RUN" in capsys.readouterr().err
     report = (tmp_path / "r" / "REPORT.md").read_text()
     assert "**NOT RUN.**" in report and "targetpo run mnist --preset smoke --data-dir DIR" in report
+
+
+def test_mnist_mechanism_smoke(tmp_path):
+    from targetpo.experiments.runner import run_experiment
+    from targetpo.reporting.report import write_report
+
+    run_dir = run_experiment("mnist-mechanism", "smoke", out=tmp_path / "m", progress=False, quiet=True, threads=1,
+                             overrides=[f"data_dir={MNIST_DIR}", "steps=60", "checkpoint_label=20"])
+    recs = [r for r in metric_lines(run_dir) if "step" in r]
+    last = recs[-1]
+    for m in ("pg", "group_pg"):  # exactly scalar: no surplus (NaN only where a bin is empty)
+        v = np.array(last[f"{m}.surplus"], dtype=float)
+        assert np.all(np.abs(v[np.isfinite(v)]) < 1e-12)
+    assert np.all(np.isnan(np.array(last["grpo.surplus"], dtype=float)))
+    # The bins count exactly the misclassified test images (2,000 of them in the test split).
+    for m in ("pg", "dg", "tpo", "grpo", "group_pg"):
+        counts = np.array(last[f"{m}.count"]).sum(-1)
+        np.testing.assert_allclose(counts, np.array(last[f"{m}.error"]) * 2000, atol=1e-6)
+    tpo = np.nanmean(np.array(last["tpo.surplus"], dtype=float), 0)
+    assert tpo[-1] > tpo[0] and tpo[-1] > 0  # TPO gains most where the wrong mass is concentrated
+    text = write_report(run_dir).read_text()
+    assert "label 20 (measured after 40 updates)" in text and "mnist_mechanism.png" in text
+
+
+def test_mnist_staleness_smoke(tmp_path):
+    from targetpo.experiments.runner import run_experiment
+    from targetpo.reporting.report import write_report
+
+    run_dir = run_experiment("mnist-staleness", "smoke", out=tmp_path / "s", progress=False, quiet=True, threads=1,
+                             overrides=[f"data_dir={MNIST_DIR}", "steps=40", "delays=0,1000"])
+    recs = [r for r in metric_lines(run_dir) if "step" in r]
+    on = [r for r in recs if r["unit"] == "D=0"]
+    stale = [r for r in recs if r["unit"] == "D=1000"]
+    assert len(on) == len(stale) == 2
+    # D = 0: REINFORCE, PG (IS) and PPO are the same update (ratio 1), so their runs coincide exactly.
+    for r in on:
+        assert r["reinforce.error"] == r["pg_is.error"] == r["ppo.error"]
+    # D >= steps: every batch is acted by θ_0, the same for every method (same init and noise), so the actors'
+    # rewards coincide across methods while the learners still differ.
+    for r in stale:
+        assert r["reinforce.reward"] == r["tpo.reward"] == r["dg.reward"] == r["ppo.reward"]
+    assert stale[-1]["tpo.error"] != stale[-1]["reinforce.error"]
+    assert on[-1]["tpo.reward"] != on[-1]["reinforce.reward"]
+    text = write_report(run_dir).read_text()
+    assert "D=1000" in text and "REINFORCE collapses" in text and "mnist_staleness.png" in text

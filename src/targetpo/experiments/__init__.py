@@ -24,6 +24,8 @@ EXPERIMENTS: dict[str, str] = {
     "tabular-single": "targetpo.experiments.tabular_single",
     "tabular-multi": "targetpo.experiments.tabular_multi",
     "mnist": "targetpo.experiments.mnist",
+    "mnist-mechanism": "targetpo.experiments.mnist_mechanism",
+    "mnist-staleness": "targetpo.experiments.mnist_staleness",
 }
 
 
