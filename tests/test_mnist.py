@@ -349,17 +349,79 @@ def test_mnist_staleness_smoke(tmp_path):
     run_dir = run_experiment("mnist-staleness", "smoke", out=tmp_path / "s", progress=False, quiet=True, threads=1,
                              overrides=[f"data_dir={MNIST_DIR}", "steps=40", "delays=0,1000"])
     recs = [r for r in metric_lines(run_dir) if "step" in r]
-    on = [r for r in recs if r["unit"] == "D=0"]
-    stale = [r for r in recs if r["unit"] == "D=1000"]
-    assert len(on) == len(stale) == 2
-    # D = 0: REINFORCE, PG (IS) and PPO are the same update (ratio 1), so their runs coincide exactly.
-    for r in on:
-        assert r["reinforce.error"] == r["pg_is.error"] == r["ppo.error"]
-    # D >= steps: every batch is acted by θ_0, the same for every method (same init and noise), so the actors'
-    # rewards coincide across methods while the learners still differ.
-    for r in stale:
-        assert r["reinforce.reward"] == r["tpo.reward"] == r["dg.reward"] == r["ppo.reward"]
-    assert stale[-1]["tpo.error"] != stale[-1]["reinforce.error"]
-    assert on[-1]["tpo.reward"] != on[-1]["reinforce.reward"]
+    assert [r["step"] for r in recs] == [20, 40]
+    for r in recs:
+        # D = 0: REINFORCE, PG (IS) and PPO are the same update (ratio 1), so their runs coincide exactly.
+        assert r["reinforce.error.D0"] == r["pg_is.error.D0"] == r["ppo.error.D0"]
+        # D >= steps: every batch is acted by θ_0, the same for every method (same init and noise), so the
+        # actors' rewards coincide across methods while the learners differ.
+        assert r["reinforce.reward.D1000"] == r["tpo.reward.D1000"] == r["dg.reward.D1000"] == r["ppo.reward.D1000"]
+    assert recs[-1]["tpo.error.D1000"] != recs[-1]["reinforce.error.D1000"]
+    assert recs[-1]["tpo.reward.D0"] != recs[-1]["reinforce.reward.D0"]
     text = write_report(run_dir).read_text()
     assert "D=1000" in text and "REINFORCE collapses" in text and "mnist_staleness.png" in text
+
+
+def test_staleness_actor_uses_the_parameters_from_d_updates_ago():
+    """The queue formulation against a direct one that keeps every parameter snapshot θ_0, θ_1, ..."""
+    from dataclasses import replace
+
+    from targetpo.experiments import mnist as E
+    from targetpo.experiments import mnist_staleness as ST
+
+    cfg = replace(ST.PRESETS["smoke"], seeds=1, steps=6, eval_every=3, delays=(0, 2, 4), lr=0.05,
+                  methods=("reinforce", "tpo"), data_dir=str(MNIST_DIR))
+
+    class Ctx:
+        records = []
+
+        def log(self, r):
+            self.records.append({k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in r.items()})
+
+        def advance(self, n):
+            pass
+
+        def set_data_source(self, s):
+            pass
+
+    ctx = Ctx()
+    ST.run_unit(cfg, ST.UNIT, ctx)
+
+    data = D.load(MNIST_DIR)
+    groups, per = len(cfg.delays), len(cfg.methods)
+    params, opt = E.init_policies(cfg, groups * per)
+    stream = MB.BatchStream(E.seed_values(cfg), len(data.train_y), cfg.batch)
+    batches = [stream.next() for _ in range(cfg.steps)]
+    history = [[p.detach().clone() for p in params]]  # history[k] = θ_k
+    want = []
+    for t in range(1, cfg.steps + 1):
+        idx, noise = batches[t - 1]
+        x, y = E.gather_batch(data, idx)
+        loss = 0
+        logits = bank_forward(params, x, groups * per).view(1, groups, per, cfg.batch, 10)
+        rewards = []
+        for g, d in enumerate(cfg.delays):
+            theta = history[max(t - 1 - d, 0)]
+            with torch.no_grad():
+                beh = MB.log_softmax(bank_forward(ST.group_params(theta, g, groups, per), x, per))
+            acts = MB.sample_actions(beh.exp(), noise.unsqueeze(1))
+            rewards.append((acts == y[:, None]).float().mean(-1))
+            for i, m in enumerate(cfg.methods):
+                loss = loss + MB.bandit_loss(m, logits[:, g, i], acts[:, i], y, beh[:, i], eta=cfg.eta)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        history.append([p.detach().clone() for p in params])
+        want.append(torch.stack(rewards, 1))  # [1, G, K]
+    for k, rec in enumerate(ctx.records):
+        block = torch.stack(want[3 * k: 3 * k + 3]).mean(0)
+        for g, d in enumerate(cfg.delays):
+            for i, m in enumerate(cfg.methods):
+                assert rec[f"{m}.reward.D{d}"] == pytest.approx([block[0, g, i].item()], abs=1e-6), (k, m, d)
+    probs = E.test_probs(params, data.test_x, groups * per)
+    err = (probs.argmax(-1) != data.test_y).float().mean(-1).view(1, groups, per)
+    for g, d in enumerate(cfg.delays):
+        for i, m in enumerate(cfg.methods):
+            assert ctx.records[-1][f"{m}.error.D{d}"] == pytest.approx(err[:, g, i].tolist(), abs=1e-6)
+    # The delays matter: a stale actor chose different actions than a fresh one.
+    assert ctx.records[-1]["tpo.reward.D0"] != ctx.records[-1]["tpo.reward.D4"]

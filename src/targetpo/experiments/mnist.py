@@ -207,6 +207,9 @@ def error_curves(run, unit: str = UNIT) -> dict[str, dict]:
     return out
 
 
+THRESHOLDS = (0.10, 0.075, 0.05, 0.04, 0.03)  # fixed in advance: the paper's 5 % plus levels around it
+
+
 def first_at_or_below(x: np.ndarray, curve: np.ndarray, threshold: float) -> int | None:
     idx = np.flatnonzero(np.asarray(curve) <= threshold)
     return int(x[idx[0]]) if idx.size else None
@@ -232,6 +235,10 @@ def report(run, section) -> None:
         section.text("No evaluation points were recorded.")
         return
     last = int(max(c["step"][-1] for c in cur.values()))
+    if "ce" in cur:
+        section.text(f"The supervised oracle (CE, which sees the label) ends at {pct(cur['ce']['mean'][-1])} on this "
+                     "data; no bandit method can be expected below it, so where it sits above the paper's levels "
+                     "(e.g. 5 %) those levels are out of reach and only the ordering of the methods is comparable.")
     ref_final, ref_hit = paper.MNIST_FINAL_ERROR.values, paper.MNIST_STEPS_TO_5PCT.values
     hits = {m: first_at_or_below(c["label"], c["mean"], 0.05) for m, c in cur.items()}
     rows = []
@@ -244,6 +251,11 @@ def report(run, section) -> None:
                    "first label ≤ 5 % (ours)", "paper", "= updates performed (ours)"], rows,
                   f"Final test error and steps to 5 % error{at}. Labels follow the paper (point after "
                   f"(i+1)·{cfg['eval_every']} updates is labelled i·{cfg['eval_every']}); paper DG final read from Fig. 4a")
+
+    section.table(["method"] + [f"≤ {100 * th:g} %" for th in THRESHOLDS],
+                  [[LABELS[m]] + [fmt(first_at_or_below(c["label"], c["mean"], th)) for th in THRESHOLDS]
+                   for m, c in cur.items()],
+                  "First paper-style label at which the seed-mean error reaches each level ('–': never in this run)")
 
     fig, (ax,) = plots.figure(1, width=6.5, height=4.2)
     for m, c in cur.items():
@@ -268,6 +280,15 @@ def report(run, section) -> None:
             hits["tpo"] is not None and (hits["dg"] is None or hits["tpo"] < hits["dg"]))
         section.claim("TPO reaches 5 % test error before DG (paper labels: 1,600 vs 2,200)", passed,
                       f"first label ≤ 5 %: TPO {fmt(hits['tpo'])}, DG {fmt(hits['dg'])}")
+    if {"tpo", "dg"} <= set(final):
+        both = [th for th in THRESHOLDS if first_at_or_below(cur["tpo"]["label"], cur["tpo"]["mean"], th) is not None
+                and first_at_or_below(cur["dg"]["label"], cur["dg"]["mean"], th) is not None]
+        lab = {m: {th: first_at_or_below(cur[m]["label"], cur[m]["mean"], th) for th in both} for m in ("tpo", "dg")}
+        section.claim("TPO converges at least as fast as DG: it reaches every error level of "
+                      f"{', '.join(f'{100 * t:g} %' for t in THRESHOLDS)} that both reach no later than DG",
+                      None if not both else all(lab["tpo"][th] <= lab["dg"][th] for th in both),
+                      "; ".join(f"≤ {100 * th:g} %: TPO {lab['tpo'][th]}, DG {lab['dg'][th]}" for th in both)
+                      or "no level reached by both")
     order = [m for m in ("tpo", "pg", "grpo", "group_pg") if m in final]
     if len(order) == 4:
         section.claim("the paper's final-error ordering TPO < PG < GRPO < Group PG holds on this data",

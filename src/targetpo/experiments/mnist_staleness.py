@@ -5,8 +5,9 @@ the current θ_t on that batch. Same MNIST bandit, network, Adam and random stre
 on-policy protocol. The slides give only a table, so every choice they leave open is fixed here:
 
 - Delay: equivalently, at update t the current θ_t acts on batch t + D and the result joins a queue of D
-  pending batches (indices, actions, behaviour log-probs: a few MB, not D parameter snapshots). Batches
-  0 … D−1 are acted by the initial θ_0 (there is no older policy).
+  pending batches (actions and behaviour log-probs, not D parameter snapshots). Batches 0 … D−1 are acted
+  by the initial θ_0 (there is no older policy). Every delay sees the same minibatch and action-noise
+  sequence, and all (delay, method, seed) networks train together as one batched network.
 - Advantage: A = r − Σ_i μ_i², the expected-reward baseline of the behaviour policy μ that acted (at D = 0
   exactly the `mnist` PG advantage).
 - REINFORCE: −A·log π_θ(a), no correction for the stale sampling.
@@ -54,7 +55,7 @@ class Config:
     clip_eps: PPO's clip range ε
     eval_every: updates between test-error evaluations (steps must be a multiple)
     hidden: width of both hidden layers
-    delays: actor delays D (updates); one resumable unit each
+    delays: actor delays D (updates)
     methods: which of reinforce, pg_is, ppo, dg, tpo to run
     seed: first seed value (seeds are seed, seed+1, ...)
     dataset: mnist or fashion-mnist (same IDX format)
@@ -92,47 +93,91 @@ PRESETS = {
 REPRODUCE_PRESET = "cpu"
 
 
+UNIT = "stale"  # one unit: every (delay, method, seed) network is stacked into one batched network
+
+
 def units(cfg: Config) -> list[str]:
-    return [f"D={d}" for d in cfg.delays]
+    return [UNIT]
 
 
 # ----------------------------------------------------------------------------- training
 
+def group_params(params: list[torch.Tensor], g: int, groups: int, per_group: int) -> list[torch.Tensor]:
+    """The parameters of delay group g's `per_group` networks (a view of the stacked bank, delay-major:
+    network copy index = g·per_group + method)."""
+    h = params[0].shape[-1] // (groups * per_group)
+    cols = slice(g * per_group * h, (g + 1) * per_group * h)
+    out = [params[0][:, :, cols], params[1][:, :, cols]]
+    for p in params[2:]:
+        s = p.shape[0] // (groups * per_group)
+        out.append(p.view(s, groups, per_group, *p.shape[1:])[:, g].reshape(s * per_group, *p.shape[1:]))
+    return out
+
+
+class Lookahead:
+    """The shared batch stream, readable up to max(delay) batches ahead; batches nobody needs are dropped."""
+
+    def __init__(self, stream: BatchStream):
+        self._stream, self._cache, self._next = stream, {}, 0
+
+    def get(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        while self._next <= k:
+            self._cache[self._next] = self._stream.next()
+            self._next += 1
+        return self._cache[k]
+
+    def drop(self, k: int) -> None:
+        self._cache.pop(k, None)
+
+
 def run_unit(cfg: Config, unit: str, ctx) -> None:
-    delay = int(unit.split("=", 1)[1])
     data = load_data(cfg, ctx)
-    methods = list(cfg.methods)
-    params, opt = init_policies(cfg, len(methods))
-    stream = BatchStream(seed_values(cfg), len(data.train_y), cfg.batch)
+    delays, methods = list(cfg.delays), list(cfg.methods)
+    groups, per = len(delays), len(methods)
+    params, opt = init_policies(cfg, groups * per)
+    batches = Lookahead(BatchStream(seed_values(cfg), len(data.train_y), cfg.batch))
 
     @torch.no_grad()
-    def act() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The current parameters act on the next batch of the stream: (indices, actions, behaviour log-probs)."""
-        idx, noise = stream.next()
-        x, _ = gather_batch(data, idx)
-        logp = log_softmax(bank_forward(params, x, len(methods)))  # [S, M, B, C]
-        return idx, sample_actions(logp.exp(), noise.unsqueeze(1)), logp
+    def act(g: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Delay group g's current parameters act on batch k: (actions [S, K, B], log-probs [S, K, B, C])."""
+        idx, noise = batches.get(k)
+        logp = log_softmax(bank_forward(group_params(params, g, groups, per), gather_batch(data, idx)[0], per))
+        return sample_actions(logp.exp(), noise.unsqueeze(1)), logp
 
-    pending = deque(act() for _ in range(min(delay, cfg.steps)))  # batches 0..D−1, acted by θ_0
-    reward = torch.zeros(cfg.seeds, len(methods))
+    # Batches 0..D−1 are acted by θ_0; afterwards update t acts on batch t−1+D with the current θ_{t−1}.
+    pending = [deque(act(g, k) for k in range(min(d, cfg.steps))) for g, d in enumerate(delays)]
+    reward = torch.zeros(cfg.seeds, groups, per)
+    s = cfg.seeds
     for t in range(1, cfg.steps + 1):
-        if t - 1 + delay < cfg.steps:
-            pending.append(act())  # batch t−1+D, acted by the current θ_{t−1}
-        idx, actions, behaviour = pending.popleft()  # batch t−1, acted by θ_{max(t−1−D, 0)}
+        for g, d in enumerate(delays):
+            if t - 1 + d < cfg.steps:
+                pending[g].append(act(g, t - 1 + d))
+        acted = [pending[g].popleft() for g in range(groups)]  # batch t−1, acted by θ_{max(t−1−D, 0)}
+        actions = torch.stack([a for a, _ in acted], 1)  # [S, G, K, B]
+        behaviour = torch.stack([lp for _, lp in acted], 1)  # [S, G, K, B, C]
+        idx, _ = batches.get(t - 1)
+        batches.drop(t - 1)
         x, y = gather_batch(data, idx)
-        logits = bank_forward(params, x, len(methods))
-        loss = sum(bandit_loss(m, logits[:, i], actions[:, i], y, behaviour[:, i], eta=cfg.eta, clip_eps=cfg.clip_eps)
+        logits = bank_forward(params, x, groups * per).view(s, groups, per, *actions.shape[-1:], -1)
+        yy = y.unsqueeze(1).expand(s, groups, -1).reshape(s * groups, -1)
+        # One loss call per method covers all its delays: [S·G] independent batches, Σ of per-batch means.
+        loss = sum(bandit_loss(m, logits[:, :, i].reshape(s * groups, *logits.shape[-2:]),
+                               actions[:, :, i].reshape(s * groups, -1), yy,
+                               behaviour[:, :, i].reshape(s * groups, *logits.shape[-2:]),
+                               eta=cfg.eta, clip_eps=cfg.clip_eps)
                    for i, m in enumerate(methods))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        reward += (actions == y.unsqueeze(1)).float().mean(-1)
+        reward += (actions == y[:, None, None]).float().mean(-1)
         if t % cfg.eval_every == 0:
-            err = (test_probs(params, data.test_x, len(methods)).argmax(-1) != data.test_y).float().mean(-1)
-            rec = {"step": t, "delay": delay}
-            for i, m in enumerate(methods):
-                rec[f"{m}.error"] = err[:, i]
-                rec[f"{m}.reward"] = reward[:, i] / cfg.eval_every  # the actors' (behaviour) reward
+            probs = test_probs(params, data.test_x, groups * per)
+            err = (probs.argmax(-1) != data.test_y).float().mean(-1).view(s, groups, per)
+            rec = {"step": t}
+            for g, d in enumerate(delays):
+                for i, m in enumerate(methods):
+                    rec[f"{m}.error.D{d}"] = err[:, g, i]
+                    rec[f"{m}.reward.D{d}"] = reward[:, g, i] / cfg.eval_every  # the actors' (behaviour) reward
             reward.zero_()
             ctx.log(rec)
             ctx.advance(cfg.eval_every)
@@ -142,16 +187,16 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
 
 def finals(run) -> dict[str, dict[int, tuple[float, float, np.ndarray]]]:
     """method -> delay -> (mean, s.e., per-seed) final test error."""
+    rows = run.rows(UNIT)
     out: dict[str, dict] = {}
-    for unit in run.units():
-        rows = run.rows(unit)
-        if not rows:
-            continue
-        last = rows[-1]
-        d = int(unit.split("=", 1)[1])
-        for m in run.config["methods"]:
-            if f"{m}.error" in last:
-                v = np.asarray(last[f"{m}.error"], dtype=float)
+    if not rows:
+        return out
+    last = rows[-1]
+    for m in run.config["methods"]:
+        for d in run.config["delays"]:
+            key = f"{m}.error.D{d}"
+            if key in last:
+                v = np.asarray(last[key], dtype=float)
                 mean, se = mean_se(v)
                 out.setdefault(m, {})[d] = (float(mean), float(se), v)
     return out
@@ -174,7 +219,7 @@ def report(run, section) -> None:
         return
     ref = paper.MNIST_STALENESS.values
     delays = sorted({d for v in f.values() for d in v})
-    steps = max(run.rows(u)[-1]["step"] for u in run.units() if run.rows(u))
+    steps = run.rows(UNIT)[-1]["step"]
     rows = []
     for m in f:
         cells = []
@@ -201,10 +246,10 @@ def report(run, section) -> None:
     ax1.set_xticks(x, [str(d) for d in delays])
     plots.finish(ax1, "Final test error vs actor delay (circles: slides)", "delay D (updates)", "test error", log=True)
     worst = max(delays)
+    rws = run.rows(UNIT)
     for m in f:
         if worst in f[m]:
-            rws = run.rows(f"D={worst}")
-            vals = np.array([r[f"{m}.error"] for r in rws], dtype=float)
+            vals = np.array([r[f"{m}.error.D{worst}"] for r in rws], dtype=float)
             plots.curve(ax2, np.array([r["step"] for r in rws]), vals, LABELS[m], plots.COLORS.get(m))
     plots.finish(ax2, f"Test error during training at D={worst}", "update", "test error", log=True)
     section.figure(fig, "mnist_staleness", f"MNIST staleness: seed mean ± s.e. ({cfg['seeds']} seeds)")

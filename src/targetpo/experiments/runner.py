@@ -189,6 +189,8 @@ def run_experiment(
                 "command": " ".join(sys.argv), "versions": versions(), "device": device,
                 "data_source": getattr(exp, "DATA_SOURCE", "generated (no external data)"),
                 "status": "running", "wall_time_s": 0.0, "runs": []}
+    if hasattr(exp, "check_data"):  # fail before creating anything when the data set cannot be found
+        exp.check_data(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
 
     existing = {record_key(r): r for r in read_metrics(run_dir / METRICS_FILE, repair=True)}

@@ -85,12 +85,13 @@ class MnistData:
     @property
     def description(self) -> str:
         name = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST"}[self.dataset]
+        other = "" if self.dataset == "mnist" else "; not the paper's data set, its numbers are context only"
         if self.protocol == "official":
             return (f"{name} official split: {len(self.train_y):,} train / {len(self.test_y):,} test "
-                    f"(the paper's protocol) from {self.directory}")
+                    f"(the paper's protocol{other}) from {self.directory}")
         return (f"{name} TEST SPLIT ONLY: a fixed seeded split (seed {SPLIT_SEED}) of its 10,000 real test images "
                 f"into {len(self.train_y):,} train / {len(self.test_y):,} test, from {self.directory} "
-                "(not the paper's 60k/10k protocol: numbers are not directly comparable)")
+                f"(not the paper's 60k/10k protocol: numbers are not directly comparable{other})")
 
 
 # ----------------------------------------------------------------------------- IDX parsing
