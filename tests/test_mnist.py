@@ -144,7 +144,7 @@ def test_loader_reads_the_real_mnist_test_split():
 def test_bank_matches_independent_networks_and_shares_init_per_seed():
     gens = MB.seed_generators([4, 7], MB.STREAM_INIT)
     params = init_bank((784, 50, 50, 10), gens, copies=3)
-    x = torch.rand(2, 5, 784)
+    x = torch.rand(2, 5, 784, dtype=torch.float32)
     out = bank_forward(params, x, 3)
     shared = bank_forward_shared(params, x[0], 3)
     for s in range(2):
@@ -166,7 +166,7 @@ def test_bank_matches_independent_networks_and_shares_init_per_seed():
 
 def test_per_network_gradients_are_independent():
     params = init_bank((784, 8, 8, 10), MB.seed_generators([0, 1], 0), copies=2)
-    x = torch.rand(2, 4, 784)
+    x = torch.rand(2, 4, 784, dtype=torch.float32)
     out = bank_forward(params, x, 2)
     out[1, 0].sum().backward()  # only network (seed 1, copy 0)
     g = [p.grad for p in params]

@@ -162,7 +162,7 @@ def train(cfg, data: mnist_data.MnistData, ctx, diagnostics=None) -> None:
     methods = list(cfg.methods)
     params, opt = init_policies(cfg, len(methods))
     stream = BatchStream(seed_values(cfg), len(data.train_y), cfg.batch)
-    reward = torch.zeros(cfg.seeds, len(methods))
+    reward = torch.zeros(cfg.seeds, len(methods), dtype=torch.float32)
     for t in range(1, cfg.steps + 1):
         idx, noise = stream.next()
         x, y = gather_batch(data, idx)

@@ -146,7 +146,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
 
     # Batches 0..D−1 are acted by θ_0; afterwards update t acts on batch t−1+D with the current θ_{t−1}.
     pending = [deque(act(g, k) for k in range(min(d, cfg.steps))) for g, d in enumerate(delays)]
-    reward = torch.zeros(cfg.seeds, groups, per)
+    reward = torch.zeros(cfg.seeds, groups, per, dtype=torch.float32)
     s = cfg.seeds
     for t in range(1, cfg.steps + 1):
         for g, d in enumerate(delays):

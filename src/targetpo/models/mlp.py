@@ -44,10 +44,10 @@ def init_bank(sizes: tuple[int, ...], generators: list[torch.Generator], copies:
         per_seed.append(layers)
     s, m, h1 = len(generators), copies, sizes[1]
     w1 = torch.stack([ls[0] for ls in per_seed]).repeat(1, 1, m)  # [S, in, M·h1], copy-major columns
-    params = [w1, torch.zeros(s, 1, m * h1)]
+    params = [w1, torch.zeros(s, 1, m * h1, dtype=torch.float32)]
     for k, (i, o) in enumerate(zip(sizes[1:-1], sizes[2:]), start=1):
         w = torch.stack([ls[k] for ls in per_seed]).repeat_interleave(m, dim=0)  # [S·M, i, o], seed-major
-        params += [w, torch.zeros(s * m, 1, o)]
+        params += [w, torch.zeros(s * m, 1, o, dtype=torch.float32)]
     return [p.requires_grad_(True) for p in params]
 
 

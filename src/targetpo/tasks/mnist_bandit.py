@@ -60,7 +60,8 @@ class BatchStream:
     def next(self) -> tuple[Tensor, Tensor]:
         if self._pos == _BLOCK:
             self._idx = torch.stack([torch.randint(self._n, (_BLOCK, self._b), generator=g) for g in self._gens], 1)
-            self._noise = torch.stack([torch.rand(_BLOCK, self._b, generator=g) for g in self._gens], 1)
+            self._noise = torch.stack([torch.rand(_BLOCK, self._b, generator=g, dtype=torch.float32)
+                                       for g in self._gens], 1)
             self._pos = 0
         self._pos += 1
         return self._idx[self._pos - 1], self._noise[self._pos - 1]
