@@ -132,6 +132,20 @@ def test_download_verifies_checksums_on_local_files(tmp_path):
     assert set(D.MD5["mnist"]) == {f + ".gz" for f in D.FILES.values()}
 
 
+def test_load_with_download_fills_the_cache_dir(tmp_path, monkeypatch):
+    server = tmp_path / "server"
+    server.mkdir()
+    write_split(server, "test", 9000)
+    write_split(server, "train", 20, seed=3)
+    monkeypatch.setitem(D.URLS, "mnist", server.as_uri())
+    monkeypatch.setitem(D.MD5, "mnist", {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in server.iterdir()})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("TARGETPO_MNIST_DIR", raising=False)
+    data = D.load(None, "mnist", download=True)
+    assert data.directory == tmp_path / "cache" / "targetpo" / "mnist" and data.protocol == "official"
+    assert len(data.train_y) == 20 and len(data.test_y) == 9000
+
+
 def test_loader_reads_the_real_mnist_test_split():
     data = D.load(MNIST_DIR)
     counts = torch.cat([data.train_y, data.test_y]).bincount().tolist()
