@@ -25,7 +25,7 @@ from ..reporting import plots
 from ..reporting.stats import fmt
 from ..tasks.mnist_bandit import concentration, first_order_gains
 from . import mnist as base
-from .mnist import LABELS, error_curves, load_data, pct, train, units  # noqa: F401  (units: one stacked unit)
+from .mnist import LABELS, error_curves, load_data, pct, train
 
 NAME = "mnist-mechanism"
 TITLE = "MNIST mechanism: concentration and first-order gain surplus (paper §3.3, Fig. 4b)"
@@ -35,6 +35,7 @@ NO_CLOSED_FORM = ("grpo",)
 BIN_EDGES = (0.0, 0.25, 0.5, 0.75, 1.01)
 TORCH_THREADS = base.TORCH_THREADS
 check_data = base.check_data
+units = base.units  # one unit: all methods and seeds stacked, as in `mnist`
 
 
 @dataclass(frozen=True)
