@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= results
+# MNIST IDX files for the MNIST experiments: passed on when the directory exists (else $TARGETPO_MNIST_DIR is
+# used, and without data the MNIST experiments are reported as not run, with how to provide it).
+MNIST_DIR ?= ../shared/data/mnist
 
 .PHONY: reproduce test install bench clean
 
@@ -15,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 reproduce: $(VENV)/.installed
-	$(VENV)/bin/targetpo reproduce --out $(OUT)
+	$(VENV)/bin/targetpo reproduce --out $(OUT) $(if $(wildcard $(MNIST_DIR)),--data-dir $(MNIST_DIR),)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

@@ -44,10 +44,29 @@ def cmd_list(args) -> int:
     return 0
 
 
+DATA_FLAGS = {"data_dir": "--data-dir", "dataset": "--dataset", "download": "--download"}
+
+
+def _data_overrides(args, exp, strict: bool) -> list[str]:
+    """--data-dir/--dataset/--download as key=value overrides for experiments whose config has those fields.
+    With `strict` (targetpo run) a flag the experiment cannot use is an error; reproduce applies them where they fit."""
+    given = {k: getattr(args, k, None) for k in DATA_FLAGS}
+    given = {k: v for k, v in given.items() if v not in (None, False)}
+    fields = {f.name for f in dataclasses.fields(type(next(iter(exp.PRESETS.values()))))}
+    if strict and set(given) - fields:
+        users = [n for n in EXPERIMENTS if {"data_dir"} <= {f.name for f in dataclasses.fields(
+            type(next(iter(load(n).PRESETS.values()))))}]
+        flags = ", ".join(DATA_FLAGS[k] for k in given if k not in fields)
+        raise ValueError(f"{flags}: experiment {exp.NAME} reads no external data set; these flags apply to "
+                         f"{', '.join(users) or 'no experiment'}")
+    return [f"{k}={v}" for k, v in given.items() if k in fields]
+
+
 def cmd_run(args) -> int:
     from .experiments.runner import run_experiment
 
-    run_experiment(args.name, args.preset, out=args.out, seeds=args.seeds, overrides=args.overrides,
+    overrides = _data_overrides(args, load(args.name), strict=True) + list(args.overrides or [])
+    run_experiment(args.name, args.preset, out=args.out, seeds=args.seeds, overrides=overrides,
                    resume=args.resume, force=args.force, device=args.device, progress=not args.no_progress,
                    threads=args.threads)
     if not args.no_report:
@@ -66,19 +85,54 @@ def cmd_report(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from .experiments.runner import run_experiment
+    from .experiments.runner import make_config, mark_not_run, run_experiment
     from .reporting.report import write_report
+    from .tasks import MissingDataError
 
     names = args.only or list(EXPERIMENTS)
     out = Path(args.out)
+    missing = []
     for name in names:
         exp = load(name)
         preset = args.preset or exp.REPRODUCE_PRESET
         run_dir = out / name
-        run_experiment(name, preset, out=run_dir, resume=(run_dir / "run.json").exists() and not args.fresh,
-                       force=args.fresh, device=args.device, progress=not args.no_progress)
+        overrides = _data_overrides(args, exp, strict=False)
+        try:
+            if hasattr(exp, "check_data"):
+                exp.check_data(make_config(exp, preset, overrides=overrides))
+        except MissingDataError as exc:
+            missing.append(name)
+            cmd = f"targetpo run {name} --preset {preset} --data-dir DIR"
+            mark_not_run(run_dir, exp, preset, f"{exc}. To run it: `{cmd}` (or `make reproduce MNIST_DIR=DIR`)")
+            print(f"\n{'!' * 78}\n!! {name} NOT RUN: {exc}\n!! run it with: {cmd}\n{'!' * 78}\n", file=sys.stderr)
+            continue
+        resume = (run_dir / "run.json").exists() and not args.fresh and not _not_run(run_dir)
+        run_experiment(name, preset, out=run_dir, resume=resume, force=args.fresh or _not_run(run_dir),
+                       overrides=overrides or None, device=args.device, progress=not args.no_progress)
     print(f"report: {write_report(out)}")
+    if missing:
+        print(f"WARNING: {len(missing)} experiment(s) NOT RUN for lack of data: {', '.join(missing)} "
+              "(see the report)", file=sys.stderr)
     return 0
+
+
+def _not_run(run_dir: Path) -> bool:
+    import json
+
+    path = run_dir / "run.json"
+    return path.exists() and json.loads(path.read_text()).get("status") == "not run"
+
+
+def _add_data_flags(p, reproduce: bool = False) -> None:
+    scope = " (applied to the experiments that read a data set)" if reproduce else ""
+    p.add_argument("--data-dir", default=None, help="directory of MNIST-format IDX files (train-*/t10k-* "
+                   "images/labels, optionally .gz); with only the t10k files a fixed 8k/2k split of the 10k test "
+                   f"digits is used. Default: $TARGETPO_MNIST_DIR{scope}")
+    p.add_argument("--dataset", default=None, choices=["mnist", "fashion-mnist"], help="data set in --data-dir "
+                   "(fashion-mnist defaults to /usr/share/datasets/fashion-mnist, Debian package "
+                   f"dataset-fashion-mnist){scope}")
+    p.add_argument("--download", action="store_true", help="fetch the official IDX files (MD5-checked) into "
+                   f"--data-dir or ~/.cache/targetpo/DATASET before running; nothing is downloaded otherwise{scope}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the experiment's choice)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--no-report", action="store_true", help="do not write REPORT.md into the run directory")
+    _add_data_flags(p)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. steps=500 "
                    "methods=tpo,grpo (fields listed below)")
     p.set_defaults(func=cmd_run)
@@ -120,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true", help="discard existing runs instead of resuming them")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    _add_data_flags(p, reproduce=True)
     p.set_defaults(func=cmd_reproduce)
 
     try:  # the LLM entry point needs the optional LLM extra

@@ -23,6 +23,9 @@ from types import ModuleType
 EXPERIMENTS: dict[str, str] = {
     "tabular-single": "targetpo.experiments.tabular_single",
     "tabular-multi": "targetpo.experiments.tabular_multi",
+    "mnist": "targetpo.experiments.mnist",
+    "mnist-mechanism": "targetpo.experiments.mnist_mechanism",
+    "mnist-staleness": "targetpo.experiments.mnist_staleness",
     "rlvr": "targetpo.experiments.rlvr",
 }
 

@@ -132,6 +132,22 @@ def config_from_dict(exp: ModuleType, data: dict) -> Any:
 
 # ----------------------------------------------------------------------------- running
 
+def mark_not_run(run_dir: str | Path, exp: ModuleType, preset: str, reason: str) -> None:
+    """Record an experiment that could not start (e.g. its data set is missing) so the report lists it as
+    not run, with the reason and the command that runs it, instead of silently leaving it out."""
+    run_dir = Path(run_dir)
+    if (run_dir / RUN_FILE).exists() or (run_dir / METRICS_FILE).exists():
+        meta = json.loads((run_dir / RUN_FILE).read_text()) if (run_dir / RUN_FILE).exists() else {}
+        if meta.get("status") != "not run":
+            return  # never overwrite a real run
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_run_json(run_dir, {"experiment": exp.NAME, "title": exp.TITLE, "paper_ref": exp.PAPER_REF,
+                             "preset": preset, "config": {}, "seeds": [], "command": " ".join(sys.argv),
+                             "versions": versions(), "data_source": "not available", "status": "not run",
+                             "reason": reason, "wall_time_s": 0.0, "runs": []})
+
+
 def run_experiment(
     name: str,
     preset: str = "cpu",
@@ -175,6 +191,8 @@ def run_experiment(
                 "command": " ".join(sys.argv), "versions": versions(), "device": device,
                 "data_source": getattr(exp, "DATA_SOURCE", "generated (no external data)"),
                 "status": "running", "wall_time_s": 0.0, "runs": []}
+    if hasattr(exp, "check_data"):  # fail before creating anything when the data set cannot be found
+        exp.check_data(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
 
     existing = {record_key(r): r for r in read_metrics(run_dir / METRICS_FILE, repair=True)}

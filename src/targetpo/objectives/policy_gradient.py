@@ -59,14 +59,20 @@ def importance_weighted_pg_loss(
 
 def batch_standardized_pg_loss(logp: Tensor, rewards: Tensor, *, eps: float = 1e-8) -> LossOutput:
     r"""Single-sample "GRPO" of the paper's MNIST bandit (§E3): REINFORCE with batch-standardized rewards,
-    Â = (r − mean_B r)/(std_B r + ε) with the population std; L = −mean(Â·log π(a)). No clipping, no KL."""
+    Â = (r − mean_B r)/(std_B r + ε) with the population std; L = −mean(Â·log π(a)). No clipping, no KL.
+
+    `logp` and `rewards` are `[B]` (one batch) or `[..., B]` (independent batches, e.g. one per seed of a
+    vectorised run): each batch is standardized over its own last dim, and the loss is the mean over all
+    elements, i.e. the mean of the per-batch losses."""
     lp = as_float("logp", logp)
     r = as_float("rewards", rewards)
     check_same_shape(logp=lp, rewards=r)
-    if lp.dim() != 1 or lp.shape[0] < 2:
-        raise ValueError(f"batch_standardized_pg_loss needs a 1-D batch of >= 2 samples; got logp shape {tuple(lp.shape)}")
-    adv = (r - r.mean()) / (r.std(unbiased=False) + eps)
-    return reinforce_loss(lp, adv)
+    if lp.dim() < 1 or lp.shape[-1] < 2:
+        raise ValueError(f"batch_standardized_pg_loss needs batches of >= 2 samples along the last dim; "
+                         f"got logp shape {tuple(lp.shape)}")
+    mean = r.mean(dim=-1, keepdim=True)
+    adv = (r - mean) / (r.std(dim=-1, unbiased=False, keepdim=True) + eps)
+    return reinforce_loss(lp.reshape(-1), adv.reshape(-1))
 
 
 def rloo_loss(

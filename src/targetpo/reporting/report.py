@@ -76,6 +76,9 @@ class Section:
 def build_section(run: Run, report_dir: Path) -> Section:
     exp = load(run.experiment)
     section = Section(f"{exp.TITLE}", run, report_dir)
+    if run.meta.get("status") == "not run":
+        section.text(f"**NOT RUN.** {run.meta.get('reason', '')}")
+        return section
     exp.report(run, section)
     return section
 

@@ -1,0 +1,1 @@
+"""Small policy networks for the paper's experiments."""

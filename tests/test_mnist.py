@@ -1,0 +1,441 @@
+"""MNIST: the IDX loader, the batched policy bank, each method's MNIST loss against the App. C closed forms,
+and smoke runs of the three MNIST experiments on the real test digits."""
+
+import gzip
+import hashlib
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import SHARED_DATA
+from targetpo.models.mlp import bank_forward, bank_forward_shared, init_bank, network_params
+from targetpo.tasks import MissingDataError
+from targetpo.tasks import mnist as D
+from targetpo.tasks import mnist_bandit as MB
+
+MNIST_DIR = SHARED_DATA / "mnist"
+
+
+# ----------------------------------------------------------------------------- synthetic IDX files
+
+def idx_bytes(arr: np.ndarray, magic: int | None = None) -> bytes:
+    magic = magic if magic is not None else (0x0800 | arr.ndim)
+    head = magic.to_bytes(4, "big") + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
+    return head + arr.astype(np.uint8).tobytes()
+
+
+def write_split(directory, split, n, *, gz=True, seed=0, images=None, labels=None):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, (n, 28, 28)) if images is None else images
+    y = rng.integers(0, 10, n) if labels is None else labels
+    for kind, arr in (("images", x), ("labels", y)):
+        name = D.FILES[f"{split}_{kind}"]
+        data = arr if isinstance(arr, bytes) else idx_bytes(arr)
+        if gz:
+            (directory / (name + ".gz")).write_bytes(gzip.compress(data, compresslevel=1))
+        else:
+            (directory / name).write_bytes(data)
+    return x, y
+
+
+def test_loader_official_protocol_reads_values_exactly(tmp_path):
+    x, y = write_split(tmp_path, "train", 30, gz=True)
+    xt, yt = write_split(tmp_path, "test", 12, gz=False, seed=1)
+    data = D.load(tmp_path)
+    assert data.protocol == "official" and data.train_x.shape == (30, 784) and data.test_x.shape == (12, 784)
+    assert data.train_x.dtype == torch.float32 and data.train_y.dtype == torch.int64
+    torch.testing.assert_close(data.train_x, torch.tensor(x.reshape(30, 784) / 255.0, dtype=torch.float32))
+    assert data.test_y.tolist() == yt.tolist()
+    assert "official split" in data.description
+
+
+def test_loader_test_only_uses_fixed_seeded_split(tmp_path):
+    _, y = write_split(tmp_path, "test", 10_000, gz=False)
+    a, b = D.load(tmp_path), D.load(tmp_path)
+    assert a.protocol == "test-split" and len(a.train_y) == 8000 and len(a.test_y) == 2000
+    assert torch.equal(a.train_x, b.train_x) and torch.equal(a.test_y, b.test_y)  # fixed split
+    # A partition of the 10,000 test images: every label count is preserved.
+    both = torch.cat([a.train_y, a.test_y]).bincount(minlength=10)
+    assert both.tolist() == np.bincount(y, minlength=10).tolist()
+    assert "TEST SPLIT ONLY" in a.description and "8,000 train / 2,000 test" in a.description
+
+
+@pytest.mark.parametrize("case, match", [
+    ("truncated", "truncated"), ("truncated_gzip", "truncated or not a gzip"), ("wrong_magic", "magic number 2049"),
+    ("mismatched", "10 images but .* 9 labels"), ("bad_label", "label 12 outside"), ("no_labels", "not t10k-labels"),
+    ("trailing", "trailing bytes"), ("wrong_shape", r"shape \(28, 27\)"),
+])
+def test_loader_rejects_broken_files(tmp_path, case, match):
+    good = np.zeros((10, 28, 28), dtype=np.uint8)
+    img_name, lab_name = D.FILES["test_images"], D.FILES["test_labels"]
+    (tmp_path / img_name).write_bytes(idx_bytes(good))
+    (tmp_path / lab_name).write_bytes(idx_bytes(np.zeros(10)))
+    if case == "truncated":
+        (tmp_path / img_name).write_bytes(idx_bytes(good)[:-100])
+    elif case == "truncated_gzip":
+        (tmp_path / img_name).unlink()
+        (tmp_path / (img_name + ".gz")).write_bytes(gzip.compress(idx_bytes(good))[:-30])
+    elif case == "wrong_magic":
+        (tmp_path / img_name).write_bytes(idx_bytes(good.reshape(-1), magic=2049)[:8] + good.tobytes())
+    elif case == "mismatched":
+        (tmp_path / lab_name).write_bytes(idx_bytes(np.zeros(9)))
+    elif case == "bad_label":
+        (tmp_path / lab_name).write_bytes(idx_bytes(np.full(10, 12)))
+    elif case == "no_labels":
+        (tmp_path / lab_name).unlink()
+        with pytest.raises(MissingDataError, match="lacks"):  # no test labels: nothing to evaluate on
+            D.load(tmp_path)
+        (tmp_path / lab_name).write_bytes(idx_bytes(np.zeros(10)))
+        (tmp_path / D.FILES["train_images"]).write_bytes(idx_bytes(good))  # train images, no train labels
+        match = "not train-labels"
+    elif case == "trailing":
+        (tmp_path / img_name).write_bytes(idx_bytes(good) + b"\0")
+    elif case == "wrong_shape":
+        (tmp_path / img_name).write_bytes(idx_bytes(np.zeros((10, 28, 27), dtype=np.uint8)))
+    with pytest.raises(ValueError, match=match):
+        D.load(tmp_path)
+
+
+def test_loader_missing_data_says_how_to_provide_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("TARGETPO_MNIST_DIR", raising=False)
+    with pytest.raises(MissingDataError, match="--data-dir DIR.*TARGETPO_MNIST_DIR.*--download"):
+        D.load(None)
+    with pytest.raises(MissingDataError, match="does not exist"):
+        D.load(tmp_path / "nope")
+    with pytest.raises(MissingDataError, match="lacks t10k-images"):
+        D.load(tmp_path)
+    assert isinstance(MissingDataError("x"), FileNotFoundError)
+    write_split(tmp_path, "test", 9001)
+    monkeypatch.setenv("TARGETPO_MNIST_DIR", str(tmp_path))  # the environment variable is a data dir too
+    assert len(D.load(None).test_y) == 1001
+    with pytest.raises(ValueError, match="dataset must be one of"):
+        D.load(tmp_path, "cifar")
+
+
+def test_download_verifies_checksums_on_local_files(tmp_path):
+    server = tmp_path / "server"
+    server.mkdir()
+    write_split(server, "test", 9000)
+    write_split(server, "train", 20, seed=3)
+    sums = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in server.iterdir()}
+    dest = D.fetch("mnist", tmp_path / "dl", base_url=server.as_uri(), checksums=sums, quiet=True)
+    assert sorted(p.name for p in dest.iterdir()) == sorted(sums)
+    assert D.load(dest).protocol == "official"
+    bad = dict(sums, **{"t10k-images-idx3-ubyte.gz": "0" * 32})
+    with pytest.raises(ValueError, match="MD5 .* does not match"):
+        D.fetch("mnist", tmp_path / "dl2", base_url=server.as_uri(), checksums=bad, quiet=True)
+    assert not (tmp_path / "dl2" / "t10k-images-idx3-ubyte.gz").exists()
+    assert not any(p.name.startswith(".") for p in (tmp_path / "dl2").iterdir())  # no temp file left behind
+    assert set(D.MD5["mnist"]) == {f + ".gz" for f in D.FILES.values()}
+
+
+def test_load_with_download_fills_the_cache_dir(tmp_path, monkeypatch):
+    server = tmp_path / "server"
+    server.mkdir()
+    write_split(server, "test", 9000)
+    write_split(server, "train", 20, seed=3)
+    monkeypatch.setitem(D.URLS, "mnist", server.as_uri())
+    monkeypatch.setitem(D.MD5, "mnist", {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in server.iterdir()})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("TARGETPO_MNIST_DIR", raising=False)
+    data = D.load(None, "mnist", download=True)
+    assert data.directory == tmp_path / "cache" / "targetpo" / "mnist" and data.protocol == "official"
+    assert len(data.train_y) == 20 and len(data.test_y) == 9000
+
+
+def test_loader_reads_the_real_mnist_test_split():
+    data = D.load(MNIST_DIR)
+    counts = torch.cat([data.train_y, data.test_y]).bincount().tolist()
+    assert counts == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]  # data/README.md
+    assert data.train_x.max() == 1.0 and data.train_x.min() == 0.0
+
+
+# ----------------------------------------------------------------------------- policy bank
+
+def test_bank_matches_independent_networks_and_shares_init_per_seed():
+    gens = MB.seed_generators([4, 7], MB.STREAM_INIT)
+    params = init_bank((784, 50, 50, 10), gens, copies=3)
+    x = torch.rand(2, 5, 784, dtype=torch.float32)
+    out = bank_forward(params, x, 3)
+    shared = bank_forward_shared(params, x[0], 3)
+    for s in range(2):
+        for m in range(3):
+            w1, b1, w2, b2, w3, b3 = network_params(params, s, m, 3)
+            ref = torch.relu(torch.relu(x[s] @ w1 + b1) @ w2 + b2) @ w3 + b3
+            torch.testing.assert_close(out[s, m], ref)
+            torch.testing.assert_close(network_params(params, s, m, 3)[0], network_params(params, s, 0, 3)[0])
+    torch.testing.assert_close(shared[0], out[0])
+    assert not torch.equal(network_params(params, 0, 0, 3)[0], network_params(params, 1, 0, 3)[0])
+    # Lecun normal: truncated at 2σ with variance 1/fan_in; zero biases.
+    w1 = network_params(params, 0, 0, 3)[0]
+    assert abs(w1.var().item() * 784 - 1.0) < 0.05 and w1.abs().max() <= 2 * (1 / 28) / 0.8796 + 1e-6
+    assert all(float(p.detach().abs().sum()) == 0 for p in params[1::2])
+    # A seed's weights depend only on its seed value, not on which seeds run beside it.
+    alone = init_bank((784, 50, 50, 10), MB.seed_generators([7], MB.STREAM_INIT), copies=1)
+    torch.testing.assert_close(network_params(alone, 0, 0, 1)[2], network_params(params, 1, 2, 3)[2])
+
+
+def test_per_network_gradients_are_independent():
+    params = init_bank((784, 8, 8, 10), MB.seed_generators([0, 1], 0), copies=2)
+    x = torch.rand(2, 4, 784, dtype=torch.float32)
+    out = bank_forward(params, x, 2)
+    out[1, 0].sum().backward()  # only network (seed 1, copy 0)
+    g = [p.grad for p in params]
+    assert g[0][0].abs().sum() == 0 and g[0][1, :, 8:].abs().sum() == 0 and g[0][1, :, :8].abs().sum() > 0
+    assert g[2][[0, 1, 3]].abs().sum() == 0 and g[2][2].abs().sum() > 0
+
+
+def test_streams_and_action_sampling():
+    a = MB.BatchStream([3, 5], 1000, 7)
+    b = MB.BatchStream([5], 1000, 7)
+    for _ in range(150):  # crosses a block boundary
+        (ia, na), (ib, nb) = a.next(), b.next()
+        assert torch.equal(ia[1], ib[0]) and torch.equal(na[1], nb[0])
+    probs = torch.tensor([[0.2, 0.5, 0.3]]).expand(200_000, 3)
+    acts = MB.sample_actions(probs, torch.rand(200_000, generator=torch.Generator().manual_seed(0)))
+    freq = acts.bincount(minlength=3).double() / 200_000
+    torch.testing.assert_close(freq, torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64), atol=4e-3, rtol=0)
+    assert MB.sample_actions(torch.tensor([0.5, 0.5]), torch.tensor(0.9999999)).item() == 1
+
+
+# ----------------------------------------------------------------------------- losses vs App. C closed forms
+
+def expected_descent(method: str, logits: torch.Tensor, y: int, eta: float = 1.0) -> torch.Tensor:
+    """E_a[−∇_logits loss] by enumerating all 10 actions, each weighted by π(a) (float64)."""
+    c = logits.shape[-1]
+    z = logits.expand(c, c).clone().requires_grad_(True)  # row a: the same context, action a
+    actions = torch.arange(c)
+    labels = torch.full((c,), y)
+    old = torch.log_softmax(logits, -1).expand(c, c)
+    loss = MB.bandit_loss(method, z[None], actions[None], labels[None], old[None], eta=eta)
+    loss.backward()
+    per_action = -z.grad * c  # the loss averages the c rows
+    return (torch.softmax(logits, -1)[:, None] * per_action).sum(0)
+
+
+@pytest.mark.parametrize("method", ["ce", "pg", "group_pg", "dg", "tpo", "reinforce", "pg_is", "ppo"])
+@pytest.mark.parametrize("eta", [1.0, 0.5])
+def test_each_mnist_loss_matches_appendix_c_in_expectation(method, eta):
+    gen = torch.Generator().manual_seed(11)
+    for trial in range(6):
+        logits = (torch.randn(10, generator=gen, dtype=torch.float64) * (0.5 + trial))
+        y = trial % 10
+        got = expected_descent(method, logits, y, eta)
+        closed = "pg" if method in ("pg_is", "ppo") else method  # on-policy: ratio 1, PPO's clip is inactive
+        want = MB.expected_update(closed, torch.softmax(logits, -1), torch.tensor(y), eta)
+        torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-10)
+
+
+def test_appendix_c_special_values():
+    probs = torch.softmax(torch.randn(5, 10, dtype=torch.float64), -1)
+    y = torch.arange(5)
+    pg = MB.expected_update("pg", probs, y)
+    torch.testing.assert_close(MB.expected_update("group_pg", probs, y), 6.0 * pg)  # Group PG = 6·PG
+    assert abs(MB.tpo_lambda(10) - math.exp(10 / 3)) < 1e-12
+    # On the symmetric policy (wrong mass spread evenly) the exact and the scalar gains coincide.
+    p = torch.tensor([0.05, 0.3, 0.7], dtype=torch.float64)
+    sym = ((1 - p) / 9)[:, None].expand(3, 10).clone()
+    sym[:, 0] = p
+    for m in ("pg", "dg", "tpo", "group_pg", "ce"):
+        exact, scalar = MB.first_order_gains(m, sym, torch.zeros(3, dtype=torch.long))
+        torch.testing.assert_close(exact, scalar)
+    # Concentrating the wrong mass on one class raises TPO's exact gain above the scalar one.
+    conc = torch.tensor([[0.1, 0.85] + [0.05 / 8] * 8], dtype=torch.float64)
+    exact, scalar = MB.first_order_gains("tpo", conc, torch.tensor([0]))
+    assert exact.item() > scalar.item() > 0
+    c = MB.concentration(conc, torch.tensor([0]))
+    assert abs(c.item() - 0.85 / 0.9) < 1e-12
+
+
+def test_grpo_standardizes_within_each_seed_batch():
+    logp = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    r = (torch.rand(3, 8) < 0.5).double()
+    r[:, 0], r[:, 1] = 1.0, 0.0
+    from targetpo.objectives import batch_standardized_pg_loss as bs
+
+    got = bs(logp, r).loss
+    want = sum(bs(logp[i], r[i]).loss for i in range(3)) / 3
+    torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match="batches of >= 2"):
+        bs(torch.zeros(3, 1), torch.zeros(3, 1))
+
+
+def test_staleness_losses_use_the_behaviour_policy():
+    """pg_is carries π_θ(a)/π_b(a); TPO's target is anchored on the behaviour probabilities."""
+    torch.manual_seed(3)
+    logits = torch.randn(1, 4, 10, dtype=torch.float64, requires_grad=True)
+    beh = torch.log_softmax(torch.randn(1, 4, 10, dtype=torch.float64), -1)
+    a, y = torch.tensor([[1, 2, 3, 4]]), torch.tensor([[1, 0, 3, 0]])
+    MB.bandit_loss("pg_is", logits, a, y, beh).backward()
+    g_is = logits.grad.clone()
+    logits.grad = None
+    MB.bandit_loss("reinforce", logits, a, y, beh).backward()
+    ratio = (torch.log_softmax(logits, -1) - beh).exp().gather(-1, a[..., None]).detach()
+    torch.testing.assert_close(g_is, logits.grad * ratio)
+    logits.grad = None
+    MB.bandit_loss("tpo", logits, a, y, beh).backward()
+    adv = (a == y).double() - beh.exp().square().sum(-1)
+    u = torch.where(torch.nn.functional.one_hot(a, 10).bool(), torch.where(adv[..., None] > 0, 3.0, -3.0),
+                    torch.where(adv[..., None] > 0, -1 / 3, 1 / 3))
+    q = torch.softmax(beh + u, -1)
+    torch.testing.assert_close(logits.grad, (torch.softmax(logits, -1) - q).detach() / 4)
+
+
+# ----------------------------------------------------------------------------- experiments (real digits)
+
+def metric_lines(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_mnist_smoke_run_report_and_determinism(tmp_path):
+    from targetpo.experiments.runner import run_experiment
+    from targetpo.reporting.report import write_report
+
+    run_dir = run_experiment("mnist", "smoke", out=tmp_path / "a", progress=False, quiet=True, threads=1,
+                             overrides=[f"data_dir={MNIST_DIR}"])
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert "TEST SPLIT ONLY" in meta["data_source"] and "8,000 train / 2,000 test" in meta["data_source"]
+    recs = [r for r in metric_lines(run_dir) if "step" in r]
+    assert [r["step"] for r in recs] == [20, 40, 60, 80, 100] and [r["label"] for r in recs] == [0, 20, 40, 60, 80]
+    first, last = recs[0], recs[-1]
+    for m in ("ce", "pg", "dg", "tpo", "grpo", "group_pg"):
+        assert len(last[f"{m}.error"]) == 2
+    # Learning happens: the oracle and TPO beat chance (90 % error) well within 100 updates.
+    assert max(last["ce.error"]) < 0.3 and max(last["tpo.error"]) < 0.5
+    assert np.mean(last["tpo.error"]) < np.mean(first["tpo.error"])
+    text = write_report(run_dir).read_text()
+    assert "TEST SPLIT ONLY" in text and "mnist_error.png" in text and (run_dir / "mnist_error.png").exists()
+    assert "TPO reaches 5 % test error before DG" in text
+    # Same seed + config -> identical metrics; a seed's results do not depend on the seeds beside it.
+    short = [f"data_dir={MNIST_DIR}", "steps=40"]
+    b, c, d = (run_experiment("mnist", "smoke", out=tmp_path / n, progress=False, quiet=True, threads=1, overrides=o)
+               for n, o in (("b", short), ("c", short), ("d", short + ["seeds=1"])))
+    rb, rc, rd = metric_lines(b), metric_lines(c), metric_lines(d)
+    assert rb == rc and rb[:2] == [r for r in metric_lines(run_dir) if "step" in r][:2]
+    assert [r["tpo.error"][0] for r in rb if "step" in r] == [r["tpo.error"][0] for r in rd if "step" in r]
+
+
+def test_cli_data_flags(tmp_path, monkeypatch, capsys):
+    from targetpo.cli import main
+
+    monkeypatch.delenv("TARGETPO_MNIST_DIR", raising=False)
+    assert main(["run", "tabular-single", "--preset", "smoke", "--data-dir", "x", "--out", str(tmp_path / "t")]) == 2
+    assert "reads no external data set" in capsys.readouterr().err
+    assert main(["run", "mnist", "--preset", "smoke", "--out", str(tmp_path / "m"), "--no-progress"]) == 2
+    assert "--data-dir DIR" in capsys.readouterr().err
+    # reproduce without data: loud, and the report lists the experiment as not run with the command to run it.
+    assert main(["reproduce", "--only", "mnist", "--preset", "smoke", "--out", str(tmp_path / "r"),
+                 "--no-progress"]) == 0
+    assert "mnist NOT RUN" in capsys.readouterr().err
+    report = (tmp_path / "r" / "REPORT.md").read_text()
+    assert "**NOT RUN.**" in report and "targetpo run mnist --preset smoke --data-dir DIR" in report
+
+
+def test_mnist_mechanism_smoke(tmp_path):
+    from targetpo.experiments.runner import run_experiment
+    from targetpo.reporting.report import write_report
+
+    run_dir = run_experiment("mnist-mechanism", "smoke", out=tmp_path / "m", progress=False, quiet=True, threads=1,
+                             overrides=[f"data_dir={MNIST_DIR}", "steps=60", "checkpoint_label=20"])
+    recs = [r for r in metric_lines(run_dir) if "step" in r]
+    last = recs[-1]
+    for m in ("pg", "group_pg"):  # exactly scalar: no surplus (NaN only where a bin is empty)
+        v = np.array(last[f"{m}.surplus"], dtype=float)
+        assert np.all(np.abs(v[np.isfinite(v)]) < 1e-12)
+    assert np.all(np.isnan(np.array(last["grpo.surplus"], dtype=float)))
+    # The bins count exactly the misclassified test images (2,000 of them in the test split).
+    for m in ("pg", "dg", "tpo", "grpo", "group_pg"):
+        counts = np.array(last[f"{m}.count"]).sum(-1)
+        np.testing.assert_allclose(counts, np.array(last[f"{m}.error"]) * 2000, atol=1e-6)
+    tpo = np.nanmean(np.array(last["tpo.surplus"], dtype=float), 0)
+    assert tpo[-1] > tpo[0] and tpo[-1] > 0  # TPO gains most where the wrong mass is concentrated
+    text = write_report(run_dir).read_text()
+    assert "label 20 (measured after 40 updates)" in text and "mnist_mechanism.png" in text
+
+
+def test_mnist_staleness_smoke(tmp_path):
+    from targetpo.experiments.runner import run_experiment
+    from targetpo.reporting.report import write_report
+
+    run_dir = run_experiment("mnist-staleness", "smoke", out=tmp_path / "s", progress=False, quiet=True, threads=1,
+                             overrides=[f"data_dir={MNIST_DIR}", "steps=40", "delays=0,1000"])
+    recs = [r for r in metric_lines(run_dir) if "step" in r]
+    assert [r["step"] for r in recs] == [20, 40]
+    for r in recs:
+        # D = 0: REINFORCE, PG (IS) and PPO are the same update (ratio 1), so their runs coincide exactly.
+        assert r["reinforce.error.D0"] == r["pg_is.error.D0"] == r["ppo.error.D0"]
+        # D >= steps: every batch is acted by θ_0, the same for every method (same init and noise), so the
+        # actors' rewards coincide across methods while the learners differ.
+        assert r["reinforce.reward.D1000"] == r["tpo.reward.D1000"] == r["dg.reward.D1000"] == r["ppo.reward.D1000"]
+    assert recs[-1]["tpo.error.D1000"] != recs[-1]["reinforce.error.D1000"]
+    assert recs[-1]["tpo.reward.D0"] != recs[-1]["reinforce.reward.D0"]
+    text = write_report(run_dir).read_text()
+    assert "D=1000" in text and "REINFORCE collapses" in text and "mnist_staleness.png" in text
+
+
+def test_staleness_actor_uses_the_parameters_from_d_updates_ago():
+    """The queue formulation against a direct one that keeps every parameter snapshot θ_0, θ_1, ..."""
+    from dataclasses import replace
+
+    from targetpo.experiments import mnist as E
+    from targetpo.experiments import mnist_staleness as ST
+
+    cfg = replace(ST.PRESETS["smoke"], seeds=1, steps=6, eval_every=3, delays=(0, 2, 4), lr=0.05,
+                  methods=("reinforce", "tpo"), data_dir=str(MNIST_DIR))
+
+    class Ctx:
+        records = []
+
+        def log(self, r):
+            self.records.append({k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in r.items()})
+
+        def advance(self, n):
+            pass
+
+        def set_data_source(self, s):
+            pass
+
+    ctx = Ctx()
+    ST.run_unit(cfg, ST.UNIT, ctx)
+
+    data = D.load(MNIST_DIR)
+    groups, per = len(cfg.delays), len(cfg.methods)
+    params, opt = E.init_policies(cfg, groups * per)
+    stream = MB.BatchStream(E.seed_values(cfg), len(data.train_y), cfg.batch)
+    batches = [stream.next() for _ in range(cfg.steps)]
+    history = [[p.detach().clone() for p in params]]  # history[k] = θ_k
+    want = []
+    for t in range(1, cfg.steps + 1):
+        idx, noise = batches[t - 1]
+        x, y = E.gather_batch(data, idx)
+        loss = 0
+        logits = bank_forward(params, x, groups * per).view(1, groups, per, cfg.batch, 10)
+        rewards = []
+        for g, d in enumerate(cfg.delays):
+            theta = history[max(t - 1 - d, 0)]
+            with torch.no_grad():
+                beh = MB.log_softmax(bank_forward(ST.group_params(theta, g, groups, per), x, per))
+            acts = MB.sample_actions(beh.exp(), noise.unsqueeze(1))
+            rewards.append((acts == y[:, None]).float().mean(-1))
+            for i, m in enumerate(cfg.methods):
+                loss = loss + MB.bandit_loss(m, logits[:, g, i], acts[:, i], y, beh[:, i], eta=cfg.eta)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        history.append([p.detach().clone() for p in params])
+        want.append(torch.stack(rewards, 1))  # [1, G, K]
+    for k, rec in enumerate(ctx.records):
+        block = torch.stack(want[3 * k: 3 * k + 3]).mean(0)
+        for g, d in enumerate(cfg.delays):
+            for i, m in enumerate(cfg.methods):
+                assert rec[f"{m}.reward.D{d}"] == pytest.approx([block[0, g, i].item()], abs=1e-6), (k, m, d)
+    probs = E.test_probs(params, data.test_x, groups * per)
+    err = (probs.argmax(-1) != data.test_y).float().mean(-1).view(1, groups, per)
+    for g, d in enumerate(cfg.delays):
+        for i, m in enumerate(cfg.methods):
+            assert ctx.records[-1][f"{m}.error.D{d}"] == pytest.approx(err[:, g, i].tolist(), abs=1e-6)
+    # The delays matter: a stale actor chose different actions than a fresh one.
+    assert ctx.records[-1]["tpo.reward.D0"] != ctx.records[-1]["tpo.reward.D4"]
