@@ -1,0 +1,1 @@
+"""Policy networks used by the experiments."""
