@@ -260,3 +260,24 @@ def test_torch_muon_option_first_step_equals_orthogonalised_gradient():
     # AdamW's first step is lr·sign(g) (bias-corrected m/√v = g/|g|)
     d_ln = params["ln_f.bias"] - before["ln_f.bias"]
     assert torch.allclose(d_ln, -1e-3 * grads["ln_f.bias"].sign(), atol=1e-6)
+
+
+def test_training_pass_is_exact_with_repeated_prompts_and_answers():
+    """answer_logp runs each distinct prompt and (prompt, answer) once; duplicates must get identical values
+    and the summed gradient of all their copies."""
+    spec, params = _spec_params(v=2, h=4)
+    prompts = torch.randint(0, 2, (2, 8, 4), generator=torch.Generator().manual_seed(1))
+    prompts[:, 4:] = prompts[:, :4]                                           # every prompt twice
+    actions = torch.randint(0, 2, (2, 8, 3, 4), generator=torch.Generator().manual_seed(2))
+    actions[:, :, 2] = actions[:, :, 0]                                       # repeated answers
+    seq = torch.cat([prompts.unsqueeze(2).expand(-1, -1, 3, -1), actions], dim=-1).reshape(2, 24, 8)
+    p1 = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    p2 = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    full = tfm.forward(p1, seq, spec)[:, :, 3:7].reshape(2, 8, 3, 4, 2)
+    ours = te.answer_logp(p2, spec, prompts, actions)
+    assert torch.allclose(ours, full, atol=1e-5)
+    w = torch.randn(full.shape, generator=torch.Generator().manual_seed(3))
+    g1 = torch.autograd.grad((full * w).sum(), list(p1.values()))
+    g2 = torch.autograd.grad((ours * w).sum(), list(p2.values()))
+    for a, b in zip(g1, g2):
+        assert torch.allclose(a, b, atol=1e-4)

@@ -23,6 +23,8 @@ from types import ModuleType
 EXPERIMENTS: dict[str, str] = {
     "tabular-single": "targetpo.experiments.tabular_single",
     "tabular-multi": "targetpo.experiments.tabular_multi",
+    "token-dense": "targetpo.experiments.token_dense",
+    "token-terminal": "targetpo.experiments.token_terminal",
 }
 
 

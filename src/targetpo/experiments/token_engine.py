@@ -53,9 +53,10 @@ Rollouts: *single* samples one answer per prompt; *group* samples K independent 
 candidate 0 of K i.i.d. next-token samples at every state, each candidate scored at once (bag: correct token;
 sequential: alive × correct, so every state after the behaviour's first mistake is a zero-variance group with
 q = p_old). Sampling is temperature 1 with a KV cache; the prompt's keys/values are computed once and shared by
-the K rollouts of a group, in sampling and in training. Token-level training reads all H states' next-token
-distributions from one forward pass over the behaviour trajectory (causal masking makes that identical to the
-authors' one pass per prefix state, H× cheaper).
+the K rollouts of a group, in sampling. Training runs every distinct prompt once and every distinct (prompt, answer)
+pair once over its cached keys/values (exact: identical inputs, identical log-probs), and token-level training
+reads all H states' next-token distributions from that one pass over the behaviour trajectory (causal masking
+makes it identical to the authors' one pass per prefix state, H× cheaper).
 
 Paper-vs-code choices (spec §5), each a field: ``heads`` (2 as in the code, which reproduces the paper's
 numbers; the text says 4), ``lr`` (1e-3 effective = the code's 10 × 1e-4), ``match`` + ``interaction_lr_scale``
@@ -242,17 +243,20 @@ def rollout(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tenso
     """KV-cached sampling of `streams` answers per prompt (each sampled independently), drawing `candidates`
     i.i.d. next tokens at every state of each stream and following candidate 0.
 
+    Streams in the same state (same prompt, same tokens so far) share one model evaluation and one cache
+    entry: the K rollouts of a prompt start from one prompt pass, and a confident policy's streams stay merged.
+
     Returns actions [S, B, G, H], their log-probs, and (if candidates > 1) candidates / their log-probs
     [S, B·G, H, C] (G = streams)."""
     s, b, h = prompts.shape
-    g, c, dev = streams, candidates, prompts.device
-    logp0, prefix = tfm.prefill(params, prompts, spec)                 # [S, B, V]
-    logp_t = logp0.unsqueeze(2).expand(s, b, g, spec.vocab).reshape(s, b * g, spec.vocab)
-    shared = prefix if g > 1 else None   # G rollouts of a prompt share its cache; with G = 1 it is their own past
-    past = None if g > 1 else prefix
+    g, c, dev, v = streams, candidates, prompts.device, spec.vocab
+    rep_p, inv_p = _distinct(_row_ids(prompts, [v] * h))
+    logp_states, cache = tfm.prefill(params, _take(prompts, rep_p), spec)     # one pass per distinct prompt
+    state = inv_p.repeat_interleave(g, dim=1)                                 # [S, B·G] each stream's state
     acts, lps, cands, cand_lps = [], [], [], []
     for t in range(h):
-        cand = sample_tokens(logp_t, _uniform(gens, (b * g, c), dev))   # [S, B·G, C]
+        logp_t = _take(logp_states, state)                                    # [S, B·G, V]
+        cand = sample_tokens(logp_t, _uniform(gens, (b * g, c), dev))          # [S, B·G, C]
         cand_lp = logp_t.gather(-1, cand)
         acts.append(cand[..., 0])
         lps.append(cand_lp[..., 0])
@@ -260,8 +264,11 @@ def rollout(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tenso
             cands.append(cand)
             cand_lps.append(cand_lp)
         if t + 1 < h:
-            out, past = tfm.extend(params, cand[..., :1], spec, start=h + t, prefix=shared, past=past, keep_kv=True)
-            logp_t = out[:, :, 0]
+            rep, nxt = _distinct(state * v + cand[..., 0])                    # distinct next states
+            parent, token = _take(state, rep), _take(cand[..., 0], rep)       # [S, U]
+            past = [(_take(k, parent), _take(vv, parent)) for k, vv in cache]
+            out, cache = tfm.extend(params, token.unsqueeze(-1), spec, start=h + t, past=past, keep_kv=True)
+            logp_states, state = out[:, :, 0], nxt
     actions = torch.stack(acts, dim=-1).view(s, b, g, h)
     logp = torch.stack(lps, dim=-1).view(s, b, g, h)
     if c == 1:
@@ -269,20 +276,62 @@ def rollout(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tenso
     return actions, logp, torch.stack(cands, dim=2), torch.stack(cand_lps, dim=2)
 
 
+def _row_ids(x: Tensor, radices: list[int]) -> Tensor:
+    """ids [S, N] (int64) with equal ids ⇔ equal rows within a seed, for rows x [S, N, L] whose column j takes
+    values in [0, radices[j]). A mixed-radix code when it fits in 62 bits, else per-seed `unique(dim=0)`."""
+    if sum(math.log2(max(r, 2)) for r in radices) < 62:
+        w, acc = [], 1
+        for r in radices:
+            w.append(acc)
+            acc *= r
+        return (x * torch.tensor(w, dtype=torch.int64, device=x.device)).sum(dim=-1)
+    return torch.stack([torch.unique(xi, dim=0, return_inverse=True)[1] for xi in x])
+
+
+def _distinct(ids: Tensor) -> tuple[Tensor, Tensor]:
+    """ids [S, N] → (rep [S, U]: the index of one row per distinct id, padded with copies of a valid index;
+    inverse [S, N]: each row's position in rep)."""
+    s, n = ids.shape
+    reps, invs = [], []
+    for row in ids:
+        _, inv = torch.unique(row, return_inverse=True)
+        u = int(inv.max()) + 1
+        reps.append(torch.zeros(u, dtype=torch.int64, device=ids.device).scatter_(
+            0, inv, torch.arange(n, device=ids.device)))
+        invs.append(inv)
+    width = max(r.numel() for r in reps)
+    rep = torch.stack([torch.cat([r, r[:1].expand(width - r.numel())]) for r in reps])
+    return rep, torch.stack(invs)
+
+
+def _take(x: Tensor, idx: Tensor) -> Tensor:
+    """x [S, N, ...], idx [S, M] → x[s, idx[s]] as [S, M, ...]."""
+    return x[torch.arange(x.shape[0], device=x.device).unsqueeze(1), idx]
+
+
 def answer_logp(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tensor, actions: Tensor) -> Tensor:
     """Next-token log-probs [S, B, G, H, V] at every answer position under `params` (differentiable).
 
-    G = 1: one causal pass over [prompt, answer]. G > 1: the prompt once, then the G answers over its cache."""
+    Each distinct prompt of a seed is run once (its keys/values cached), then each distinct (prompt, answer)
+    pair once over that cache; the results are gathered back to all B·G rows. Identical inputs have identical
+    log-probs, so this is exact, and it is much cheaper once a policy repeats itself (K samples of a confident
+    policy, or prompts that recur when V^H is small); autograd sums the gradients of duplicates."""
     s, b, g, h = actions.shape
-    if g == 1:
-        seq = torch.cat([prompts, actions[:, :, 0, :-1]], dim=-1)
-        return tfm.forward(params, seq, spec, out_from=h - 1).unsqueeze(2)
-    logp0, prefix = tfm.prefill(params, prompts, spec)
-    first = logp0.unsqueeze(2).unsqueeze(3).expand(s, b, g, 1, spec.vocab)
-    if h == 1:
-        return first
-    rest, _ = tfm.extend(params, actions[..., :-1].reshape(s, b * g, h - 1), spec, start=h, prefix=prefix)
-    return torch.cat([first, rest.view(s, b, g, h - 1, spec.vocab)], dim=3)
+    v = spec.vocab
+    rep_p, inv_p = _distinct(_row_ids(prompts, [v] * h))                      # distinct prompts
+    n_p = rep_p.shape[1]
+    logp0, prefix = tfm.prefill(params, _take(prompts, rep_p), spec)          # [S, P, V]
+    flat = actions.reshape(s, b * g, h)
+    pid = inv_p.repeat_interleave(g, dim=1)                                    # prompt of each (b, g) row
+    rows = torch.cat([pid.unsqueeze(-1), flat], dim=-1)
+    rep_r, inv_r = _distinct(_row_ids(rows, [n_p] + [v] * h))                 # distinct (prompt, answer) pairs
+    row_prompt = _take(pid, rep_r)                                             # [S, U]
+    first = _take(logp0, row_prompt).unsqueeze(2)                              # [S, U, 1, V]
+    if h > 1:
+        past = [(_take(k, row_prompt), _take(vv, row_prompt)) for k, vv in prefix]
+        rest, _ = tfm.extend(params, _take(flat, rep_r)[..., :-1], spec, start=h, past=past)
+        first = torch.cat([first, rest], dim=2)                                 # [S, U, H, V]
+    return _take(first, inv_r).view(s, b, g, h, v)
 
 
 # ----------------------------------------------------------------------------- per-seed statistics

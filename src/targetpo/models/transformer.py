@@ -191,10 +191,6 @@ def _embed(params: dict[str, Tensor], tokens: Tensor, start: int, spec: Transfor
 
 _MASKS: dict[tuple, Tensor] = {}
 
-# Rows are attended in blocks of about this many keys: one GEMM per block instead of one tiny GEMM per row.
-_BLOCK_KEYS = 96
-
-
 def _block_mask(g: int, tq: int, q_from: int, tp: int, to: int, t_new: int, device) -> Tensor:
     """Bool [g·Tq, Tp + g·(To+T)], True = masked. Query (row r, new token i ≥ q_from) sees every prefix key and
     the own keys (row r, j) with j − To ≤ i; never another row's keys."""
@@ -211,15 +207,6 @@ def _block_mask(g: int, tq: int, q_from: int, tp: int, to: int, t_new: int, devi
     return m
 
 
-def _rows_per_block(n: int, keys_per_row: int) -> int:
-    """The largest divisor of n with at most _BLOCK_KEYS keys per block (at least 1)."""
-    best = 1
-    for g in range(1, n + 1):
-        if n % g == 0 and g * keys_per_row <= _BLOCK_KEYS:
-            best = g
-    return best
-
-
 def _attention(q: Tensor, k: Tensor, v: Tensor, q_from: int, prefix: tuple[Tensor, Tensor] | None,
                past: tuple[Tensor, Tensor] | None) -> Tensor:
     """Multi-head attention of new queries over [shared prefix | own past | new keys (causal)].
@@ -231,8 +218,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, q_from: int, prefix: tuple[Tenso
 
     The g rows of a group are attended as one block: their g·Tq queries against the prefix's keys and all g
     rows' own keys, with a block-diagonal causal mask. The wasted cross-row scores cost little; one mid-sized
-    GEMM per block is several times faster on a CPU than g tiny ones. Without a prefix, independent rows are
-    blocked the same way.
+    GEMM per block is several times faster on a CPU than g tiny ones.
     """
     s, n, h, tq, hd = q.shape
     t_new = k.shape[3]
@@ -242,8 +228,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, q_from: int, prefix: tuple[Tenso
     tk = k.shape[3]
     to = tk - t_new
     if prefix is None:
-        tp = 0
-        g = _rows_per_block(n, tk)
+        tp, g = 0, 1   # independent rows: blocking them would only add masked work
     else:
         tp = prefix[0].shape[3]
         g = n // prefix[0].shape[1]
