@@ -14,9 +14,9 @@ LABELS = {"reinforce": "REINFORCE", "ppo": "PPO", "dg": "DG", "tpo": "TPO", "tpo
           "group_pg": "Group PG", "grpo": "GRPO", "grpo_no_kl": "GRPO (no KL)", "grpo_masked": "GRPO (masked)",
           "tpo_token": "TPO_token", "grpo_token": "GRPO_token", "grpo_token_no_kl": "GRPO_token (no KL)"}
 
-# Every token experiment runs its seeds as one batch on a few large tensors: two threads help on a quiet
-# 2-core machine (set threads=1 with --threads on a busy one).
-TORCH_THREADS = 2
+# One thread: on a shared or busy machine every op with two OpenMP threads waits for the slower one, which made
+# the token experiments 2–8× slower in our measurements; on a quiet machine `--threads 2` may help a little.
+TORCH_THREADS = 1
 
 COMMON_FIELDS_DOC = """seeds: independent seeds, vectorised as one batch inside each unit
 seed: first seed (seeds are seed, seed+1, ...); seed s alone fixes its initial model and prompts
