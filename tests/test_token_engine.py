@@ -145,3 +145,12 @@ def test_learning_signal_reduces_the_error():
     cfg = te.TrialConfig(task="copy", reward="bag", length=3, vocab=2, batch=32, k=8, episodes=25, lr=3e-3)
     out = te.run_trial(cfg, "tpo_token", [0])
     assert out["error"][:3].mean() > 0.35 and out["error"][-5:].mean() < 0.2
+
+
+def test_plain_torch_muon_option_trains_through_run_trial():
+    cfg = te.TrialConfig(**SMALL, reward="bag", optimizer="torch")
+    out = te.run_trial(cfg, "grpo_token", [0, 1])
+    ref = te.run_trial(te.TrialConfig(**SMALL, reward="bag"), "grpo_token", [0, 1])
+    assert np.isfinite(out["grad_norm"]).all()
+    np.testing.assert_array_equal(out["error"][0], ref["error"][0])   # same initial model and first rollout
+    assert not np.array_equal(out["grad_norm"][1:], ref["grad_norm"][1:])  # a different optimizer after it

@@ -62,8 +62,8 @@ vocabs: vocabulary sizes V to sweep (the paper: 2, 4, 8, 16)""")
 PRESETS = {
     "smoke": Config(seeds=2, episodes=4, vocabs=(2, 4), batch=16, length=4),
     # Steps to 1% at the paper's protocol for V = 2 and 4, where Table 1's winning margins are widest (TPO_token
-    # 58/74 episodes vs ≥ 141 for every other method); 150 episodes show the order, 3 seeds give the band.
-    "cpu": Config(seeds=3, episodes=150, vocabs=(2, 4)),
+    # 58/74 episodes vs ≥ 141 for every other method); 120 episodes show the order, 3 seeds give the band.
+    "cpu": Config(seeds=3, episodes=120, vocabs=(2, 4)),
     "paper": Config(),
 }
 REPRODUCE_PRESET = "cpu"

@@ -58,6 +58,14 @@ pair once over its cached keys/values (exact: identical inputs, identical log-pr
 reads all H states' next-token distributions from that one pass over the behaviour trajectory (causal masking
 makes it identical to the authors' one pass per prefix state, H× cheaper).
 
+Building an experiment on it: see ``token_dense.py`` / ``token_terminal.py``. A module's ``Config`` carries the
+TrialConfig fields it needs by name (documented once in ``token_common.COMMON_FIELDS_DOC``), its units name a
+(configuration, method) pair, and ``run_unit`` is one call:
+``run_trial(trial_config(cfg, vocab=v), method, seed_list(cfg), ctx.device, ctx.log, ctx.advance)``.
+``token_common`` also has the report helpers (steps-to-x, final and tail-mean errors, "ours (paper)" cells,
+fastest-method claims, curve grids with ± s.e. bands). Lower-level pieces are public for diagnostics work:
+``rollout``, ``answer_logp``, ``collect`` (→ ``Batch``), ``loss_fn``, ``diagnostics``.
+
 Paper-vs-code choices (spec §5), each a field: ``heads`` (2 as in the code, which reproduces the paper's
 numbers; the text says 4), ``lr`` (1e-3 effective = the code's 10 × 1e-4), ``match`` + ``interaction_lr_scale``
 (interaction-matched single-sample methods run B·K prompts at lr·√K), ``dg_epochs`` (1 in the code; App. E
@@ -289,19 +297,17 @@ def _row_ids(x: Tensor, radices: list[int]) -> Tensor:
 
 
 def _distinct(ids: Tensor) -> tuple[Tensor, Tensor]:
-    """ids [S, N] → (rep [S, U]: the index of one row per distinct id, padded with copies of a valid index;
-    inverse [S, N]: each row's position in rep)."""
-    s, n = ids.shape
-    reps, invs = [], []
-    for row in ids:
-        _, inv = torch.unique(row, return_inverse=True)
-        u = int(inv.max()) + 1
-        reps.append(torch.zeros(u, dtype=torch.int64, device=ids.device).scatter_(
-            0, inv, torch.arange(n, device=ids.device)))
-        invs.append(inv)
-    width = max(r.numel() for r in reps)
-    rep = torch.stack([torch.cat([r, r[:1].expand(width - r.numel())]) for r in reps])
-    return rep, torch.stack(invs)
+    """ids [S, N] → (rep [S, U]: the index of one row per distinct id of each seed, padded with index 0;
+    inverse [S, N]: each row's position in rep). One batched sort for all seeds (a single host sync)."""
+    sorted_ids, order = ids.sort(dim=1)
+    new = torch.ones_like(sorted_ids, dtype=torch.bool)
+    new[:, 1:] = sorted_ids[:, 1:] != sorted_ids[:, :-1]
+    group = new.long().cumsum(dim=1) - 1                                      # distinct index, in sorted order
+    inverse = torch.empty_like(group).scatter_(1, order, group)
+    width = int(group[:, -1].max()) + 1
+    # Any row of a group represents it (they are identical), so the scatter's choice among duplicates is moot.
+    rep = torch.zeros(ids.shape[0], width, dtype=torch.int64, device=ids.device).scatter_(1, group, order)
+    return rep, inverse
 
 
 def _take(x: Tensor, idx: Tensor) -> Tensor:
