@@ -190,10 +190,10 @@ class TorchMuonAdamW:
             views = self._views[k]
             if info.optimizer == "muon":
                 r, c = info.shape[-2:]
-                for v, g in zip(views, grads[k].reshape(-1, r, c)):
+                for v, g in zip(views, grads[k].to(views[0].dtype).reshape(-1, r, c)):
                     v.grad = g.T
             else:
-                views[0].grad = grads[k]
+                views[0].grad = grads[k].to(views[0].dtype)
         self.muon.step()
         self.adam.step()
 

@@ -25,8 +25,8 @@ methods: which methods to run (see targetpo.experiments.token_engine.METHODS)
 
 
 def config_doc(own: str) -> str:
-    """A Config docstring: the experiment's own `field: help` lines, then the shared ones."""
-    return own.strip() + "\n" + COMMON_FIELDS_DOC
+    """A Config docstring: the shared `field: help` lines, then the experiment's own (which win on a repeat)."""
+    return COMMON_FIELDS_DOC.rstrip() + "\n" + own.strip()
 
 
 def seed_list(cfg) -> list[int]:
