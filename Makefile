@@ -25,6 +25,7 @@ test: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/objectives.py --write BENCHMARKS.md
+	$(PY) benchmarks/tokens.py --threads 1 --write BENCHMARKS.md
 
 clean:
 	rm -rf $(VENV) $(OUT)

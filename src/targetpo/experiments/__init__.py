@@ -26,6 +26,8 @@ EXPERIMENTS: dict[str, str] = {
     "mnist": "targetpo.experiments.mnist",
     "mnist-mechanism": "targetpo.experiments.mnist_mechanism",
     "mnist-staleness": "targetpo.experiments.mnist_staleness",
+    "token-dense": "targetpo.experiments.token_dense",
+    "token-terminal": "targetpo.experiments.token_terminal",
     "rlvr": "targetpo.experiments.rlvr",
 }
 

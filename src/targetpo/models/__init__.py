@@ -1,1 +1,1 @@
-"""Small policy networks for the paper's experiments."""
+"""Seed-batched policy networks for the paper's experiments."""

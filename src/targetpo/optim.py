@@ -1,0 +1,207 @@
+r"""The paper's optimizer for the transformer experiments: ``optax.contrib.muon`` (optax 0.2.8) with every argument
+at its default, on seed-batched parameters (spec §1.5).
+
+**Partition.** Every parameter that is 2-D in the authors' Flax model goes to Muon; every other one goes to
+Nesterov AdamW. In Flax the attention q/k/v/out kernels are 3-D, so they are on AdamW, while the q/k/v biases
+are (heads, head_dim) matrices on Muon; embeddings, FFN kernels and the output head are on Muon
+(:func:`targetpo.models.transformer.param_info` records each parameter's branch). Both branches share one
+constant learning rate (the paper's effective 1e-3 = the code's ``10 × 1e-4``).
+
+**Muon branch**, per matrix G (fan_in × fan_out) at step t = 1, 2, …:
+
+.. math::
+    m_t = \beta m_{t-1} + (1-\beta) G,\qquad
+    \hat M = \beta\,\frac{m_t}{1-\beta^{t+1}} + (1-\beta)\,\frac{G}{1-\beta^{t}},\\
+    X_0 = \hat M^{(\top)} / (\lVert \hat M\rVert_F + 10^{-8}),\qquad
+    X \leftarrow aX + (bA + cA^2)X,\ A = XX^\top \ (5\times),\qquad
+    \Delta = -\mathrm{lr}\,\sqrt{\max(1, \text{fan\_out}/\text{fan\_in})}\; X^{(\top)}
+
+with β = 0.95, (a, b, c) = (3.4445, −4.7750, 2.0315), the transpose taken when rows > cols, all in float32.
+
+**AdamW branch** (optax's Nesterov form, weight decay 0; *not* torch's NAdam, which has a momentum schedule):
+
+.. math::
+    m_t = b_1 m + (1-b_1) g,\quad v_t = b_2 v + (1-b_2) g^2,\quad
+    \hat m = b_1\frac{m_t}{1-b_1^{t+1}} + (1-b_1)\frac{g}{1-b_1^t},\quad \hat v = \frac{v_t}{1-b_2^t},\quad
+    \Delta = -\mathrm{lr}\,\frac{\hat m}{\sqrt{\hat v} + 10^{-8}}
+
+Every statistic (momenta, Frobenius norms, Newton–Schulz) is per seed and per matrix: the S seeds of a batch
+are S independent optimizers. ``make_optimizer(..., kind="torch")`` is the plain alternative: PyTorch's own
+``torch.optim.Muon`` (no bias correction, Newton–Schulz in bfloat16, eps 1e-7, weight decay 0) on each seed's matrices plus
+``torch.optim.AdamW``; it is not the paper's optimizer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+from torch import Tensor
+
+from .models.transformer import ParamInfo
+
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+OPTIMIZERS = ("optax", "torch")
+
+
+def newton_schulz(x: Tensor, steps: int = 5, coeffs: tuple[float, float, float] = NS_COEFFS,
+                  eps: float = 1e-8) -> Tensor:
+    """Approximate orthogonalisation of a batch of matrices [N, r, c] (optax ``orthogonalize_via_newton_schulz``):
+    transpose if r > c, divide by the Frobenius norm + eps, run `steps` quintic iterations, transpose back."""
+    if x.dim() != 3:
+        raise ValueError(f"newton_schulz expects a batch of matrices [N, r, c], got shape {tuple(x.shape)}")
+    transposed = x.shape[1] > x.shape[2]
+    if transposed:
+        x = x.transpose(1, 2)
+    x = x.float()
+    x = x / (torch.linalg.matrix_norm(x, keepdim=True) + eps)
+    a, b, c = coeffs
+    for _ in range(steps):
+        gram = torch.bmm(x, x.transpose(1, 2))
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)   # b·A + c·A·A
+        x = torch.baddbmm(x, poly, x, beta=a, alpha=1.0)           # a·X + (bA + cA²)·X
+    return x.transpose(1, 2) if transposed else x
+
+
+def muon_shape_scale(fan_in: int, fan_out: int) -> float:
+    """optax's per-matrix scale √max(1, fan_out/fan_in) (dim 0 = fan_in, dim 1 = fan_out)."""
+    return math.sqrt(max(1.0, fan_out / fan_in))
+
+
+class MuonAdamW:
+    """optax-0.2.8 ``contrib.muon(learning_rate=lr)`` on seed-batched parameters ``{name: [S, *shape]}``.
+
+    ``step(params, grads)`` updates the parameters in place (under no_grad). One call = one optax update; the
+    paper takes one per epoch and keeps this state for the whole run.
+    """
+
+    def __init__(self, params: dict[str, Tensor], infos: dict[str, ParamInfo], lr: float, *, beta: float = 0.95,
+                 ns_steps: int = 5, eps: float = 1e-8, adam_b1: float = 0.9, adam_b2: float = 0.999,
+                 adam_eps: float = 1e-8):
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0, got {lr}")
+        missing = set(infos) ^ set(params)
+        if missing:
+            raise ValueError(f"params and infos disagree on names: {sorted(missing)}")
+        self.lr, self.beta, self.ns_steps, self.eps = lr, beta, ns_steps, eps
+        self.b1, self.b2, self.adam_eps = adam_b1, adam_b2, adam_eps
+        self.muon_names = [k for k, i in infos.items() if i.optimizer == "muon"]
+        self.adam_names = [k for k, i in infos.items() if i.optimizer == "adamw"]
+        bad = [k for k, i in infos.items() if i.optimizer not in ("muon", "adamw")]
+        if bad:
+            raise ValueError(f"unknown optimizer branch for {bad}")
+        self.infos = infos
+        self.count = 0
+        s = next(iter(params.values())).shape[0]
+        self.seeds = s
+        like = next(iter(params.values()))
+        n_muon = sum(params[k][0].numel() for k in self.muon_names)
+        n_adam = sum(params[k][0].numel() for k in self.adam_names)
+        # Flat per-seed state buffers: a handful of large elementwise ops instead of one per parameter.
+        self.mu = torch.zeros(s, n_muon, dtype=torch.float32, device=like.device)
+        self.m = torch.zeros(s, n_adam, dtype=torch.float32, device=like.device)
+        self.v = torch.zeros(s, n_adam, dtype=torch.float32, device=like.device)
+        # Matrices of one shape (after optax's rows ≤ cols transpose) are orthogonalised in one batched call.
+        self._groups: dict[tuple[int, int], list[str]] = defaultdict(list)
+        for k in self.muon_names:
+            r, c = infos[k].shape[-2:]
+            self._groups[(min(r, c), max(r, c))].append(k)
+
+    @staticmethod
+    def _flat(ts: list[Tensor], s: int) -> Tensor:
+        return torch.cat([t.reshape(s, -1).float() for t in ts], dim=1)
+
+    def updates(self, grads: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The optax update (already multiplied by −lr) for each parameter; advances the state."""
+        s = self.seeds
+        self.count += 1
+        t = self.count
+        out: dict[str, Tensor] = {}
+        if self.muon_names:
+            g = self._flat([grads[k] for k in self.muon_names], s)
+            self.mu.lerp_(g, 1.0 - self.beta)
+            mhat = self.mu * (self.beta / (1.0 - self.beta ** (t + 1))) + g * ((1.0 - self.beta) / (1.0 - self.beta ** t))
+            mats: dict[str, Tensor] = {}
+            off = 0
+            for k in self.muon_names:
+                info = self.infos[k]
+                n = math.prod(info.shape)
+                r, c = info.shape[-2:]
+                m = mhat[:, off:off + n].reshape(-1, r, c)
+                mats[k] = m.transpose(1, 2) if r > c else m
+                off += n
+            for keys in self._groups.values():
+                batch = torch.cat([mats[k] for k in keys], dim=0)
+                orth = newton_schulz(batch, self.ns_steps, NS_COEFFS, self.eps)
+                for k, o in zip(keys, orth.split([mats[k].shape[0] for k in keys], dim=0)):
+                    r, c = self.infos[k].shape[-2:]
+                    o = o.transpose(1, 2) if r > c else o
+                    out[k] = o.reshape(s, *self.infos[k].shape) * (-self.lr * muon_shape_scale(r, c))
+        if self.adam_names:
+            g = self._flat([grads[k] for k in self.adam_names], s)
+            b1, b2 = self.b1, self.b2
+            self.m.lerp_(g, 1.0 - b1)
+            self.v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+            mhat = self.m * (b1 / (1.0 - b1 ** (t + 1))) + g * ((1.0 - b1) / (1.0 - b1 ** t))
+            denom = (self.v / (1.0 - b2 ** t)).sqrt_().add_(self.adam_eps)
+            upd = mhat.div_(denom).mul_(-self.lr)
+            off = 0
+            for k in self.adam_names:
+                n = math.prod(self.infos[k].shape)
+                out[k] = upd[:, off:off + n].reshape(s, *self.infos[k].shape)
+                off += n
+        return out
+
+    @torch.no_grad()
+    def step(self, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
+        upd = self.updates(grads)
+        keys = list(upd)
+        torch._foreach_add_([params[k] for k in keys], [upd[k].to(params[k].dtype) for k in keys])
+
+
+class TorchMuonAdamW:
+    """The plain alternative: ``torch.optim.Muon`` on every seed's Muon-branch matrices (given in (fan_out,
+    fan_in) layout, so its shape adjustment √max(1, rows/cols) equals optax's √max(1, fan_out/fan_in)) and
+    ``torch.optim.AdamW`` on the rest. Weight decay 0 in both, as in the paper."""
+
+    def __init__(self, params: dict[str, Tensor], infos: dict[str, ParamInfo], lr: float):
+        if not hasattr(torch.optim, "Muon"):
+            raise ValueError("optimizer='torch' needs torch.optim.Muon (torch >= 2.9)")
+        self.infos = infos
+        self._views: dict[str, list[Tensor]] = {}
+        muon_leaves, adam_leaves = [], []
+        for k, info in infos.items():
+            data = params[k].detach()
+            if info.optimizer == "muon":
+                r, c = info.shape[-2:]
+                views = [m.T for m in data.reshape(-1, r, c)]   # shares storage with params[k]
+                self._views[k] = views
+                muon_leaves += views
+            else:
+                self._views[k] = [data]
+                adam_leaves.append(data)
+        self.muon = torch.optim.Muon(muon_leaves, lr=lr, weight_decay=0.0)
+        self.adam = torch.optim.AdamW(adam_leaves, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+
+    @torch.no_grad()
+    def step(self, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
+        for k, info in self.infos.items():
+            views = self._views[k]
+            if info.optimizer == "muon":
+                r, c = info.shape[-2:]
+                for v, g in zip(views, grads[k].to(views[0].dtype).reshape(-1, r, c)):
+                    v.grad = g.T
+            else:
+                views[0].grad = grads[k].to(views[0].dtype)
+        self.muon.step()
+        self.adam.step()
+
+
+def make_optimizer(kind: str, params: dict[str, Tensor], infos: dict[str, ParamInfo], lr: float):
+    """``"optax"``: the paper's optimizer (:class:`MuonAdamW`); ``"torch"``: :class:`TorchMuonAdamW`."""
+    if kind == "optax":
+        return MuonAdamW(params, infos, lr)
+    if kind == "torch":
+        return TorchMuonAdamW(params, infos, lr)
+    raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {kind!r}")

@@ -1,0 +1,87 @@
+"""Smoke runs of the token experiments through the shared runner: units, resume, reports, config checks."""
+
+import json
+
+import pytest
+import torch
+
+from targetpo.cli import main
+from targetpo.experiments import load
+from targetpo.experiments.runner import make_config, run_experiment
+from targetpo.reporting.report import write_report
+from targetpo.reporting.store import Run, read_metrics
+
+
+@pytest.fixture(autouse=True)
+def _one_thread_float32():
+    # Tiny tensors: OpenMP hand-offs between threads cost more than the math (and much more on a busy machine).
+    # float32 default: other test modules switch the session's default dtype to float64.
+    n, dtype = torch.get_num_threads(), torch.get_default_dtype()
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float32)
+    yield
+    torch.set_num_threads(n)
+    torch.set_default_dtype(dtype)
+
+
+def test_token_dense_smoke_run_and_report(tmp_path):
+    out = run_experiment("token-dense", "smoke", out=tmp_path / "td", progress=False, quiet=True, threads=1)
+    run = Run.load(out)
+    assert run.units() == [f"v{v}/{m}" for v in (2, 4) for m in ("ppo", "dg", "tpo_token", "grpo_token")]
+    assert run.done_units() == set(run.units())
+    steps, err = run.series("v2/tpo_token", "error")
+    assert list(steps) == [0, 1, 2, 3] and err.shape == (4, 2)
+    assert ((err > 0.2) & (err < 0.9)).all()     # near the uniform 1 − 1/V at the start
+    _, zero_var = run.series("v2/tpo_token", "frac_zero_var")
+    assert zero_var.shape == (4, 2)
+    text = write_report(out).read_text()
+    assert "Table 1" in text and "(58)" in text and "token_dense.png" in text
+    assert (out / "token_dense.png").exists()
+    assert "episodes to 1% error" in load("token-dense").summary(run)
+
+
+def test_token_terminal_smoke_run_resume_and_report(tmp_path):
+    out = tmp_path / "tt"
+    run_experiment("token-terminal", "smoke", out=out, progress=False, quiet=True, threads=1)
+    run = Run.load(out)
+    assert run.units() == ["h3/ppo/prompts", "h3/ppo/interactions", "h3/dg/prompts", "h3/dg/interactions",
+                           "h3/tpo", "h3/grpo", "h3/grpo_no_kl"]
+    # interaction-matched single-sample runs see B·K prompts: their diagnostics exist like the others'
+    _, fs = run.series("h3/ppo/interactions", "frac_success")
+    assert fs.shape == (3, 2)
+    # Drop the last unit's tail, resume: replayed lines match the stored ones exactly (deterministic units).
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("\n".join(lines[:-3]) + "\n")
+    run_experiment("token-terminal", "smoke", out=out, resume=True, progress=False, quiet=True, threads=1)
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "complete" and "resume_mismatches" not in meta
+    assert (out / "metrics.jsonl").read_text().splitlines()[:-3] == lines[:-3]
+    assert len(read_metrics(out / "metrics.jsonl")) == len(lines)
+    text = write_report(out).read_text()
+    assert "Table 3" in text and "P H=3" in text and "I H=3" in text
+
+
+def test_token_configs_reject_bad_values():
+    exp = load("token-dense")
+    with pytest.raises(ValueError, match="not part of this experiment"):
+        make_config(exp, "smoke", overrides=["methods=tpo"])
+    with pytest.raises(ValueError, match="vocabs"):
+        make_config(exp, "smoke", overrides=["vocabs=1"])
+    with pytest.raises(ValueError, match="unknown methods"):
+        make_config(exp, "smoke", overrides=["methods=ppo,sft"])
+    term = load("token-terminal")
+    with pytest.raises(ValueError, match="matches"):
+        make_config(term, "smoke", overrides=["matches=both"])
+    with pytest.raises(ValueError, match="terminal"):
+        make_config(term, "smoke", overrides=["reward=dense"])
+    cfg = make_config(term, "paper")
+    assert (cfg.seeds, cfg.episodes, cfg.lengths, cfg.lr, cfg.heads) == (20, 2000, (7, 8, 9, 10), 1e-3, 2)
+
+
+def test_cli_help_documents_every_token_field(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = capsys.readouterr().out
+    for field in ("vocabs=", "lengths=", "interaction_lr_scale=", "dg_epochs=", "optimizer="):
+        assert field in text
+    assert "the authors' code" in text
