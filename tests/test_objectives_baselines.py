@@ -10,7 +10,15 @@ from hypothesis import strategies as st
 from targetpo import objectives as O
 from targetpo.tasks.tabular import beta_dg, beta_grpo, beta_pg, beta_tpo, correct_direction, exact_update
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _float64():
+    """Exact comparisons need float64; restore the default so later test modules see torch's own."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
 
 
 # ----------------------------------------------------------------------------- exact tabular updates (paper App. B)

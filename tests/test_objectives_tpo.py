@@ -16,7 +16,15 @@ from targetpo.objectives import (
     tpo_token_loss,
 )
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _float64():
+    """Exact comparisons need float64; restore the default so later test modules see torch's own."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
 
 
 def _group(g=5, k=8, seed=0):
