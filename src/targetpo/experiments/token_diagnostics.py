@@ -156,9 +156,10 @@ def _tables(section, cfg, metrics, w) -> None:
              " vs ".join(f"{100 * float(err[m].mean[checkpoint]):.2f}%" for m in ("tpo", "tpo_1ep") if m in err)
              + f" (at ep. {checkpoint})",
              f"{100 * ref['tpo_4ep_error_at_400']:.1f}% vs {100 * ref['tpo_1ep_error_at_400']:.1f}%"],
-            ["GRPO error plateau", "–" if "grpo" not in err else tr.pm(tc.tail_mean(err["grpo"]), 100),
+            ["GRPO error plateau (final-10%)",
+             "–" if "grpo" not in err else tr.pm(tc.tail_mean(err["grpo"]), 100) + "%",
              f"{100 * ref['grpo_error_plateau']:.1f}%"],
-            ["DG error plateau", "–" if "dg" not in err else tr.pm(tc.tail_mean(err["dg"]), 100),
+            ["DG error plateau (final-10%)", "–" if "dg" not in err else tr.pm(tc.tail_mean(err["dg"]), 100) + "%",
              f"{100 * ref['dg_plateau']:.0f}%"],
             ["TPO all-fail ≈ 0 by episode", _first_below(af.get("tpo"), 0.01, w),
              f"{ref['tpo_all_fail_near_zero_by_episode']} (of 2000)"]]

@@ -16,8 +16,9 @@ Caveats (spec §5.5–5.6): the paper says 30 seeds (the `paper` preset), the au
 paper reports different numbers for the same configuration (K = 32, 4 epochs: TPO 2.6% / GRPO 4.4% in the K
 sweep vs 0.05% / 6.3% in the epoch sweep and masking figure), so its sweeps came from different runs.
 
-`cpu` preset: H = 6 and base K = 8 (the same 0.88 all-fail fraction at initialisation as H = 8, K = 32),
-K ∈ {4, 8, 16}, E ∈ {1, 2, 4, 8}, B = 64, 2 seeds, 250 episodes (the paper: 30 seeds × 2000 episodes).
+`cpu` preset: H = 5, B = 64, base K = 8 (at initialisation 78% of groups are all-fail; 88% in the paper),
+K ∈ {4, 8, 16}, E ∈ {1, 2, 4}, 2 seeds × 200 episodes (the paper: H = 8, B = 256, base K = 32, K up to 64, E up
+to 16, 30 seeds × 2000 episodes). Smaller batches (B = 32) make every method's curve too noisy to rank.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ epochs: the base epochs per batch (K sweep and masking)""")
 
 PRESETS = {
     "smoke": Config(seeds=2, episodes=2, ks=(2, 4), epoch_counts=(1, 2), length=3, batch=8, k=4, epochs=2),
-    "cpu": Config(seeds=2, episodes=250, ks=(4, 8, 16), epoch_counts=(1, 2, 4, 8), length=6, batch=64, k=8),
+    "cpu": Config(seeds=2, episodes=200, ks=(4, 8, 16), epoch_counts=(1, 2, 4), length=5, batch=64, k=8),
     "paper": Config(),
 }
 REPRODUCE_PRESET = "cpu"

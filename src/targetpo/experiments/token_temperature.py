@@ -124,7 +124,7 @@ def report(run, section) -> None:
     rows = []
     for eta, c in data.items():
         ref = _paper(eta)
-        rows.append([f"{eta:g}", f"{tr.pm(tc.final(c), 100)} ({'n/a' if ref is None else tc.fmt(ref[0])})",
+        rows.append([f"{eta:g}", f"{tr.pm(tc.final(c), 100, 2)} ({'n/a' if ref is None else tc.fmt(ref[0])})",
                      f"{tc.fmt(tc.steps_to(c))} ({'n/a' if ref is None else ref[1]})"])
     section.table(["η", "final error %", "episodes to 1%"], rows,
                   f"Table 5 — ours ({paper.TABLE5_TEMPERATURE.source}); final = last episode, seed mean ± s.e.")
