@@ -28,6 +28,12 @@ EXPERIMENTS: dict[str, str] = {
     "mnist-staleness": "targetpo.experiments.mnist_staleness",
     "token-dense": "targetpo.experiments.token_dense",
     "token-terminal": "targetpo.experiments.token_terminal",
+    "token-variants": "targetpo.experiments.token_variants",
+    "token-ablations": "targetpo.experiments.token_ablations",
+    "token-diagnostics": "targetpo.experiments.token_diagnostics",
+    "token-sweeps": "targetpo.experiments.token_sweeps",
+    "token-temperature": "targetpo.experiments.token_temperature",
+    "dg-epochs": "targetpo.experiments.dg_epochs",
     "rlvr": "targetpo.experiments.rlvr",
 }
 

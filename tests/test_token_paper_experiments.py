@@ -1,0 +1,209 @@
+"""The token experiments of §3.5, §3.7, §4 and Apps. D–E: smoke runs through the shared runner and reports, unit
+naming, what each unit hands to the engine, config checks, and the shared report helpers."""
+
+import numpy as np
+import pytest
+import torch
+
+from targetpo.experiments import load
+from targetpo.experiments import token_report as tr
+from targetpo.experiments.runner import make_config, run_experiment
+from targetpo.reporting.report import write_report
+from targetpo.reporting.store import Run
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _smoke(name, tmp_path):
+    out = run_experiment(name, "smoke", out=tmp_path / name, progress=False, quiet=True, threads=1)
+    run = Run.load(out)
+    assert run.done_units() == set(run.units())
+    return out, run, write_report(out).read_text()
+
+
+# ----------------------------------------------------------------------------- smoke runs + reports
+
+def test_token_variants_smoke(tmp_path):
+    out, run, text = _smoke("token-variants", tmp_path)
+    methods = ("tpo_token", "grpo_token", "dg", "ppo")
+    assert run.units() == [f"{v}/{m}" for v in ("bag/copy", "sequential/reverse_flip") for m in methods]
+    steps, err = run.series("sequential/reverse_flip/tpo_token", "error")
+    assert list(steps) == [0, 1, 2] and err.shape == (3, 2) and ((err >= 0) & (err <= 1)).all()
+    assert "Table 2" in text and "(81)" in text and "(276)" in text and "applied as **prompts**" in text
+    assert (out / "token_variants.png").exists()
+    assert text.count("| Under sequential reward") == 2
+    assert "episodes to 1% error" in load("token-variants").summary(run)
+
+
+def test_token_ablations_smoke(tmp_path):
+    out, run, text = _smoke("token-ablations", tmp_path)
+    assert run.units() == [f"h3/{m}" for m in ("tpo", "grpo", "grpo_no_kl", "tpo_no_anchor", "group_pg")]
+    assert "Fig. 8" in text and "Removing the anchor" in text and (out / "token_ablations.png").exists()
+    # terminal error of K full answers: at H = 3 some answers are right, some wrong
+    _, err = run.series("h3/tpo", "error")
+    assert err.shape == (3, 2) and 0 < err.mean() < 1
+
+
+def test_token_diagnostics_smoke(tmp_path):
+    out, run, text = _smoke("token-diagnostics", tmp_path)
+    assert run.units() == ["tpo", "tpo_1ep", "grpo", "grpo_no_kl", "ppo", "dg"]
+    for metric in ("error", "grad_norm", "all_fail", "weight_winners", "weight_losers"):
+        assert run.series("tpo_1ep", metric)[1].shape == (3, 2)
+    assert run.series("tpo", "frac_zero_var")[1].shape == (3, 2)
+    assert "all-fail fraction at initialisation" in text and "0.586" in text     # (7/8)^4 at H = 3, K = 4
+    assert (out / "token_diagnostics.png").exists()
+
+
+def test_token_sweeps_smoke(tmp_path):
+    out, run, text = _smoke("token-sweeps", tmp_path)
+    # K sweep at 2 epochs (k2, k4), epoch sweep at K = 4 (ep1; ep2 is shared with the K sweep), masking adds
+    # grpo_masked: shared configurations run once.
+    assert run.units() == ["k2/ep2/tpo", "k4/ep2/tpo", "k2/ep2/grpo", "k4/ep2/grpo", "k4/ep1/tpo", "k4/ep1/grpo",
+                           "k4/ep2/grpo_masked"]
+    assert "Fig. 12" in text and "Fig. 13" in text and "Fig. 15" in text and "| 29.7 |" in text
+    assert (out / "token_sweeps.png").exists()
+
+
+def test_token_temperature_smoke(tmp_path):
+    out, run, text = _smoke("token-temperature", tmp_path)
+    assert run.units() == ["eta0.5", "eta2"]
+    assert "Table 5" in text and "(67)" in text and "level=token" in text
+    assert (out / "token_temperature.png").exists()
+
+
+def test_dg_epochs_smoke(tmp_path):
+    out, run, text = _smoke("dg-epochs", tmp_path)
+    assert run.units() == ["terminal/ep1", "terminal/ep4", "bag/copy/ep1", "bag/copy/ep4", "sequential/flip/ep1",
+                           "sequential/flip/ep4"]
+    assert run.series("terminal/ep4", "error")[1].shape == (3, 2)
+    assert run.series("bag/copy/ep4", "error")[1].shape == (3, 1)            # variant_seeds = 1
+    assert "Fig. 17" in text and "(48.3)" in text and "(4.56)" in text and (out / "dg_epochs.png").exists()
+
+
+# ----------------------------------------------------------------------------- what each unit asks the engine
+
+class _Capture:
+    def __init__(self, monkeypatch, module):
+        self.calls = []
+        monkeypatch.setattr(module, "run_trial", lambda cfg, method, seeds, *a, **k: self.calls.append(
+            (cfg, method, list(seeds))))
+
+
+class _Ctx:
+    device = torch.device("cpu")
+
+    def log(self, record):
+        pass
+
+    def advance(self, n=1):
+        pass
+
+
+def test_variants_interaction_matching_is_a_noop_with_token_methods(monkeypatch):
+    exp = load("token-variants")
+    cap = _Capture(monkeypatch, tr)
+    cfg = make_config(exp, "smoke", overrides=["match=interactions"])
+    exp.run_unit(cfg, "bag/copy/dg", _Ctx())
+    assert cap.calls[-1][0].match == "prompts"
+    cfg = make_config(exp, "smoke", overrides=["match=interactions", "methods=dg,tpo"])
+    exp.run_unit(cfg, "sequential/flip/dg", _Ctx())
+    trial, method, seeds = cap.calls[-1]
+    assert (trial.match, trial.task, trial.reward, method, seeds) == ("interactions", "flip", "sequential", "dg",
+                                                                      [0, 1])
+
+
+def test_named_variants_and_sweep_units_reach_the_engine(monkeypatch):
+    cap = _Capture(monkeypatch, tr)
+    diag = load("token-diagnostics")
+    diag.run_unit(make_config(diag, "smoke"), "tpo_1ep", _Ctx())
+    assert (cap.calls[-1][0].epochs, cap.calls[-1][1]) == (1, "tpo")
+    diag.run_unit(make_config(diag, "smoke"), "tpo", _Ctx())
+    assert (cap.calls[-1][0].epochs, cap.calls[-1][1]) == (4, "tpo")
+    sweeps = load("token-sweeps")
+    sweeps.run_unit(make_config(sweeps, "smoke"), "k16/ep8/grpo_masked", _Ctx())
+    assert (cap.calls[-1][0].k, cap.calls[-1][0].epochs, cap.calls[-1][1]) == (16, 8, "grpo_masked")
+    temp = load("token-temperature")
+    temp.run_unit(make_config(temp, "smoke", overrides=["level=sequence"]), "eta0.25", _Ctx())
+    assert (cap.calls[-1][0].tpo_eta, cap.calls[-1][1]) == (0.25, "tpo")
+    temp.run_unit(make_config(temp, "smoke"), "eta4", _Ctx())
+    assert (cap.calls[-1][0].tpo_eta, cap.calls[-1][1]) == (4.0, "tpo_token")
+
+
+def test_dg_epochs_units_set_dg_epochs_and_seeds(monkeypatch):
+    exp = load("dg-epochs")
+    cap = _Capture(monkeypatch, exp)
+    cfg = make_config(exp, "paper")
+    exp.run_unit(cfg, "terminal/ep4", _Ctx())
+    trial, method, seeds = cap.calls[-1]
+    assert (method, trial.dg_epochs, trial.reward, trial.length, trial.batch, trial.episodes, len(seeds)) == \
+        ("dg", 4, "terminal", 5, 256, 2000, 20)
+    exp.run_unit(cfg, "sequential/reverse_copy/ep1", _Ctx())
+    trial, method, seeds = cap.calls[-1]
+    assert (trial.dg_epochs, trial.task, trial.length, trial.batch, trial.episodes, seeds) == \
+        (1, "reverse_copy", 10, 100, 1000, list(range(10)))
+
+
+# ----------------------------------------------------------------------------- presets and config checks
+
+def test_paper_presets_follow_the_paper():
+    c = make_config(load("token-variants"), "paper")
+    assert (c.seeds, c.episodes, len(c.variants), c.length, c.batch, c.k, c.match) == (10, 1000, 8, 10, 100, 8,
+                                                                                      "prompts")
+    c = make_config(load("token-ablations"), "paper")
+    assert (c.seeds, c.episodes, c.lengths, c.batch, c.k) == (20, 2000, (7, 8, 10), 100, 8)
+    c = make_config(load("token-diagnostics"), "paper")
+    assert (c.seeds, c.episodes, c.length, c.batch, c.k, c.epochs) == (10, 2000, 8, 256, 32, 4)
+    c = make_config(load("token-sweeps"), "paper")
+    assert (c.seeds, c.ks, c.epoch_counts, c.k, c.epochs, c.batch) == (30, (4, 8, 16, 32, 64), (1, 2, 4, 8, 16),
+                                                                       32, 4, 256)
+    c = make_config(load("token-temperature"), "paper")
+    assert (c.seeds, c.episodes, c.etas, c.level, c.task, c.reward) == (10, 1000, (0.25, 0.5, 1.0, 2.0, 4.0),
+                                                                        "token", "reverse_copy", "bag")
+
+
+def test_configs_reject_bad_values():
+    with pytest.raises(ValueError, match="variants"):
+        make_config(load("token-variants"), "smoke", overrides=["variants=bag/copy,terminal/copy"])
+    with pytest.raises(ValueError, match="not part of this experiment"):
+        make_config(load("token-ablations"), "smoke", overrides=["methods=tpo,ppo"])
+    with pytest.raises(ValueError, match="unknown methods"):
+        make_config(load("token-diagnostics"), "smoke", overrides=["methods=tpo,tpo_2ep"])
+    with pytest.raises(ValueError, match="sweeps"):
+        make_config(load("token-sweeps"), "smoke", overrides=["sweeps=k,lr"])
+    with pytest.raises(ValueError, match="ks"):
+        make_config(load("token-sweeps"), "smoke", overrides=["ks=1,4"])
+    with pytest.raises(ValueError, match="level"):
+        make_config(load("token-temperature"), "smoke", overrides=["level=both"])
+    with pytest.raises(ValueError, match="terminal"):
+        make_config(load("token-temperature"), "smoke", overrides=["reward=terminal"])
+    with pytest.raises(ValueError, match="variant_seeds"):
+        make_config(load("dg-epochs"), "smoke", overrides=["variant_seeds=5"])
+
+
+# ----------------------------------------------------------------------------- shared helpers
+
+def test_smooth_is_a_trailing_mean_per_seed():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(12, 3))
+    x[4, 1] = np.nan
+    got = tr.smooth(x, 4)
+    for t in range(12):
+        for s in range(3):
+            assert np.isclose(got[t, s], np.nanmean(x[max(0, t - 3):t + 1, s]))
+    assert tr.smooth(x, 1) is x
+
+
+def test_aggregate_and_resolve():
+    assert tr.aggregate([True, None, True]) is True
+    assert tr.aggregate([True, False]) is False
+    assert tr.aggregate([None, None]) is None and tr.aggregate([]) is None
+    cfg = make_config(load("token-diagnostics"), "paper")
+    trial, method = tr.resolve(cfg, "dg_4ep", length=5)
+    assert (method, trial.dg_epochs, trial.epochs, trial.length) == ("dg", 4, 4, 5)
+    assert tr.label("tpo_1ep") == "TPO (1 ep)" and tr.label("grpo") == "GRPO"
