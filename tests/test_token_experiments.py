@@ -12,16 +12,7 @@ from targetpo.reporting.report import write_report
 from targetpo.reporting.store import Run, read_metrics
 
 
-@pytest.fixture(autouse=True)
-def _one_thread_float32():
-    # Tiny tensors: OpenMP hand-offs between threads cost more than the math (and much more on a busy machine).
-    # float32 default: other test modules switch the session's default dtype to float64.
-    n, dtype = torch.get_num_threads(), torch.get_default_dtype()
-    torch.set_num_threads(1)
-    torch.set_default_dtype(torch.float32)
-    yield
-    torch.set_num_threads(n)
-    torch.set_default_dtype(dtype)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_token_dense_smoke_run_and_report(tmp_path):

@@ -18,14 +18,6 @@ TOKENIZER = build_char_tokenizer()
 PROMPTS = Dataset.from_dict({"prompt": [f"{i}*{i + 1}=" for i in range(12)]})
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _float32_default():
-    # Other test modules set float64 as torch's default dtype at import; these tests model float32 training.
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    yield
-    torch.set_default_dtype(previous)
-
 
 def digit_reward(completions, **kwargs):
     return [float(sum(c.isdigit() for c in text)) for text in completions]

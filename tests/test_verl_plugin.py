@@ -23,14 +23,6 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "verl" / "tpo_qwen3_1.7b_graph_color.yaml"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _float32_default():
-    # Other test modules set float64 as torch's default dtype at import; these tests model float32 training.
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    yield
-    torch.set_default_dtype(previous)
-
 
 def actor_config(k, loss_agg_mode="seq-mean-token-sum"):
     return ActorConfig(strategy="fsdp", rollout_n=k, ppo_micro_batch_size_per_gpu=k, loss_agg_mode=loss_agg_mode,
