@@ -203,6 +203,8 @@ def test_aggregate_and_resolve():
     assert tr.aggregate([True, None, True]) is True
     assert tr.aggregate([True, False]) is False
     assert tr.aggregate([None, None]) is None and tr.aggregate([]) is None
+    assert tr.conjunction([True, None]) is None and tr.conjunction([None, False]) is False
+    assert tr.conjunction([True, True]) is True and tr.conjunction([]) is None
     cfg = make_config(load("token-diagnostics"), "paper")
     trial, method = tr.resolve(cfg, "dg_4ep", length=5)
     assert (method, trial.dg_epochs, trial.epochs, trial.length) == ("dg", 4, 4, 5)

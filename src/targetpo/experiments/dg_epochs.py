@@ -13,8 +13,9 @@ mean at the last episode, and the claim uses the mean over the last 10% of episo
 
 `cpu` preset: (a) at H = 5, B = 256, 3 seeds × 400 episodes and (b, c) at H = 6, B = 50, 2 seeds × 300 episodes
 (the paper: 20 seeds × 2000 episodes; H = 10, B = 100, 10 seeds × 1000 episodes). DG is the cheapest method
-(one rollout per prompt, one step per batch), so all 8 variants fit; at H = 6 1-epoch DG reaches about 1% error
-within 150–300 episodes, so the comparison is of nearly converged runs, as in the paper.
+(one rollout per prompt, one step per batch), so all 8 variants fit. Part (a) separates clearly within 400
+episodes; in part (b, c) 4-epoch DG takes 4× the optimizer steps and is often still ahead after 300 episodes,
+so at this scale it compares runs that have not settled (the paper compares after 1000 episodes at H = 10).
 """
 
 from __future__ import annotations

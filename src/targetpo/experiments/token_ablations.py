@@ -126,6 +126,11 @@ def report(run, section) -> None:
                                                           for m in methods],
                   f"Fig. 8 — final exact-match error (fraction), last episode, seed mean: ours "
                   f"({paper.FIG8_FINAL_ERROR.source}, read from the figure)")
+    ref = paper.FIG8_FINAL_ERROR.values
+    if not set(hs) & set(ref["H"]):
+        section.table(["method"] + [f"H={h}" for h in ref["H"]],
+                      [[tr.label(m)] + [tc.fmt(v) for v in ref[m]] for m in methods if m in ref],
+                      "The paper's Fig. 8 final errors at its H, for reference (no H in common with this run)")
     section.table(["method"] + [f"H={h}" for h in hs],
                   [[tr.label(m)] + [("–" if data[h].get(m) is None else tr.pm(tc.tail_mean(data[h][m]), 100))
                                     for h in hs] for m in methods],

@@ -122,6 +122,13 @@ def window_mean(curve: Curve, start: int, stop: int | None = None) -> float:
     return float(np.nanmean(curve.values[sel])) if sel.any() else float("nan")
 
 
+def conjunction(verdicts: list[bool | None]) -> bool | None:
+    """Every part of a claim holds: False if any part fails, else None if any part is undecided."""
+    if any(v is False for v in verdicts):
+        return False
+    return None if (not verdicts or any(v is None for v in verdicts)) else True
+
+
 def pm(mean_se: tuple[float, float], scale: float = 1.0, digits: int = 1) -> str:
     m, se = mean_se
     return f"{scale * m:.{digits}f} ± {scale * se:.{digits}f}"
