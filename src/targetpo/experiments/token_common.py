@@ -33,10 +33,12 @@ def seed_list(cfg) -> list[int]:
     return list(range(cfg.seed, cfg.seed + cfg.seeds))
 
 
-def check_methods(methods, allowed: tuple[str, ...]) -> None:
-    unknown = [m for m in methods if m not in METHODS]
+def check_methods(methods, allowed: tuple[str, ...], variants: tuple[str, ...] = ()) -> None:
+    """`methods` must be engine methods (or named `variants` of them) that this experiment allows."""
+    unknown = [m for m in methods if m not in METHODS and m not in variants]
     if unknown:
-        raise ValueError(f"unknown methods {unknown}; the engine has {', '.join(METHODS)}")
+        extra = f" (plus {', '.join(variants)})" if variants else ""
+        raise ValueError(f"unknown methods {unknown}; the engine has {', '.join(METHODS)}{extra}")
     bad = [m for m in methods if m not in allowed]
     if bad:
         raise ValueError(f"methods {bad} are not part of this experiment; choose from {allowed}")

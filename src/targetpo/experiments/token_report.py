@@ -25,24 +25,12 @@ EXTRA_COLORS = {"tpo_1ep": "#ff9896", "dg_4ep": "#aec7e8", "tpo_no_anchor": "#e3
 SWEEP_COLORS = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d")
 
 
-def config_doc(own: str) -> str:
-    """A Config docstring: the experiment's own `field: help` lines, then the shared lines it does not redefine."""
-    mine = {line.split(":", 1)[0].strip() for line in own.strip().splitlines() if ":" in line}
-    shared = [line for line in tc.COMMON_FIELDS_DOC.splitlines() if line.split(":", 1)[0].strip() not in mine]
-    return own.strip() + "\n" + "\n".join(shared)
+config_doc = tc.config_doc
 
 
 def check_methods(methods, allowed: tuple[str, ...]) -> None:
     """Like token_common.check_methods, also accepting the named variants of VARIANTS."""
-    unknown = [m for m in methods if m not in ENGINE_METHODS and m not in VARIANTS]
-    if unknown:
-        raise ValueError(f"unknown methods {unknown}; the engine has {', '.join(ENGINE_METHODS)} "
-                         f"(plus {', '.join(VARIANTS)})")
-    bad = [m for m in methods if m not in allowed]
-    if bad:
-        raise ValueError(f"methods {bad} are not part of this experiment; choose from {allowed}")
-    if not methods:
-        raise ValueError("methods must not be empty")
+    tc.check_methods(methods, allowed, tuple(VARIANTS))
 
 
 def check_positive(cfg, *names: str) -> None:
