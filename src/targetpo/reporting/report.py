@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from ..experiments import load  # noqa: E402
+from ..experiments import EXPERIMENTS, load  # noqa: E402
 from . import plots  # noqa: E402
 from .store import Run, find_runs  # noqa: E402
 
@@ -90,7 +90,10 @@ def write_report(root: str | Path, out: str | Path | None = None) -> Path:
     if not runs:
         raise FileNotFoundError(f"no runs (directories with run.json) found in {root}")
     report_path = Path(out) if out else root / "REPORT.md"
-    sections = [build_section(Run.load(p), report_path.parent) for p in runs]
+    loaded = [Run.load(p) for p in runs]
+    order = {name: i for i, name in enumerate(EXPERIMENTS)}  # the paper's order, as `targetpo list` shows it
+    loaded.sort(key=lambda r: (order.get(r.experiment, len(order)), str(r.path)))
+    sections = [build_section(r, report_path.parent) for r in loaded]
     n_pass = sum(c.passed is True for s in sections for c in s.claims)
     n_fail = sum(c.passed is False for s in sections for c in s.claims)
     lines = ["# targetpo report", "",
