@@ -8,7 +8,7 @@ import inspect
 import sys
 from pathlib import Path
 
-from .experiments import EXPERIMENTS, load
+from .experiments import EXPERIMENTS, config_class, load
 
 
 def _field_help(cfg_cls) -> dict[str, str]:
@@ -25,7 +25,7 @@ def _experiment_epilog() -> str:
     lines = ["experiments (config fields can be overridden as key=value):"]
     for name in EXPERIMENTS:
         exp = load(name)
-        cls = type(next(iter(exp.PRESETS.values())))
+        cls = config_class(exp)
         helps = _field_help(cls)
         lines.append(f"\n  {name}: {exp.TITLE}  [presets: {', '.join(exp.PRESETS)}; reproduce uses {exp.REPRODUCE_PRESET}]")
         for f in dataclasses.fields(cls):
@@ -44,6 +44,10 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _field_names(exp) -> set[str]:
+    return {f.name for f in dataclasses.fields(config_class(exp))}
+
+
 DATA_FLAGS = {"data_dir": "--data-dir", "dataset": "--dataset", "download": "--download"}
 
 
@@ -52,10 +56,9 @@ def _data_overrides(args, exp, strict: bool) -> list[str]:
     With `strict` (targetpo run) a flag the experiment cannot use is an error; reproduce applies them where they fit."""
     given = {k: getattr(args, k, None) for k in DATA_FLAGS}
     given = {k: v for k, v in given.items() if v not in (None, False)}
-    fields = {f.name for f in dataclasses.fields(type(next(iter(exp.PRESETS.values()))))}
+    fields = _field_names(exp)
     if strict and set(given) - fields:
-        users = [n for n in EXPERIMENTS if {"data_dir"} <= {f.name for f in dataclasses.fields(
-            type(next(iter(load(n).PRESETS.values()))))}]
+        users = [n for n in EXPERIMENTS if "data_dir" in _field_names(load(n))]
         flags = ", ".join(DATA_FLAGS[k] for k in given if k not in fields)
         raise ValueError(f"{flags}: experiment {exp.NAME} reads no external data set; these flags apply to "
                          f"{', '.join(users) or 'no experiment'}")
@@ -85,7 +88,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from .experiments.runner import make_config, mark_not_run, run_experiment
+    from .experiments.runner import is_not_run, make_config, mark_not_run, run_experiment
     from .reporting.report import write_report
     from .tasks import MissingDataError
 
@@ -106,21 +109,15 @@ def cmd_reproduce(args) -> int:
             mark_not_run(run_dir, exp, preset, f"{exc}. To run it: `{cmd}` (or `make reproduce MNIST_DIR=DIR`)")
             print(f"\n{'!' * 78}\n!! {name} NOT RUN: {exc}\n!! run it with: {cmd}\n{'!' * 78}\n", file=sys.stderr)
             continue
-        resume = (run_dir / "run.json").exists() and not args.fresh and not _not_run(run_dir)
-        run_experiment(name, preset, out=run_dir, resume=resume, force=args.fresh or _not_run(run_dir),
+        placeholder = is_not_run(run_dir)  # an earlier reproduce lacked the data: start this one afresh
+        resume = (run_dir / "run.json").exists() and not args.fresh and not placeholder
+        run_experiment(name, preset, out=run_dir, resume=resume, force=args.fresh or placeholder,
                        overrides=overrides or None, device=args.device, progress=not args.no_progress)
     print(f"report: {write_report(out)}")
     if missing:
         print(f"WARNING: {len(missing)} experiment(s) NOT RUN for lack of data: {', '.join(missing)} "
               "(see the report)", file=sys.stderr)
     return 0
-
-
-def _not_run(run_dir: Path) -> bool:
-    import json
-
-    path = run_dir / "run.json"
-    return path.exists() and json.loads(path.read_text()).get("status") == "not run"
 
 
 def _add_data_flags(p, reproduce: bool = False) -> None:

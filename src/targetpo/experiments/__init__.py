@@ -42,3 +42,8 @@ def load(name: str) -> ModuleType:
     if name not in EXPERIMENTS:
         raise KeyError(f"unknown experiment {name!r}; available: {', '.join(EXPERIMENTS)}")
     return importlib.import_module(EXPERIMENTS[name])
+
+
+def config_class(exp: ModuleType) -> type:
+    """The experiment's Config dataclass (the type of its presets)."""
+    return type(next(iter(exp.PRESETS.values())))

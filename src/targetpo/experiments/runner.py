@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..reporting.store import METRICS_FILE, RUN_FILE, MetricsWriter, read_metrics, record_key, versions, write_run_json
-from . import load
+from . import config_class, load
 
 
 class RunContext:
@@ -123,7 +123,7 @@ def make_config(exp: ModuleType, preset: str, seeds: int | None = None, override
 
 
 def config_from_dict(exp: ModuleType, data: dict) -> Any:
-    cls = type(next(iter(exp.PRESETS.values())))
+    cls = config_class(exp)
     hints = typing.get_type_hints(cls)
     fixed = {k: (tuple(v) if isinstance(v, list) and typing.get_origin(hints.get(k)) is tuple else v)
              for k, v in data.items() if k in hints}
@@ -132,13 +132,18 @@ def config_from_dict(exp: ModuleType, data: dict) -> Any:
 
 # ----------------------------------------------------------------------------- running
 
+def is_not_run(run_dir: str | Path) -> bool:
+    """Whether `run_dir` holds only the placeholder that :func:`mark_not_run` writes."""
+    path = Path(run_dir) / RUN_FILE
+    return path.exists() and json.loads(path.read_text()).get("status") == "not run"
+
+
 def mark_not_run(run_dir: str | Path, exp: ModuleType, preset: str, reason: str) -> None:
     """Record an experiment that could not start (e.g. its data set is missing) so the report lists it as
     not run, with the reason and the command that runs it, instead of silently leaving it out."""
     run_dir = Path(run_dir)
     if (run_dir / RUN_FILE).exists() or (run_dir / METRICS_FILE).exists():
-        meta = json.loads((run_dir / RUN_FILE).read_text()) if (run_dir / RUN_FILE).exists() else {}
-        if meta.get("status") != "not run":
+        if not is_not_run(run_dir):
             return  # never overwrite a real run
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
