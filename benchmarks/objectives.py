@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from _markdown import replace_section  # benchmarks/ is on sys.path when run as a script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from targetpo.objectives import grpo_loss, tpo_sequence_loss  # noqa: E402
@@ -102,15 +103,7 @@ def main():
     print(section)
     print(json.dumps({"times_s": times, "peak_mib": mem}))
     if args.write:
-        path = Path(args.write)
-        text = path.read_text() if path.exists() else "# Benchmarks\n"
-        start = text.find("## Objectives")
-        if start >= 0:
-            end = text.find("\n## ", start + 1)
-            text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
-        else:
-            text = text.rstrip() + "\n\n" + section
-        path.write_text(text)
+        replace_section(args.write, "## Objectives", section)
 
 
 if __name__ == "__main__":

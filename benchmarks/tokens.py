@@ -22,9 +22,9 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
+from _markdown import replace_section  # benchmarks/ is on sys.path when run as a script
 
 from targetpo import objectives as obj
 from targetpo.experiments import token_engine as te
@@ -162,15 +162,7 @@ def main():
     print(section)
     print(json.dumps({"per_seed_s": costs, "smoke_s": smoke_s, "side_by_side_s": [ours, ref], "finals": finals}))
     if args.write:
-        path = Path(args.write)
-        text = path.read_text() if path.exists() else "# Benchmarks\n"
-        start = text.find(SECTION)
-        if start >= 0:
-            end = text.find("\n## ", start + 1)
-            text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
-        else:
-            text = text.rstrip() + "\n\n" + section
-        path.write_text(text)
+        replace_section(args.write, SECTION, section)
 
 
 if __name__ == "__main__":
