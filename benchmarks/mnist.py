@@ -18,9 +18,9 @@ from dataclasses import replace
 
 import torch
 
-from targetpo.experiments import mnist as E
-from targetpo.tasks import mnist as D
-from targetpo.tasks.mnist_bandit import BatchStream
+from targetpo.mnist import train as E
+from targetpo.mnist import data as D
+from targetpo.mnist.bandit import BatchStream
 
 
 def make(cfg, seeds: list[int], methods: list[str]):

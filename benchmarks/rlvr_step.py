@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from targetpo.experiments import rlvr  # noqa: E402
+from targetpo.llm import experiment as rlvr  # noqa: E402
 from targetpo.llm.trainer import RLVRTrainer  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Speed of the token-experiment engine (targetpo.experiments.token_engine).
+"""Speed of the token-experiment engine (targetpo.tokens.engine).
 
 Three measurements:
 1. seconds per episode per seed of each method (one rollout batch + its epochs), token-level methods on the dense
@@ -27,10 +27,10 @@ import torch
 from _markdown import replace_section  # benchmarks/ is on sys.path when run as a script
 
 from targetpo import objectives as obj
-from targetpo.experiments import token_engine as te
-from targetpo.models import transformer as tfm
+from targetpo.tokens import engine as te
+from targetpo.tokens import transformer as tfm
 from targetpo.optim import make_optimizer
-from targetpo.tasks import tokens as tasks
+from targetpo.tokens import tasks
 
 SECTION = "## Token experiments: engine speed"
 TOKEN_METHODS = ("tpo_token", "grpo_token", "ppo", "dg")

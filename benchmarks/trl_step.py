@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 def build(cls, config_cls, out, args):
     from datasets import Dataset
 
-    from targetpo.llm.tiny import build_char_tokenizer, build_tiny_model
+    from targetpo.llm.models import build_char_tokenizer, build_tiny_model
 
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, hidden_size=args.hidden, num_layers=args.layers, seed=0)

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from targetpo.cli import main
-from targetpo.experiments.runner import apply_overrides, run_experiment
-from targetpo.experiments.tabular_multi import PRESETS
-from targetpo.reporting.report import write_report
-from targetpo.reporting.store import Run, read_metrics
+from targetpo.experiments import run_experiment
+from targetpo.runs.config import apply_overrides
+from targetpo.tabular.multi import PRESETS
+from targetpo.report import write_report
+from targetpo.runs.store import Run, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,7 @@ from conftest import SHARED_DATA
 from targetpo.llm.data import Problem, load_task, parse_options, train_and_heldout
 from targetpo.llm.rewards import gsm8k_gold, score_gsm8k
 from targetpo.llm.templates import Template
-from targetpo.llm.tiny import build_char_tokenizer
+from targetpo.llm.models import build_char_tokenizer
 
 GSM8K = SHARED_DATA / "gsm8k"
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from targetpo.llm.tiny import CHARS, build_char_tokenizer, build_tiny_model, load_tiny_model, save_tiny_model
+from targetpo.llm.models import CHARS, build_char_tokenizer, build_tiny_model, load_tiny_model, save_tiny_model
 
 
 def test_character_tokenizer_round_trips_every_printable_character():

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from targetpo.experiments.runner import run_experiment
+from targetpo.experiments import run_experiment
 from targetpo.llm import trainer as trainer_mod
 from targetpo.llm.data import load_task, parse_options, train_and_heldout
 from targetpo.llm.rollout import check_whole_groups, group_micro_batches
 from targetpo.llm.templates import Template
-from targetpo.llm.tiny import build_char_tokenizer, build_tiny_model
+from targetpo.llm.models import build_char_tokenizer, build_tiny_model
 from targetpo.llm.trainer import RLVRTrainer, TrainerConfig, add_lora, micro_batch_loss
-from targetpo.reporting.store import read_metrics
+from targetpo.runs.store import read_metrics
 from safetensors.torch import load_file
 
 K, B = 4, 3
@@ -202,7 +202,7 @@ def test_checkpoint_resume_equals_uninterrupted_run_and_same_seed_same_metrics(t
 
 def test_rlvr_cli_documents_every_field_and_maps_flags(capsys):
     from targetpo.cli import build_parser
-    from targetpo.experiments import rlvr
+    from targetpo.llm import experiment as rlvr
     from targetpo.llm.cli import _methods
 
     with pytest.raises(SystemExit):

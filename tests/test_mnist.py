@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from conftest import SHARED_DATA
-from targetpo.models.mlp import bank_forward, bank_forward_shared, init_bank, network_params
-from targetpo.tasks import MissingDataError
-from targetpo.tasks import mnist as D
-from targetpo.tasks import mnist_bandit as MB
+from targetpo.mnist.mlp import bank_forward, bank_forward_shared, init_bank, network_params
+from targetpo.runs.data import MissingDataError
+from targetpo.mnist import data as D
+from targetpo.mnist import bandit as MB
 
 MNIST_DIR = SHARED_DATA / "mnist"
 
@@ -291,8 +291,8 @@ def metric_lines(run_dir):
 
 
 def test_mnist_smoke_run_report_and_determinism(tmp_path):
-    from targetpo.experiments.runner import run_experiment
-    from targetpo.reporting.report import write_report
+    from targetpo.experiments import run_experiment
+    from targetpo.report import write_report
 
     run_dir = run_experiment("mnist", "smoke", out=tmp_path / "a", progress=False, quiet=True, threads=1,
                              overrides=[f"data_dir={MNIST_DIR}"])
@@ -335,8 +335,8 @@ def test_cli_data_flags(tmp_path, monkeypatch, capsys):
 
 
 def test_mnist_mechanism_smoke(tmp_path):
-    from targetpo.experiments.runner import run_experiment
-    from targetpo.reporting.report import write_report
+    from targetpo.experiments import run_experiment
+    from targetpo.report import write_report
 
     run_dir = run_experiment("mnist-mechanism", "smoke", out=tmp_path / "m", progress=False, quiet=True, threads=1,
                              overrides=[f"data_dir={MNIST_DIR}", "steps=60", "checkpoint_label=20"])
@@ -357,8 +357,8 @@ def test_mnist_mechanism_smoke(tmp_path):
 
 
 def test_mnist_staleness_smoke(tmp_path):
-    from targetpo.experiments.runner import run_experiment
-    from targetpo.reporting.report import write_report
+    from targetpo.experiments import run_experiment
+    from targetpo.report import write_report
 
     run_dir = run_experiment("mnist-staleness", "smoke", out=tmp_path / "s", progress=False, quiet=True, threads=1,
                              overrides=[f"data_dir={MNIST_DIR}", "steps=40", "delays=0,1000"])
@@ -380,8 +380,8 @@ def test_staleness_actor_uses_the_parameters_from_d_updates_ago():
     """The queue formulation against a direct one that keeps every parameter snapshot θ_0, θ_1, ..."""
     from dataclasses import replace
 
-    from targetpo.experiments import mnist as E
-    from targetpo.experiments import mnist_staleness as ST
+    from targetpo.mnist import train as E
+    from targetpo.mnist import staleness as ST
 
     cfg = replace(ST.PRESETS["smoke"], seeds=1, steps=6, eval_every=3, delays=(0, 2, 4), lr=0.05,
                   methods=("reinforce", "tpo"), data_dir=str(MNIST_DIR))

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from targetpo import objectives as O
-from targetpo.tasks.tabular import beta_dg, beta_grpo, beta_pg, beta_tpo, correct_direction, exact_update
+from targetpo.tabular.bandit import beta_dg, beta_grpo, beta_pg, beta_tpo, correct_direction, exact_update
 
 
 

@@ -1,9 +1,9 @@
 """The tabular experiments reproduce the reference runs of the authors' code (spec §E1, §E2)."""
 
-from targetpo.experiments.runner import run_experiment
-from targetpo.reporting.report import write_report
-from targetpo.reporting.stats import first_below, mean_se
-from targetpo.reporting.store import Run
+from targetpo.experiments import run_experiment
+from targetpo.report import write_report
+from targetpo.runs.stats import first_below, mean_se
+from targetpo.runs.store import Run
 
 
 def test_tabular_single_paper_preset_matches_reference(tmp_path):

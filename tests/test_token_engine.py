@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from targetpo import objectives as obj
-from targetpo.experiments import token_engine as te
-from targetpo.models import transformer as tfm
-from targetpo.tasks import tokens as tasks
+from targetpo.tokens import engine as te
+from targetpo.tokens import transformer as tfm
+from targetpo.tokens import tasks
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -7,9 +7,10 @@ import torch
 
 from targetpo.cli import main
 from targetpo.experiments import load
-from targetpo.experiments.runner import make_config, run_experiment
-from targetpo.reporting.report import write_report
-from targetpo.reporting.store import Run, read_metrics
+from targetpo.experiments import run_experiment
+from targetpo.runs.config import make_config
+from targetpo.report import write_report
+from targetpo.runs.store import Run, read_metrics
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

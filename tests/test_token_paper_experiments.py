@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from targetpo.experiments import load
-from targetpo.experiments import token_report as tr
-from targetpo.experiments.runner import make_config, run_experiment
-from targetpo.reporting.report import write_report
-from targetpo.reporting.store import Run
+from targetpo.tokens import report as tr
+from targetpo.experiments import run_experiment
+from targetpo.runs.config import make_config
+from targetpo.report import write_report
+from targetpo.runs.store import Run
 
 
 @pytest.fixture(autouse=True)

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from targetpo.experiments import token_engine as te
-from targetpo.models import transformer as tfm
+from targetpo.tokens import engine as te
+from targetpo.tokens import transformer as tfm
 from targetpo.objectives import tpo_target
 from targetpo.optim import MuonAdamW, TorchMuonAdamW, muon_shape_scale, newton_schulz
-from targetpo.tasks import tokens as tasks
+from targetpo.tokens import tasks
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -9,9 +9,9 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from targetpo.integrations.groups import check_whole_groups, layout_counts, whole_group_violations
+from targetpo.objectives.groups import check_whole_groups, layout_counts, whole_group_violations
 from targetpo.integrations.trl import TargetPOConfig, TargetPOTrainer, shuffle_whole_groups, tpo_group_loss
-from targetpo.llm.tiny import build_char_tokenizer, build_tiny_model, load_tiny_model, save_tiny_model
+from targetpo.llm.models import build_char_tokenizer, build_tiny_model, load_tiny_model, save_tiny_model
 
 K = 4
 TOKENIZER = build_char_tokenizer()

@@ -4,21 +4,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import sys
 from pathlib import Path
 
-from .experiments import EXPERIMENTS, config_class, load
-
-
-def _field_help(cfg_cls) -> dict[str, str]:
-    doc = inspect.getdoc(cfg_cls) or ""
-    out = {}
-    for line in doc.splitlines():
-        if ":" in line:
-            key, text = line.split(":", 1)
-            out[key.strip()] = text.strip()
-    return out
+from targetpo.experiments import EXPERIMENTS, load
+from targetpo.runs.config import config_class, field_help
 
 
 def _experiment_epilog() -> str:
@@ -26,7 +16,7 @@ def _experiment_epilog() -> str:
     for name in EXPERIMENTS:
         exp = load(name)
         cls = config_class(exp)
-        helps = _field_help(cls)
+        helps = field_help(cls)
         lines.append(f"\n  {name}: {exp.TITLE}  [presets: {', '.join(exp.PRESETS)}; reproduce uses {exp.REPRODUCE_PRESET}]")
         for f in dataclasses.fields(cls):
             default = getattr(exp.PRESETS.get("cpu", next(iter(exp.PRESETS.values()))), f.name)
@@ -66,14 +56,15 @@ def _data_overrides(args, exp, strict: bool) -> list[str]:
 
 
 def cmd_run(args) -> int:
-    from .experiments.runner import run_experiment
+    from targetpo.runs.runner import run_experiment
 
-    overrides = _data_overrides(args, load(args.name), strict=True) + list(args.overrides or [])
-    run_experiment(args.name, args.preset, out=args.out, seeds=args.seeds, overrides=overrides,
+    exp = load(args.name)
+    overrides = _data_overrides(args, exp, strict=True) + list(args.overrides or [])
+    run_experiment(exp, args.preset, out=args.out, seeds=args.seeds, overrides=overrides,
                    resume=args.resume, force=args.force, device=args.device, progress=not args.no_progress,
                    threads=args.threads)
     if not args.no_report:
-        from .reporting.report import write_report
+        from targetpo.report import write_report
 
         run_dir = Path(args.out) if args.out else Path("results") / f"{args.name}-{args.preset}"
         print(f"report: {write_report(run_dir)}")
@@ -81,16 +72,17 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .reporting.report import write_report
+    from targetpo.report import write_report
 
     print(write_report(args.dir, args.output))
     return 0
 
 
 def cmd_reproduce(args) -> int:
-    from .experiments.runner import is_not_run, make_config, mark_not_run, run_experiment
-    from .reporting.report import write_report
-    from .tasks import MissingDataError
+    from targetpo.runs.config import make_config
+    from targetpo.runs.runner import is_not_run, mark_not_run, run_experiment
+    from targetpo.report import write_report
+    from targetpo.runs.data import MissingDataError
 
     names = args.only or list(EXPERIMENTS)
     out = Path(args.out)
@@ -111,12 +103,25 @@ def cmd_reproduce(args) -> int:
             continue
         placeholder = is_not_run(run_dir)  # an earlier reproduce lacked the data: start this one afresh
         resume = (run_dir / "run.json").exists() and not args.fresh and not placeholder
-        run_experiment(name, preset, out=run_dir, resume=resume, force=args.fresh or placeholder,
+        run_experiment(exp, preset, out=run_dir, resume=resume, force=args.fresh or placeholder,
                        overrides=overrides or None, device=args.device, progress=not args.no_progress)
     print(f"report: {write_report(out)}")
     if missing:
         print(f"WARNING: {len(missing)} experiment(s) NOT RUN for lack of data: {', '.join(missing)} "
               "(see the report)", file=sys.stderr)
+    return 0
+
+
+def cmd_rlvr(args) -> int:
+    from targetpo.llm.cli import rlvr_overrides
+    from targetpo.report import write_report
+    from targetpo.runs.runner import run_experiment
+
+    out = Path(args.out) if args.out else Path("results") / f"rlvr-{args.preset}"
+    run_experiment(load("rlvr"), args.preset, out=out, overrides=rlvr_overrides(args), resume=args.resume,
+                   force=args.force, device=args.device, progress=not args.no_progress, threads=args.threads)
+    if not args.no_report:
+        print(f"report: {write_report(out)}")
     return 0
 
 
@@ -176,11 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_reproduce)
 
     try:  # the LLM entry point needs the optional LLM extra
-        from .llm.cli import add_rlvr_parser
+        from targetpo.llm.cli import add_rlvr_parser
     except ImportError:
         pass
     else:
-        add_rlvr_parser(sub)
+        add_rlvr_parser(sub).set_defaults(func=cmd_rlvr)
     return parser
 
 

@@ -4,7 +4,7 @@ at its default, on seed-batched parameters (spec §1.5).
 **Partition.** Every parameter that is 2-D in the authors' Flax model goes to Muon; every other one goes to
 Nesterov AdamW. In Flax the attention q/k/v/out kernels are 3-D, so they are on AdamW, while the q/k/v biases
 are (heads, head_dim) matrices on Muon; embeddings, FFN kernels and the output head are on Muon
-(:func:`targetpo.models.transformer.param_info` records each parameter's branch). Both branches share one
+(:func:`targetpo.tokens.transformer.param_info` records each parameter's branch). Both branches share one
 constant learning rate (the paper's effective 1e-3 = the code's ``10 × 1e-4``).
 
 **Muon branch**, per matrix G (fan_in × fan_out) at step t = 1, 2, …:
@@ -35,11 +35,28 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from .models.transformer import ParamInfo
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """One parameter: its per-seed (Flax) shape, which optimizer branch the paper's code gives it, and its init.
+
+    optimizer: "muon" (2-D in Flax) or "adamw" (every other ndim, incl. the 3-D attention kernels).
+    matrices: for Muon, how many leading per-seed dims index independent matrices (the stacked q/k/v biases are
+      three separate (heads, head_dim) matrices); the last two dims are each matrix's (fan_in, fan_out).
+    init: "lecun" (truncated normal, var 1/fan_in), "embed" (N(0, 1/d)), "pos" (N(0, 0.02²)), "zeros", "ones".
+    fan_in: fan_in for lecun init."""
+
+    shape: tuple[int, ...]
+    optimizer: str
+    init: str
+    fan_in: int = 0
+    matrices: int = 0
+
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 OPTIMIZERS = ("optax", "torch")

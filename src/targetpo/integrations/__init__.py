@@ -5,7 +5,7 @@
   Triple Preference Optimization, a different method.
 - :mod:`targetpo.integrations.verl_plugin` — a ``tpo`` policy loss and advantage estimator for verl 0.9.1,
   registered through the ``verl.plugins`` entry point (``pip install targetpo[verl]``).
-- :mod:`targetpo.integrations.groups` — library-free checks that a batch layout keeps whole groups.
+- :mod:`targetpo.objectives.groups` — library-free checks that a batch layout keeps whole groups.
 
 Nothing here is imported by ``import targetpo``: each adapter imports its library only when it is imported.
 """

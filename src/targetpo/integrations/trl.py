@@ -42,7 +42,7 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
-from targetpo.integrations.groups import check_whole_groups, tpo_group_loss
+from targetpo.objectives.groups import check_whole_groups, tpo_group_loss
 
 __all__ = ["TargetPOConfig", "TargetPOTrainer", "shuffle_whole_groups", "tpo_group_loss", "IGNORED_GRPO_SETTINGS"]
 

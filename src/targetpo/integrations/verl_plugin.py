@@ -38,7 +38,7 @@ import os
 import numpy as np
 import torch
 
-from targetpo.integrations.groups import standardized_block_violations, tpo_group_loss
+from targetpo.objectives.groups import standardized_block_violations, tpo_group_loss
 from targetpo.objectives import standardize_scores
 
 logger = logging.getLogger(__name__)

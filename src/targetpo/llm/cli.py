@@ -4,36 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
-
-
-def load_tokenizer(directory: str | Path):
-    """The tokenizer of a model directory. The offline character tokenizer (saved by `targetpo.llm.tiny`) is
-    loaded as a plain fast tokenizer: `AutoTokenizer` would rebuild it as the model family's tokenizer class."""
-    from transformers import AutoTokenizer
-
-    from .tiny import load_tiny_tokenizer
-
-    cfg_file = Path(directory) / "tokenizer_config.json"
-    if cfg_file.is_file():
-        cls = json.loads(cfg_file.read_text()).get("tokenizer_class")
-        if cls in ("TokenizersBackend", "PreTrainedTokenizerFast"):
-            return load_tiny_tokenizer(directory)
-    return AutoTokenizer.from_pretrained(str(directory))
-
-
-def load_model(path: str | Path, dtype: str = "float32"):
-    """(model, tokenizer) from a local directory or a hub name (downloads only if the hub is reachable and
-    HF_HUB_OFFLINE is unset)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
-    tok = load_tokenizer(path)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token  # generation pads finished rows; masks keep padding out of every loss
-    return model, tok
 
 
 def _methods(objectives: str, seq_logp: str | None) -> str:
@@ -48,9 +18,8 @@ def _methods(objectives: str, seq_logp: str | None) -> str:
     return ",".join(out)
 
 
-def cmd_rlvr(args) -> int:
-    from ..experiments.runner import run_experiment
-
+def rlvr_overrides(args) -> list[str]:
+    """The `key=value` overrides of the `rlvr` experiment that `targetpo rlvr`'s flags stand for."""
     overrides = list(args.overrides or [])
     given = {o.split("=", 1)[0].strip().replace("-", "_") for o in overrides}
     if args.model:
@@ -68,22 +37,15 @@ def cmd_rlvr(args) -> int:
         if "methods" in given:
             raise ValueError("give either --objective/--seq-logp or methods=..., not both")
         overrides.append(f"methods={_methods(args.objective or 'tpo', args.seq_logp)}")
-    out = Path(args.out) if args.out else Path("results") / f"rlvr-{args.preset}"
-    run_experiment("rlvr", args.preset, out=out, overrides=overrides, resume=args.resume, force=args.force,
-                   device=args.device, progress=not args.no_progress, threads=args.threads)
-    if not args.no_report:
-        from ..reporting.report import write_report
-
-        print(f"report: {write_report(out)}")
-    return 0
+    return overrides
 
 
 def add_rlvr_parser(subparsers) -> argparse.ArgumentParser:
-    from ..cli import _field_help
-    from ..experiments import rlvr
+    from targetpo.llm import experiment as rlvr
+    from targetpo.runs.config import field_help
 
     lines = ["config fields (key=value; defaults of the cpu preset):"]
-    helps = _field_help(rlvr.Config)
+    helps = field_help(rlvr.Config)
     cpu = rlvr.PRESETS["cpu"]
     for name in rlvr.Config.__dataclass_fields__:
         default = getattr(cpu, name)
@@ -127,5 +89,4 @@ def add_rlvr_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--no-report", action="store_true", help="do not write REPORT.md")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (fields below)")
-    p.set_defaults(func=cmd_rlvr)
     return p

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .rewards import gsm8k_gold, score_gsm8k, score_reasoning_gym
+from targetpo.llm.rewards import gsm8k_gold, score_gsm8k, score_reasoning_gym
 
 # Tasks whose reasoning-gym entries carry a short `expression` ("12 + 7"): `compact` prompts use it.
 ARITHMETIC_TASKS = ("chain_sum", "basic_arithmetic")

@@ -40,9 +40,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import objectives as obj
-from ..objectives.scores import zero_variance_groups
-from .rollout import (
+from targetpo import objectives as obj
+from targetpo.objectives.scores import zero_variance_groups
+from targetpo.llm.rollout import (
     Rollout,
     check_whole_groups,
     decode_completions,

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .rollout import position_ids
+from targetpo.llm.rollout import position_ids
 
 
 def supervised_batch(tokenizer, template, problems: list, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

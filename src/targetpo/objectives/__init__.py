@@ -4,9 +4,9 @@ Every objective takes tensors plus keyword hyperparameters and returns a :class:
 ``.loss`` and detached ``.metrics``. Nothing here samples, steps an optimizer or reads global state.
 """
 
-from ._checks import LossOutput
-from .aggregation import aggregate
-from .clipped import (
+from targetpo.objectives._checks import LossOutput
+from targetpo.objectives.aggregation import aggregate
+from targetpo.objectives.clipped import (
     cispo_loss,
     clipped_surrogate,
     dapo_loss,
@@ -17,16 +17,16 @@ from .clipped import (
     ppo_loss,
     sapo_loss,
 )
-from .delightful import delight_gate, dg_loss
-from .policy_gradient import (
+from targetpo.objectives.delightful import delight_gate, dg_loss
+from targetpo.objectives.policy_gradient import (
     batch_standardized_pg_loss,
     group_pg_loss,
     importance_weighted_pg_loss,
     reinforce_loss,
     rloo_loss,
 )
-from .registry import Objective, available, get
-from .scores import (
+from targetpo.objectives.registry import Objective, available, get
+from targetpo.objectives.scores import (
     batch_mean_baseline,
     expected_baseline,
     group_advantages,
@@ -34,8 +34,8 @@ from .scores import (
     standardize_scores,
     zero_variance_groups,
 )
-from .supervised import ce_loss
-from .tpo import sequence_logp, tpo_loss, tpo_sequence_loss, tpo_target, tpo_token_loss
+from targetpo.objectives.supervised import ce_loss
+from targetpo.objectives.tpo import sequence_logp, tpo_loss, tpo_sequence_loss, tpo_target, tpo_token_loss
 
 __all__ = [
     "LossOutput", "Objective", "aggregate", "available", "get",

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_same_shape
-from .aggregation import aggregate
-from .scores import ZERO_VARIANCE_STD, group_advantages, zero_variance_groups
+from targetpo.objectives._checks import LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_same_shape
+from targetpo.objectives.aggregation import aggregate
+from targetpo.objectives.scores import ZERO_VARIANCE_STD, group_advantages, zero_variance_groups
 
 
 def k3_kl(logp: Tensor, ref_logp: Tensor, *, log_ratio_clip: float | None = 20.0) -> Tensor:

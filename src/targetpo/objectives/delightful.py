@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import LossOutput, as_float, check_positive, check_same_shape
-from .aggregation import aggregate
+from targetpo.objectives._checks import LossOutput, as_float, check_positive, check_same_shape
+from targetpo.objectives.aggregation import aggregate
 
 
 def delight_gate(logp: Tensor, advantages: Tensor, eta: float = 1.0) -> Tensor:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_positive, check_same_shape
-from .aggregation import aggregate
-from .scores import rloo_advantages, standardize_scores
+from targetpo.objectives._checks import LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_positive, check_same_shape
+from targetpo.objectives.aggregation import aggregate
+from targetpo.objectives.scores import rloo_advantages, standardize_scores
 
 
 def _default_agg(x: Tensor, loss_agg: str | None) -> str:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
-from . import clipped, delightful, policy_gradient, supervised, tpo
+from targetpo.objectives import clipped, delightful, policy_gradient, supervised, tpo
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import as_float, as_mask, check_group_size
+from targetpo.objectives._checks import as_float, as_mask, check_group_size
 
 # The paper's code treats a group as zero-variance when its population std is at or below this.
 ZERO_VARIANCE_STD = 1e-6

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import LossOutput, as_float
+from targetpo.objectives._checks import LossOutput, as_float
 
 
 def ce_loss(logits: Tensor, labels: Tensor) -> LossOutput:

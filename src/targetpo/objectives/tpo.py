@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ._checks import (
+from targetpo.objectives._checks import (
     LossOutput,
     as_float,
     as_mask,
@@ -36,7 +36,7 @@ from ._checks import (
     check_positive,
     check_same_shape,
 )
-from .scores import ZERO_VARIANCE_STD, standardize_scores
+from targetpo.objectives.scores import ZERO_VARIANCE_STD, standardize_scores
 
 _NEG = -1e30  # log-weight of a masked candidate: exp() underflows to exactly 0 without producing NaN
 

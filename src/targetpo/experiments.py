@@ -1,0 +1,53 @@
+"""The paper's experiments, one module each, all run by :mod:`targetpo.runs.runner`.
+
+An experiment module defines:
+- ``NAME`` (the CLI name), ``TITLE``, ``PAPER_REF`` (section / figure);
+- ``Config``: a dataclass with every hyperparameter (docstring lines ``field: help`` document each one);
+- ``PRESETS``: ``{"smoke": Config(...), "cpu": Config(...), "paper": Config(...)}``;
+- ``REPRODUCE_PRESET``: the preset ``targetpo reproduce`` uses;
+- optionally ``units(cfg) -> list[str]``: resumable pieces of work (default: one per entry of
+  ``cfg.methods``; seeds are vectorised inside a unit) and ``unit_steps(cfg, unit) -> int``, a unit's
+  progress-bar length (default ``cfg.steps``);
+- ``run_unit(cfg, unit, ctx)``: does the work, calling ``ctx.log({"step": t, ...})`` as metrics are produced;
+  it must be deterministic given (cfg, unit) so a resumed run replays it exactly;
+- ``report(run, section)``: tables next to the paper's numbers, plots and claim checks, from the metrics only;
+- optionally ``summary(run) -> str``: the one-line result printed at the end of a run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+
+from targetpo.runs import runner
+from targetpo.runs.config import config_class  # noqa: F401  (re-exported for callers of the list)
+
+# CLI name -> module. Imported lazily so `targetpo list` and `--help` stay fast.
+EXPERIMENTS: dict[str, str] = {
+    "tabular-single": "targetpo.tabular.single",
+    "tabular-multi": "targetpo.tabular.multi",
+    "mnist": "targetpo.mnist.train",
+    "mnist-mechanism": "targetpo.mnist.mechanism",
+    "mnist-staleness": "targetpo.mnist.staleness",
+    "token-dense": "targetpo.tokens.dense",
+    "token-terminal": "targetpo.tokens.terminal",
+    "token-variants": "targetpo.tokens.variants",
+    "token-ablations": "targetpo.tokens.ablations",
+    "token-diagnostics": "targetpo.tokens.diagnostics",
+    "token-sweeps": "targetpo.tokens.sweeps",
+    "token-temperature": "targetpo.tokens.temperature",
+    "dg-epochs": "targetpo.tokens.dg_epochs",
+    "rlvr": "targetpo.llm.experiment",
+}
+
+
+def load(name: str) -> ModuleType:
+    if name not in EXPERIMENTS:
+        raise KeyError(f"unknown experiment {name!r}; available: {', '.join(EXPERIMENTS)}")
+    return importlib.import_module(EXPERIMENTS[name])
+
+
+def run_experiment(name: str, preset: str = "cpu", **kwargs) -> Path:
+    """Run (or resume) experiment `name`; keyword arguments as :func:`targetpo.runs.runner.run_experiment`."""
+    return runner.run_experiment(load(name), preset, **kwargs)

@@ -1,0 +1,403 @@
+"""LLM RLVR with TPO vs GRPO on verifiable rewards (paper §3.8, App. G), on any Hugging Face causal LM.
+
+Every method trains from the same starting weights: unit `warmstart` fits the base model on the task's gold
+answers for `warmstart_steps` supervised steps (so RL starts from non-zero reward) and saves it in the run
+directory; each RL unit loads those identical weights and runs :class:`targetpo.llm.trainer.RLVRTrainer` with
+its objective — TPO with the sequence log-score reduced by sum (`tpo_sum`, the paper) or mean (`tpo_mean`), or a
+baseline (`grpo`, `dapo`, `dr_grpo`, `gspo`, ...). Methods with the same seed draw the same prompts in the same
+order and seed their sampling identically, so the comparison is paired; only the policy loss differs.
+
+Each step samples K completions for each of B prompts (temperature 1), scores them with the task's verifier and
+updates for μ epochs. Training reward is measured on those rollouts, before the update; held-out accuracy is
+greedy decoding on a fixed set of problems that never occur in the training pool. The `cpu` preset runs a
+~0.1M-parameter character-level Qwen2 on two-operand addition (reasoning-gym `basic_arithmetic`); the `paper`
+preset holds the App. G settings for a real model on a GPU (not run here).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from targetpo import paper
+from targetpo.runs import plots
+from targetpo.runs.stats import fmt
+from targetpo.runs.config import check_config
+
+NAME = "rlvr"
+TITLE = "LLM RLVR: TPO vs GRPO on verifiable rewards (paper §3.8)"
+PAPER_REF = "§3.8, App. G; spec §E12"
+TORCH_THREADS = 1  # a ~0.1M-parameter model runs faster on one thread than split across two busy cores
+WARMSTART = "warmstart"
+BASE_OBJECTIVES = ("tpo", "tpo_no_anchor", "grpo", "dr_grpo", "dapo", "gspo", "sapo", "cispo")
+METHODS = tuple(f"{o}_{r}" for o in ("tpo", "tpo_no_anchor") for r in ("sum", "mean")) + BASE_OBJECTIVES[2:]
+
+
+@dataclass(frozen=True)
+class Config:
+    """methods: compared methods: tpo_sum, tpo_mean (TPO with the sum / mean sequence log-score), tpo_no_anchor_sum, tpo_no_anchor_mean, grpo, dr_grpo, dapo, gspo, sapo, cispo
+    seeds: paired seeds; seed s samples with seed + s for every method (all start from the one warm start)
+    seed: base seed (warm start, prompt draws, sampling)
+    model: "tiny" (a random character-level Qwen2 built offline from the tiny_* fields) or a Hugging Face model directory/name
+    tiny_hidden: tiny model hidden size
+    tiny_layers: tiny model decoder layers
+    tiny_heads: tiny model attention heads
+    tiny_kv_heads: tiny model key/value heads
+    tiny_intermediate: tiny model MLP width
+    dtype: model weights dtype: float32 or bfloat16 (losses are computed in float32)
+    task: gsm8k or a reasoning-gym dataset name (basic_arithmetic, chain_sum, graph_color, knights_knaves, ...)
+    task_options: reasoning-gym dataset options as key=value, e.g. min_terms=2,max_digits=2
+    compact: arithmetic tasks only: prompt with the bare expression "12 + 7 =" instead of the sentence
+    data_path: gsm8k only: directory holding train.jsonl and test.jsonl
+    template: plain (question, then the bare answer; tiny models) or chat (chat template + reasoning-gym system prompt, answer in <answer> tags)
+    train_size: training prompt pool size
+    eval_size: held-out problems (greedy decoding; never in the training pool)
+    warmstart_steps: supervised steps on the gold answers before RL (0 = start RL from the model as given)
+    warmstart_batch: warm-start batch size
+    warmstart_lr: warm-start AdamW learning rate
+    steps: RL steps per method (one rollout batch each)
+    k: completions per prompt (K)
+    batch_prompts: prompts per step (B)
+    epochs: μ, epochs over each rollout batch
+    updates_per_epoch: AdamW steps per epoch (whole-group mini-batches)
+    micro_batch_size: rows per forward/backward, a multiple of k (0 = whole mini-batch); gradients accumulate
+    lr: RL AdamW learning rate
+    weight_decay: AdamW weight decay
+    max_grad_norm: gradient clipping (0 = off)
+    kl_coef: β of the k3 KL to the frozen starting model (0 = off)
+    lora_r: LoRA rank (0 = full fine-tuning)
+    lora_alpha: LoRA alpha (0 = 2·rank)
+    eta: TPO target temperature η
+    temperature: sampling temperature
+    max_new_tokens: completion length limit
+    eval_every: held-out evaluation every N RL steps (and before and after training)
+    eval_batch: prompts per held-out generation batch
+    checkpoint_every: save a resumable trainer checkpoint every N steps (0 = never; a killed unit then restarts)"""
+
+    methods: tuple[str, ...] = ("tpo_sum", "tpo_mean", "grpo")
+    seeds: int = 3
+    seed: int = 0
+    model: str = "tiny"
+    tiny_hidden: int = 64
+    tiny_layers: int = 2
+    tiny_heads: int = 4
+    tiny_kv_heads: int = 2
+    tiny_intermediate: int = 128
+    dtype: str = "float32"
+    task: str = "basic_arithmetic"
+    task_options: tuple[str, ...] = ("operators=+", "min_terms=2", "max_terms=2", "min_digits=2", "max_digits=2",
+                                     "allow_parentheses=false", "allow_negation=false")
+    compact: bool = True
+    data_path: str = ""
+    template: str = "plain"
+    train_size: int = 6000
+    eval_size: int = 200
+    warmstart_steps: int = 1000
+    warmstart_batch: int = 64
+    warmstart_lr: float = 3e-3
+    steps: int = 200
+    k: int = 8
+    batch_prompts: int = 16
+    epochs: int = 1
+    updates_per_epoch: int = 1
+    micro_batch_size: int = 0
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    kl_coef: float = 0.0
+    lora_r: int = 0
+    lora_alpha: float = 0.0
+    eta: float = 1.0
+    temperature: float = 1.0
+    max_new_tokens: int = 5
+    eval_every: int = 10
+    eval_batch: int = 200
+    checkpoint_every: int = 25
+
+    def validate(self) -> None:
+        check_config(self, METHODS, ("seeds", "steps", "k", "batch_prompts", "train_size", "eval_size"))
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.template not in ("plain", "chat"):
+            raise ValueError(f"template must be plain or chat, got {self.template!r}")
+        if self.warmstart_steps < 0 or self.lora_r < 0:
+            raise ValueError(f"warmstart_steps and lora_r must be >= 0; got {self.warmstart_steps}, {self.lora_r}")
+        for m in self.methods:
+            trainer_config(self, m, 0).validate()
+
+
+PRESETS = {
+    "smoke": Config(methods=("tpo_sum", "grpo"), seeds=1, tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_kv_heads=1,
+                    tiny_intermediate=64, train_size=200, eval_size=16, warmstart_steps=20, warmstart_batch=16,
+                    steps=4, k=4, batch_prompts=4, eval_every=2, eval_batch=16, checkpoint_every=2),
+    "cpu": Config(),
+    # Paper App. G (GSM8K row): Qwen3-1.7B, K = 16, batch 16 prompts, AdamW 1e-5, LoRA r = 32, KL 1e-3. Needs a GPU
+    # and a local copy of the model; not run by the project's tests. For graph coloring / Knights & Knaves use
+    # task=graph_color (or knights_knaves) data_path= lora_r=0 kl_coef=0.
+    "paper": Config(methods=("tpo_sum", "tpo_mean", "grpo"), seeds=1, model="Qwen/Qwen3-1.7B", dtype="bfloat16",
+                    task="gsm8k", task_options=(), compact=False, data_path="../shared/data/gsm8k", template="chat",
+                    train_size=7473, eval_size=1319, warmstart_steps=0, steps=300, k=16, batch_prompts=16,
+                    micro_batch_size=32, lr=1e-5, max_grad_norm=1.0, kl_coef=1e-3, lora_r=32, lora_alpha=64.0,
+                    max_new_tokens=1024, eval_every=10, eval_batch=64, checkpoint_every=10),
+}
+REPRODUCE_PRESET = "cpu"
+
+
+# ----------------------------------------------------------------------------- units
+
+def method_objective(method: str) -> tuple[str, str]:
+    """`tpo_mean` -> ("tpo", "mean"); `grpo` -> ("grpo", "sum") (the reduction only matters for TPO)."""
+    for red in ("sum", "mean"):
+        if method.endswith(f"_{red}") and method[: -len(red) - 1] in ("tpo", "tpo_no_anchor"):
+            return method[: -len(red) - 1], red
+    if method not in BASE_OBJECTIVES or method.startswith("tpo"):
+        raise ValueError(f"unknown method {method!r}; methods: {', '.join(METHODS)}")
+    return method, "sum"
+
+
+def unit_name(method: str, s: int, cfg: Config) -> str:
+    return method if cfg.seeds == 1 else f"{method}@seed{s}"
+
+
+def parse_unit(unit: str) -> tuple[str, int]:
+    method, _, s = unit.partition("@seed")
+    return method, int(s or 0)
+
+
+def units(cfg: Config) -> list[str]:
+    rl = [unit_name(m, s, cfg) for s in range(cfg.seeds) for m in cfg.methods]
+    return ([WARMSTART] if cfg.warmstart_steps > 0 else []) + rl
+
+
+def unit_steps(cfg: Config, unit: str) -> int:
+    return cfg.warmstart_steps if unit == WARMSTART else cfg.steps
+
+
+def trainer_config(cfg: Config, method: str, s: int):
+    from targetpo.llm.trainer import TrainerConfig
+
+    objective, red = method_objective(method)
+    return TrainerConfig(objective=objective, seq_logp=red, eta=cfg.eta, k=cfg.k, batch_prompts=cfg.batch_prompts,
+                         epochs=cfg.epochs, updates_per_epoch=cfg.updates_per_epoch,
+                         micro_batch_size=cfg.micro_batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                         max_grad_norm=cfg.max_grad_norm, kl_coef=cfg.kl_coef, temperature=cfg.temperature,
+                         max_new_tokens=cfg.max_new_tokens, eval_every=cfg.eval_every, eval_batch=cfg.eval_batch,
+                         checkpoint_every=cfg.checkpoint_every, seed=cfg.seed + s)
+
+
+def problems(cfg: Config):
+    from targetpo.llm.data import load_task, parse_options, train_and_heldout
+    from targetpo.llm.templates import Template
+
+    task = load_task(cfg.task, data_path=cfg.data_path or None, compact=cfg.compact,
+                     options=parse_options(cfg.task_options))
+    train, heldout = train_and_heldout(task, cfg.train_size, cfg.eval_size, cfg.seed)
+    return task, Template(cfg.template), train, heldout
+
+
+def data_source(cfg: Config) -> str:
+    if cfg.task == "gsm8k":
+        return f"GSM8K from {cfg.data_path} (train.jsonl pool of {cfg.train_size}, first {cfg.eval_size} of test.jsonl held out)"
+    return (f"reasoning-gym {cfg.task} ({', '.join(cfg.task_options) or 'defaults'}), generated offline: pool of "
+            f"{cfg.train_size}, {cfg.eval_size} held-out problems not in the pool")
+
+
+def base_model(cfg: Config, device):
+    """(model, tokenizer) the warm start starts from: the tiny model built from its seed, or `cfg.model`."""
+    import torch
+
+    from targetpo.llm.models import build_char_tokenizer, build_tiny_model
+    from targetpo.llm.models import load_model
+
+    if cfg.model == "tiny":
+        tok = build_char_tokenizer()
+        model = build_tiny_model(tok, hidden_size=cfg.tiny_hidden, num_layers=cfg.tiny_layers,
+                                 num_heads=cfg.tiny_heads, num_kv_heads=cfg.tiny_kv_heads,
+                                 intermediate_size=cfg.tiny_intermediate, seed=cfg.seed)
+        model = model.to(dtype=getattr(torch, cfg.dtype))
+    else:
+        model, tok = load_model(cfg.model, cfg.dtype)
+    return model.to(device), tok
+
+
+def _evaluator(cfg: Config, model, tok, task, template, heldout):
+    from functools import partial
+
+    from targetpo.llm.trainer import evaluate_greedy
+
+    return partial(evaluate_greedy, model, tok, task, template, heldout, max_new_tokens=cfg.max_new_tokens,
+                   batch_size=cfg.eval_batch)
+
+
+def warm_start(cfg: Config, run_dir: Path, device, ctx=None) -> Path:
+    """Build (or reuse) the warm-started model in RUN_DIR/warmstart: deterministic, so a rebuild is identical."""
+    from targetpo.llm.warmstart import supervised_warmstart
+
+    out = Path(run_dir) / WARMSTART
+    if (out / "COMPLETE").exists():
+        return out
+    task, template, train, heldout = problems(cfg)
+    model, tok = base_model(cfg, device)
+    log = ctx.log if ctx is not None else (lambda r: None)
+    advance = ctx.advance if ctx is not None else (lambda n: None)
+    supervised_warmstart(model, tok, template, train, steps=cfg.warmstart_steps, batch_size=cfg.warmstart_batch,
+                         lr=cfg.warmstart_lr, seed=cfg.seed, log=log, advance=advance,
+                         evaluate=_evaluator(cfg, model, tok, task, template, heldout),
+                         eval_every=cfg.eval_every * 10)
+    tmp = out.with_name(WARMSTART + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "COMPLETE").write_text("warm start finished\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def run_unit(cfg: Config, unit: str, ctx) -> None:
+    from targetpo.llm.models import load_model
+    from targetpo.llm.trainer import RLVRTrainer, add_lora
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the runner's bar is the one progress bar
+    if ctx.run_dir is None:
+        raise ValueError("the rlvr experiment keeps model files in the run directory; run it through run_experiment")
+    ctx.set_data_source(data_source(cfg))
+    if unit == WARMSTART:
+        warm_start(cfg, ctx.run_dir, ctx.device, ctx)
+        return
+    method, s = parse_unit(unit)
+    if cfg.warmstart_steps > 0:
+        model, tok = load_model(warm_start(cfg, ctx.run_dir, ctx.device), cfg.dtype)
+        model = model.to(ctx.device)
+    else:
+        model, tok = base_model(cfg, ctx.device)
+    if cfg.lora_r > 0:
+        model = add_lora(model, cfg.lora_r, cfg.lora_alpha or None)
+    task, template, train, heldout = problems(cfg)
+    trainer = RLVRTrainer(model, tok, task, template, train, heldout, trainer_config(cfg, method, s))
+    ckpt = Path(ctx.run_dir) / "checkpoints" / f"{unit}.pt"
+    trainer.train(cfg.steps, log=ctx.log, advance=ctx.advance, checkpoint=ckpt)
+    model.save_pretrained(Path(ctx.run_dir) / "models" / unit)  # LoRA: the adapter only
+    ckpt.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------- report
+
+LABELS = {"tpo_sum": "TPO (sum)", "tpo_mean": "TPO (mean)", "tpo_no_anchor_sum": "TPO no-anchor (sum)",
+          "tpo_no_anchor_mean": "TPO no-anchor (mean)", "grpo": "GRPO", "dr_grpo": "Dr. GRPO", "dapo": "DAPO",
+          "gspo": "GSPO", "sapo": "SAPO", "cispo": "CISPO"}
+COLORS = {"tpo_sum": "#d62728", "tpo_mean": "#ff7f0e", "grpo": "#2ca02c", "dapo": "#1f77b4", "dr_grpo": "#9467bd",
+          "gspo": "#8c564b", "sapo": "#17becf", "cispo": "#bcbd22", "tpo_no_anchor_sum": "#e377c2",
+          "tpo_no_anchor_mean": "#7f7f7f"}
+
+
+def method_series(run, metric: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """method -> (steps, values [steps, seeds]) over the steps every seed recorded."""
+    by: dict[str, list] = {}
+    for unit in run.units():
+        if unit == WARMSTART:
+            continue
+        steps, vals = run.series(unit, metric)
+        if len(steps):
+            by.setdefault(parse_unit(unit)[0], []).append(dict(zip(steps.tolist(), vals[:, 0].tolist())))
+    out = {}
+    for method, per_seed in by.items():
+        common = sorted(set.intersection(*(set(d) for d in per_seed)))
+        out[method] = (np.array(common), np.array([[d[s] for d in per_seed] for s in common]).reshape(len(common), -1))
+    return out
+
+
+def _smooth(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing moving average over steps (per seed column)."""
+    c = np.cumsum(np.vstack([np.zeros((1, values.shape[1])), values]), axis=0)
+    n = np.arange(1, len(values) + 1)
+    w = np.minimum(n, window)
+    return (c[n] - c[n - w]) / w[:, None]
+
+
+def _paired_diff(a: np.ndarray, b: np.ndarray) -> str:
+    """Mean ± s.e. over seeds of a − b (per-seed values, same seeds)."""
+    d = np.asarray(a) - np.asarray(b)
+    if d.size < 2:
+        return f"{d.mean():+.3f} (1 seed)"
+    return f"{d.mean():+.3f} ± {d.std() / np.sqrt(d.size):.3f} ({d.size} seeds)"
+
+
+def summary(run) -> str:
+    acc = method_series(run, "heldout_accuracy")
+    return "held-out accuracy start -> end: " + ", ".join(
+        f"{LABELS.get(m, m)} {v[0].mean():.3f} -> {v[-1].mean():.3f}" for m, (s, v) in acc.items())
+
+
+def report(run, section) -> None:
+    cfg = run.config
+    section.text(__doc__.split("\n\n", 1)[1])
+    section.text(f"Model `{cfg['model']}`"
+                 + (f" ({cfg['tiny_hidden']} hidden, {cfg['tiny_layers']} layers)" if cfg["model"] == "tiny" else "")
+                 + f"; task `{cfg['task']}`; K = {cfg['k']}, B = {cfg['batch_prompts']} prompts, {cfg['steps']} RL "
+                 f"steps, μ = {cfg['epochs']}, AdamW lr {cfg['lr']}, KL β = {cfg['kl_coef']}, LoRA r = {cfg['lora_r']}, "
+                 f"warm start {cfg['warmstart_steps']} supervised steps; {cfg['seeds']} paired seed(s).")
+    reward, acc = method_series(run, "reward"), method_series(run, "heldout_accuracy")
+    if not reward:
+        section.text("No RL steps recorded yet.")
+        return
+    ws_steps, ws_acc = run.series(WARMSTART, "heldout_accuracy") if WARMSTART in run.units() else ([], [])
+    window = max(1, cfg["steps"] // 10)
+    rows, final_acc, mean_reward = [], {}, {}
+    for m, (steps, vals) in reward.items():
+        a_steps, a = acc.get(m, (np.array([]), np.zeros((0, 1))))
+        last = max(1, len(vals) // 5)
+        mean_reward[m] = float(vals.mean())
+        final_acc[m] = float(a[-1].mean()) if len(a) else float("nan")
+        ent = method_series(run, "obj_target_entropy").get(m)
+        zv = method_series(run, "frac_zero_var")[m][1].mean()
+        rows.append([LABELS.get(m, m), fmt(float(a[0].mean())) if len(a) else "–", fmt(final_acc[m]),
+                     fmt(float(a.mean(axis=1).max())) if len(a) else "–", fmt(float(vals[:last].mean())),
+                     fmt(float(vals[-last:].mean())),
+                     f"{mean_reward[m]:.3f} ± {float(vals.mean(axis=0).std() / np.sqrt(vals.shape[1])):.3f}", fmt(float(zv)),
+                     fmt(float(ent[1].mean())) if ent is not None else "–"])
+    section.table(["method", "held-out acc (start)", "held-out acc (end)", "best", f"train reward (first {last})",
+                   f"train reward (last {last})", "train reward (all steps)", "zero-var groups", "target entropy"],
+                  rows, "Per method, from the shared warm start (train reward: rollouts before each update)")
+
+    fig, axes = plots.figure(3 if len(ws_steps) else 2)
+    for m, (steps, vals) in reward.items():
+        plots.curve(axes[0], steps, _smooth(vals, window), LABELS.get(m, m), COLORS.get(m))
+    plots.finish(axes[0], f"Training reward (moving average, {window} steps)", "RL step", "mean reward")
+    for m, (steps, vals) in acc.items():
+        plots.curve(axes[1], steps, vals, LABELS.get(m, m), COLORS.get(m))
+    plots.finish(axes[1], "Held-out accuracy (greedy)", "RL step", "accuracy")
+    if len(ws_steps):
+        axes[2].plot(ws_steps, np.asarray(ws_acc)[:, 0], color="k", lw=1.6, label="warm start")
+        plots.finish(axes[2], "Supervised warm start", "SFT step", "held-out accuracy")
+    section.figure(fig, "rlvr_curves", "RLVR: training reward and held-out accuracy per method (mean ± s.e. over seeds)")
+
+    ref = paper.LLM_RLVR
+    section.text(f"Paper ({ref.source}, at LLM scale on GPUs): GSM8K — {ref.values['gsm8k_qwen3_1.7b']}; graph "
+                 f"coloring Qwen3-1.7B TPO {ref.values['graph_color_qwen3_1.7b']['tpo']} vs GRPO "
+                 f"{ref.values['graph_color_qwen3_1.7b']['grpo']}. The run above is a small-model check of the same "
+                 "pipeline, not a reproduction of those numbers.")
+    for m in (m for m in reward if m.startswith("tpo") and "grpo" in reward):
+        diff = _paired_diff(reward[m][1].mean(axis=0), reward["grpo"][1].mean(axis=0))
+        section.claim(f"{LABELS.get(m, m)} learns faster than GRPO (§3.8): higher training reward averaged over "
+                      "all steps (seed mean)", mean_reward[m] > mean_reward["grpo"],
+                      f"{fmt(mean_reward[m])} vs GRPO {fmt(mean_reward['grpo'])}; paired difference {diff}")
+        section.claim(f"{LABELS.get(m, m)} ends at least as accurate as GRPO on held-out problems",
+                      final_acc[m] >= final_acc["grpo"], f"{fmt(final_acc[m])} vs GRPO {fmt(final_acc['grpo'])}")
+    for m in reward:
+        if m in acc and len(acc[m][1]) > 1:
+            start, end = float(acc[m][1][0].mean()), final_acc[m]
+            section.claim(f"{LABELS.get(m, m)} improves held-out accuracy over the warm start", end > start,
+                          f"{fmt(start)} -> {fmt(end)}")
+    if "tpo_sum" in reward and "tpo_mean" in reward:
+        better = "sum" if mean_reward["tpo_sum"] >= mean_reward["tpo_mean"] else "mean"
+        section.text(f"Sequence log-score reduction: TPO with the **{better}** learned more here (training reward "
+                     f"over all steps: sum {fmt(mean_reward['tpo_sum'])}, mean {fmt(mean_reward['tpo_mean'])}; final "
+                     f"held-out accuracy: sum {fmt(final_acc['tpo_sum'])}, mean {fmt(final_acc['tpo_mean'])}). With "
+                     f"completions of at most {cfg['max_new_tokens']} tokens the two differ little; for long LLM "
+                     "completions the sum makes the group softmax near one-hot (see LLM notes in the README).")

@@ -1,0 +1,270 @@
+r"""MNIST-format data (MNIST, Fashion-MNIST) from a directory of standard IDX files (spec §E3).
+
+The loader reads the four standard files, each optionally gzipped::
+
+    train-images-idx3-ubyte[.gz]  train-labels-idx1-ubyte[.gz]  t10k-images-idx3-ubyte[.gz]  t10k-labels-idx1-ubyte[.gz]
+
+and validates everything it reads (magic number, dims, byte count, label range, images/labels count) so a
+broken file fails with an error naming the file, never with a silently wrong data set.
+
+- Train and test files present: the paper's protocol, 60,000 train / 10,000 test.
+- Only the test files present (e.g. the public MNIST test split alone): a fixed, seeded split of those 10,000
+  real digits into 8,000 train / 2,000 test (`SPLIT_SEED`). Every report says which one was used.
+
+Images become float32 in [0, 1] (/255, flattened to 784, no mean/std normalisation) and labels int64, as in
+the authors' code. Nothing is downloaded unless `download=True` is asked for explicitly; the download checks
+the official MD5 of every file before it is used.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import shutil
+import tempfile
+import urllib.request
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from targetpo.runs.data import MissingDataError
+
+IMAGES_MAGIC = 2051  # 0x00000803: unsigned byte, 3 dims
+LABELS_MAGIC = 2049  # 0x00000801: unsigned byte, 1 dim
+SIDE = 28
+NUM_CLASSES = 10
+SPLIT_SEED = 0
+SPLIT_TRAIN = 8000  # of the 10,000 test digits when no training split is available
+
+FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+DATASETS = ("mnist", "fashion-mnist")
+ENV_VARS = {"mnist": "TARGETPO_MNIST_DIR", "fashion-mnist": "TARGETPO_FASHION_MNIST_DIR"}
+# Where a system package puts the data when nothing else is given (Debian: `apt install dataset-fashion-mnist`).
+SYSTEM_DIRS = {"fashion-mnist": Path("/usr/share/datasets/fashion-mnist")}
+# Official download locations and MD5s of the published .gz files (the ones torchvision verifies against).
+URLS = {
+    "mnist": "https://storage.googleapis.com/cvdf-datasets/mnist/",
+    "fashion-mnist": "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+}
+MD5 = {
+    "mnist": {
+        "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+        "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+        "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+        "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+    },
+    "fashion-mnist": {
+        "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+        "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+        "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+        "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+    },
+}
+
+
+@dataclass(frozen=True)
+class MnistData:
+    train_x: Tensor  # [N, 784] float32 in [0, 1]
+    train_y: Tensor  # [N] int64
+    test_x: Tensor
+    test_y: Tensor
+    dataset: str
+    protocol: str  # "official" (train/test files) or "test-split" (seeded split of the test file)
+    directory: Path
+
+    @property
+    def description(self) -> str:
+        name = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST"}[self.dataset]
+        other = "" if self.dataset == "mnist" else "; not the paper's data set, its numbers are context only"
+        if self.protocol == "official":
+            return (f"{name} official split: {len(self.train_y):,} train / {len(self.test_y):,} test "
+                    f"(the paper's protocol{other}) from {self.directory}")
+        return (f"{name} TEST SPLIT ONLY: a fixed seeded split (seed {SPLIT_SEED}) of its 10,000 real test images "
+                f"into {len(self.train_y):,} train / {len(self.test_y):,} test, from {self.directory} "
+                f"(not the paper's 60k/10k protocol: numbers are not directly comparable{other})")
+
+
+# ----------------------------------------------------------------------------- IDX parsing
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as fh:
+                return fh.read()
+        return path.read_bytes()
+    except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
+        raise ValueError(f"{path}: cannot read the file ({type(exc).__name__}: {exc}); "
+                         "it is truncated or not a gzip/IDX file") from None
+
+
+def parse_idx(data: bytes, expected_magic: int, name: str = "IDX data") -> np.ndarray:
+    """Parse an unsigned-byte IDX payload: 4-byte big-endian magic (0x0000 08 ndim), ndim big-endian uint32
+    dims, then prod(dims) bytes. Raises ValueError naming `name` for a wrong magic or a byte-count mismatch."""
+    if len(data) < 4:
+        raise ValueError(f"{name}: {len(data)} bytes is too short for an IDX header")
+    magic = int.from_bytes(data[:4], "big")
+    if magic != expected_magic:
+        kind = {IMAGES_MAGIC: "images (idx3)", LABELS_MAGIC: "labels (idx1)"}.get(expected_magic, "")
+        raise ValueError(f"{name}: magic number {magic} (0x{magic:08x}), expected {expected_magic} "
+                         f"(0x{expected_magic:08x}) for {kind} unsigned-byte data")
+    ndim = magic & 0xFF
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise ValueError(f"{name}: truncated header ({len(data)} bytes, need {header} for {ndim} dims)")
+    dims = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    expected = int(np.prod(dims))
+    if len(data) - header != expected:
+        what = "truncated" if len(data) - header < expected else "has trailing bytes"
+        raise ValueError(f"{name}: {what}: header says shape {dims} = {expected:,} bytes of data, "
+                         f"file holds {len(data) - header:,}")
+    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def read_images(path: Path) -> Tensor:
+    arr = parse_idx(_read_bytes(path), IMAGES_MAGIC, str(path))
+    if arr.shape[1:] != (SIDE, SIDE):
+        raise ValueError(f"{path}: images have shape {arr.shape[1:]}, expected ({SIDE}, {SIDE})")
+    return torch.from_numpy(arr.reshape(len(arr), SIDE * SIDE).astype(np.float32) / 255.0)
+
+
+def read_labels(path: Path) -> Tensor:
+    arr = parse_idx(_read_bytes(path), LABELS_MAGIC, str(path))
+    if arr.size and arr.max() >= NUM_CLASSES:
+        raise ValueError(f"{path}: label {int(arr.max())} outside 0..{NUM_CLASSES - 1}")
+    return torch.from_numpy(arr.astype(np.int64))
+
+
+def _find(directory: Path, stem: str) -> Path | None:
+    for name in (stem + ".gz", stem):
+        if (directory / name).is_file():
+            return directory / name
+    return None
+
+
+def _read_pair(directory: Path, split: str) -> tuple[Tensor, Tensor] | None:
+    img, lab = _find(directory, FILES[f"{split}_images"]), _find(directory, FILES[f"{split}_labels"])
+    if img is None and lab is None:
+        return None
+    if img is None or lab is None:
+        have = img if lab is None else lab
+        miss = FILES[f"{split}_labels"] if lab is None else FILES[f"{split}_images"]
+        raise ValueError(f"{directory}: found {have.name} but not {miss}[.gz]; the {split} split needs both files")
+    x, y = read_images(img), read_labels(lab)
+    if len(x) != len(y):
+        raise ValueError(f"{directory}: {img.name} holds {len(x):,} images but {lab.name} holds {len(y):,} labels")
+    return x, y
+
+
+# ----------------------------------------------------------------------------- locating and loading
+
+def resolve_dir(data_dir: str | os.PathLike | None, dataset: str) -> Path | None:
+    """The directory to read: `data_dir`, else the dataset's environment variable, else its system location
+    (Fashion-MNIST's Debian package). None if nothing is configured."""
+    if dataset not in DATASETS:
+        raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+    if data_dir:
+        return Path(data_dir).expanduser()
+    env = os.environ.get(ENV_VARS[dataset])
+    if env:
+        return Path(env).expanduser()
+    return SYSTEM_DIRS.get(dataset)
+
+
+def how_to_provide(dataset: str) -> str:
+    flag = "" if dataset == "mnist" else f" --dataset {dataset}"
+    extra = " or `apt install dataset-fashion-mnist`" if dataset == "fashion-mnist" else ""
+    return (f"pass `--data-dir DIR{flag}` (a directory with the standard IDX files, e.g. ../shared/data/mnist), "
+            f"set {ENV_VARS[dataset]}=DIR, or add `--download` to fetch the official files{extra}")
+
+
+def check_available(data_dir: str | os.PathLike | None, dataset: str) -> Path:
+    """The data directory if it holds at least the test files; MissingDataError (saying how to provide the
+    data) otherwise. Cheap: checks file names only."""
+    directory = resolve_dir(data_dir, dataset)
+    if directory is None:
+        raise MissingDataError(f"no {dataset} data directory given: {how_to_provide(dataset)}")
+    if not directory.is_dir():
+        raise MissingDataError(f"{dataset} data directory {directory} does not exist: {how_to_provide(dataset)}")
+    if _find(directory, FILES["test_images"]) is None or _find(directory, FILES["test_labels"]) is None:
+        present = sorted(p.name for p in directory.iterdir())[:8]
+        raise MissingDataError(f"{directory} lacks {FILES['test_images']}[.gz] and/or {FILES['test_labels']}[.gz] "
+                               f"(found: {present or 'nothing'}): {how_to_provide(dataset)}")
+    return directory
+
+
+def load(data_dir: str | os.PathLike | None = None, dataset: str = "mnist", *, download: bool = False) -> MnistData:
+    """Load train/test tensors (see the module docstring for the two protocols)."""
+    if download:
+        target = resolve_dir(data_dir, dataset)
+        if target is None or (target == SYSTEM_DIRS.get(dataset) and _find(target, FILES["test_images"]) is None):
+            target = default_download_dir(dataset)
+        data_dir = fetch(dataset, target)
+    directory = check_available(data_dir, dataset)
+    test = _read_pair(directory, "test")
+    train = _read_pair(directory, "train")
+    if test is None:  # unreachable after check_available, kept for direct callers
+        raise MissingDataError(f"{directory}: no test split")
+    if train is not None:
+        return MnistData(*train, *test, dataset=dataset, protocol="official", directory=directory)
+    x, y = test
+    if len(y) < SPLIT_TRAIN + 1:
+        raise ValueError(f"{directory}: only a test split with {len(y):,} examples; a train/test split of the test "
+                         f"file needs more than {SPLIT_TRAIN:,}")
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(SPLIT_SEED))
+    tr, te = perm[:SPLIT_TRAIN], perm[SPLIT_TRAIN:]
+    return MnistData(x[tr], y[tr], x[te], y[te], dataset=dataset, protocol="test-split", directory=directory)
+
+
+# ----------------------------------------------------------------------------- explicit download
+
+def default_download_dir(dataset: str) -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "targetpo" / dataset
+
+
+def _md5(path: Path) -> str:
+    h = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch(dataset: str, dest: str | os.PathLike, *, base_url: str | None = None,
+          checksums: dict[str, str] | None = None, quiet: bool = False) -> Path:
+    """Download the dataset's four official .gz files into `dest`, verifying each MD5 before it is moved into
+    place (a failed check raises ValueError and leaves nothing behind). Files already present are kept."""
+    if dataset not in DATASETS:
+        raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+    base = base_url or URLS[dataset]
+    sums = checksums or MD5[dataset]
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, md5 in sums.items():
+        target = dest / name
+        if target.exists() or (dest / name.removesuffix(".gz")).exists():
+            continue
+        url = base.rstrip("/") + "/" + name
+        if not quiet:
+            print(f"downloading {url} -> {target}")
+        fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{name}.")
+        try:
+            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as resp:
+                shutil.copyfileobj(resp, out)
+            got = _md5(Path(tmp))
+            if got != md5:
+                raise ValueError(f"{url}: MD5 {got} does not match the official {md5}; the file was discarded")
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return dest

@@ -1,1 +1,0 @@
-"""Seed-batched policy networks for the paper's experiments."""

@@ -1,0 +1,165 @@
+"""The one runner every experiment shares: presets and overrides, run.json, append-only metrics, progress,
+resume, and the end-of-run summary. Experiments never write files or drive progress bars themselves."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sys
+import time
+import typing
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from targetpo.runs.store import METRICS_FILE, RUN_FILE, MetricsWriter, read_metrics, record_key, versions, write_run_json
+from targetpo.runs.config import config_from_dict, make_config
+
+
+class RunContext:
+    """What a unit sees of the runner: `log` a metrics record, `advance` the progress bar, a `device`."""
+
+    def __init__(self, unit: str, writer: MetricsWriter, bar: tqdm, device: torch.device, meta: dict,
+                 run_dir: Path | None = None):
+        self.unit = unit
+        self.run_dir = run_dir  # for units that keep files (model checkpoints) next to the metrics
+        self._writer = writer
+        self._bar = bar
+        self.device = device
+        self._meta = meta
+
+    def log(self, record: dict[str, Any]) -> None:
+        if "step" not in record:
+            raise ValueError(f"a metrics record needs a 'step' key; got keys {sorted(record)}")
+        self._writer.write({"unit": self.unit, **record})
+
+    def advance(self, n: int = 1) -> None:
+        self._bar.update(n)
+
+    def set_data_source(self, description: str) -> None:
+        """Recorded in run.json and shown in every report (e.g. which MNIST split was used)."""
+        self._meta["data_source"] = description
+
+
+# ----------------------------------------------------------------------------- running
+
+def units_of(exp: ModuleType, cfg: Any) -> list[str]:
+    """An experiment's resumable units; by default one per method."""
+    return exp.units(cfg) if hasattr(exp, "units") else list(cfg.methods)
+
+
+def steps_of(exp: ModuleType, cfg: Any, unit: str) -> int:
+    return exp.unit_steps(cfg, unit) if hasattr(exp, "unit_steps") else cfg.steps
+
+
+def is_not_run(run_dir: str | Path) -> bool:
+    """Whether `run_dir` holds only the placeholder that :func:`mark_not_run` writes."""
+    path = Path(run_dir) / RUN_FILE
+    return path.exists() and json.loads(path.read_text()).get("status") == "not run"
+
+
+def mark_not_run(run_dir: str | Path, exp: ModuleType, preset: str, reason: str) -> None:
+    """Record an experiment that could not start (e.g. its data set is missing) so the report lists it as
+    not run, with the reason and the command that runs it, instead of silently leaving it out."""
+    run_dir = Path(run_dir)
+    if (run_dir / RUN_FILE).exists() or (run_dir / METRICS_FILE).exists():
+        if not is_not_run(run_dir):
+            return  # never overwrite a real run
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_run_json(run_dir, {"experiment": exp.NAME, "title": exp.TITLE, "paper_ref": exp.PAPER_REF,
+                             "preset": preset, "config": {}, "seeds": [], "command": " ".join(sys.argv),
+                             "versions": versions(), "data_source": "not available", "status": "not run",
+                             "reason": reason, "wall_time_s": 0.0, "runs": []})
+
+
+def run_experiment(
+    exp: ModuleType,
+    preset: str = "cpu",
+    *,
+    out: str | Path | None = None,
+    seeds: int | None = None,
+    overrides: list[str] | None = None,
+    resume: bool = False,
+    force: bool = False,
+    device: str = "cpu",
+    progress: bool = True,
+    quiet: bool = False,
+    threads: int | None = None,
+) -> Path:
+    """Run (or resume) one experiment (its module, see :mod:`targetpo.experiments`) and return its run
+    directory."""
+    name = exp.NAME
+    # Tiny-tensor experiments run far faster on one thread: OpenMP hand-offs cost more than the math.
+    threads = threads or getattr(exp, "TORCH_THREADS", None)
+    if threads:
+        torch.set_num_threads(threads)
+    run_dir = Path(out) if out is not None else Path("results") / f"{name}-{preset}"
+    meta_path = run_dir / RUN_FILE
+    if resume and meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        if meta["experiment"] != name:
+            raise ValueError(f"{run_dir} holds a {meta['experiment']} run, not {name}")
+        cfg = config_from_dict(exp, meta["config"])
+        if overrides or seeds is not None:
+            requested = dataclasses.asdict(make_config(exp, meta["preset"], seeds, overrides))
+            if requested != dataclasses.asdict(cfg):
+                raise ValueError(f"--resume continues the config stored in {meta_path}; drop the overrides or use a new --out")
+    else:
+        if meta_path.exists() or (run_dir / METRICS_FILE).exists():
+            if not force:
+                raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or --force to replace it")
+            shutil.rmtree(run_dir)
+        cfg = make_config(exp, preset, seeds, overrides)
+        meta = {"experiment": name, "title": exp.TITLE, "paper_ref": exp.PAPER_REF, "preset": preset,
+                "config": dataclasses.asdict(cfg), "seeds": list(range(getattr(cfg, "seed", 0),
+                                                                      getattr(cfg, "seed", 0) + cfg.seeds)),
+                "command": " ".join(sys.argv), "versions": versions(), "device": device,
+                "data_source": getattr(exp, "DATA_SOURCE", "generated (no external data)"),
+                "status": "running", "wall_time_s": 0.0, "runs": []}
+    if hasattr(exp, "check_data"):  # fail before creating anything when the data set cannot be found
+        exp.check_data(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    existing = {record_key(r): r for r in read_metrics(run_dir / METRICS_FILE, repair=True)}
+    done = {k[0] for k in existing if k[2] == "done"}
+    units = units_of(exp, cfg)
+    todo = [u for u in units if u not in done]
+    t0 = time.time()
+    meta["status"] = "running"
+    meta["runs"].append({"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumed": bool(done) or bool(existing),
+                         "units": todo})
+    write_run_json(run_dir, meta)
+
+    total = sum(steps_of(exp, cfg, u) for u in todo)
+    writer = MetricsWriter(run_dir / METRICS_FILE, existing)
+    dev = torch.device(device)
+    with tqdm(total=total, desc=f"{name} [{preset}]", unit="step", disable=not progress, mininterval=0.5,
+              file=sys.stderr, dynamic_ncols=True) as bar:
+        for unit in todo:
+            bar.set_postfix_str(unit)
+            exp.run_unit(cfg, unit, RunContext(unit, writer, bar, dev, meta, run_dir))
+            writer.write({"unit": unit, "event": "done"})
+    writer.close()
+
+    elapsed = time.time() - t0
+    meta["wall_time_s"] = meta.get("wall_time_s", 0.0) + elapsed
+    meta["runs"][-1]["wall_time_s"] = elapsed
+    meta["status"] = "complete"
+    if writer.mismatches:
+        meta["resume_mismatches"] = [list(k) for k in writer.mismatches]
+        print(f"warning: {len(writer.mismatches)} replayed record(s) differ from the ones on disk "
+              f"(non-deterministic replay); the original lines were kept", file=sys.stderr)
+    write_run_json(run_dir, meta)
+    if not quiet:
+        line = f"{name} [{preset}] done in {elapsed:.1f}s ({cfg.seeds} seeds, {len(units)} units) -> {run_dir}"
+        if hasattr(exp, "summary"):
+            from targetpo.runs.store import Run
+
+            line += "\n  " + exp.summary(Run.load(run_dir))
+        print(line)
+    return run_dir

@@ -1,0 +1,189 @@
+"""Append-only run storage.
+
+A run directory holds `run.json` (config, versions, seeds, data source, wall time, status) and
+`metrics.jsonl`, one JSON object per line, each written with a single write and flushed (and fsynced) as
+soon as it is produced, so a killed run keeps every complete line. Records are keyed by (unit, step); on
+resume the runner replays a unit deterministically and skips keys already on disk, so nothing written before
+a kill is lost or duplicated. A unit is finished when its `{"unit": u, "event": "done"}` line exists.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RUN_FILE = "run.json"
+METRICS_FILE = "metrics.jsonl"
+
+
+def _num(x: float) -> str:
+    # 7 significant digits: enough for errors down to 1e-7, and 3x smaller files than repr(float64).
+    if math.isfinite(x):
+        return f"{x:.7g}"
+    return "NaN" if x != x else ("Infinity" if x > 0 else "-Infinity")
+
+
+def _render(x: Any) -> str:
+    """JSON text of a record value; tensors and arrays become flat or nested lists of numbers."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    if isinstance(x, np.ndarray):
+        if x.ndim == 0:
+            return _render(x.item())
+        if x.dtype.kind in "fc":
+            if x.ndim == 1:
+                return "[" + ",".join(map(_num, x.tolist())) + "]"
+            return "[" + ",".join(_render(r) for r in x) + "]"
+        return json.dumps(x.tolist())
+    if isinstance(x, dict):
+        return "{" + ",".join(f"{json.dumps(str(k))}:{_render(v)}" for k, v in x.items()) + "}"
+    if isinstance(x, (list, tuple)):
+        return "[" + ",".join(_render(v) for v in x) + "]"
+    if isinstance(x, (float, np.floating)):
+        return _num(float(x))
+    if isinstance(x, np.integer):
+        return str(int(x))
+    return json.dumps(x)
+
+
+def _jsonable(x: Any) -> Any:
+    return json.loads(_render(x))
+
+
+# Timing values differ between a run and its replay; they are kept as first written and not compared.
+VOLATILE_PREFIX = "wall_"
+
+
+def _stable(rec: dict) -> dict:
+    return {k: v for k, v in rec.items() if not k.startswith(VOLATILE_PREFIX)}
+
+
+def record_key(rec: dict) -> tuple:
+    return (rec.get("unit"), rec.get("step"), rec.get("event"))
+
+
+class MetricsWriter:
+    """Appends records to metrics.jsonl, skipping keys already present (resume) and flushing every line."""
+
+    def __init__(self, path: Path, existing: dict[tuple, dict] | None = None, fsync: bool = False):
+        self.path = Path(path)
+        self.existing = existing or {}
+        self.mismatches: list[tuple] = []
+        self._fh = open(self.path, "a", encoding="utf-8")
+        self._fsync = fsync
+
+    def write(self, rec: dict) -> bool:
+        """Write `rec` unless its key is already on disk; returns True if a line was written."""
+        line = _render(rec)
+        key = record_key(rec)
+        if key in self.existing:
+            prev = self.existing[key]
+            if _stable(json.loads(prev) if isinstance(prev, str) else prev) != _stable(json.loads(line)):  # as a reader sees them
+                self.mismatches.append(key)
+            return False
+        self._fh.write(line + "\n")
+        self._fh.flush()
+        if self._fsync:
+            os.fsync(self._fh.fileno())
+        self.existing[key] = line  # parsed only if the same key comes again
+        return True
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def read_metrics(path: Path, repair: bool = False) -> list[dict]:
+    """Read every complete line. A trailing partial line (a kill mid-write) is ignored, or cut off if `repair`."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if repair and end < len(data):
+        with open(path, "r+b") as fh:
+            fh.truncate(end)
+    return [json.loads(line) for line in data[:end].decode("utf-8").splitlines() if line.strip()]
+
+
+def versions() -> dict[str, str]:
+    import torch
+
+    from targetpo import __version__
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
+           "targetpo": __version__, "platform": platform.platform()}
+    try:
+        root = Path(__file__).resolve().parents[3]
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=5)
+        if commit.returncode == 0:
+            out["git_commit"] = commit.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
+def write_run_json(run_dir: Path, meta: dict) -> None:
+    tmp = Path(run_dir) / (RUN_FILE + ".tmp")
+    tmp.write_text(json.dumps(_jsonable(meta), indent=2) + "\n")
+    os.replace(tmp, Path(run_dir) / RUN_FILE)  # atomic: a kill never leaves a half-written run.json
+
+
+@dataclass
+class Run:
+    """A finished or partial run as read back from disk (what reports use; they never recompute training)."""
+
+    path: Path
+    meta: dict
+    records: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Run":
+        path = Path(path)
+        run_file = path / RUN_FILE
+        if not run_file.exists():
+            raise FileNotFoundError(f"{path} is not a run directory (no {RUN_FILE})")
+        return cls(path, json.loads(run_file.read_text()), read_metrics(path / METRICS_FILE))
+
+    @property
+    def config(self) -> dict:
+        return self.meta["config"]
+
+    @property
+    def experiment(self) -> str:
+        return self.meta["experiment"]
+
+    def units(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for r in self.records:
+            if "step" in r and r.get("unit") is not None:
+                seen.setdefault(r["unit"], None)
+        return list(seen)
+
+    def done_units(self) -> set[str]:
+        return {r["unit"] for r in self.records if r.get("event") == "done"}
+
+    def rows(self, unit: str) -> list[dict]:
+        return sorted((r for r in self.records if r.get("unit") == unit and "step" in r), key=lambda r: r["step"])
+
+    def series(self, unit: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        """(steps [n], values [n, seeds]) for one unit's metric; per-seed lists become columns."""
+        rows = [r for r in self.rows(unit) if metric in r]
+        steps = np.array([r["step"] for r in rows])
+        vals = np.array([np.atleast_1d(np.asarray(r[metric], dtype=float)) for r in rows])
+        return steps, vals
+
+
+def find_runs(root: str | Path) -> list[Path]:
+    root = Path(root)
+    if (root / RUN_FILE).exists():
+        return [root]
+    return sorted(p.parent for p in root.glob(f"*/{RUN_FILE}"))

@@ -1,0 +1,167 @@
+"""Tabular multi-context bandit with exact population updates (paper §3.2, Fig. 3, App. B; spec §E2).
+
+N = 100 independent contexts, A = 10 actions each, logits drawn N(0, 1), correct action 0 in every context.
+No sampling: each method's expected update in context n is β(p_n)·(e_y − π_n) (TPO's is computed from its
+target, q_n − π_n), and all contexts move together by one global fixed-length step
+logits += α·G/‖G‖_F. A method that gives small weight to contexts where it is still wrong (PG: β = p) spends
+its step on contexts it has already solved; TPO's weight stays O(1) at small p and tracks CE.
+Error (1 − mean_n π_n(y)) is recorded *after* the step; misalignment is 1 − cos(vec G, vec V_CE).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from targetpo import paper
+from targetpo.runs.config import check_config
+from targetpo.runs import plots
+from targetpo.runs.stats import curves, first_below, fmt, ours_vs_paper, value_at
+from targetpo.tabular.bandit import beta_dg, beta_grpo, beta_pg, beta_tpo, correct_direction, exact_update, misalignment, normalized_step
+
+NAME = "tabular-multi"
+TITLE = "Tabular multi-context bandit (paper §3.2, Fig. 3)"
+PAPER_REF = "§3.2, Fig. 3, App. B; spec §E2"
+METHODS = ("pg", "dg", "tpo", "grpo", "ce")
+TORCH_THREADS = 1
+
+
+@dataclass(frozen=True)
+class Config:
+    """seeds: independent draws of the initial logits, vectorised as one batch
+    steps: global normalized steps
+    contexts: N, independent contexts
+    actions: A, actions per context (action 0 is correct)
+    lr: α, the Frobenius length of every global step
+    eta: temperature of DG's gate and TPO's target
+    methods: which of pg, dg, tpo, grpo, ce to run
+    seed: base seed of the logit initialisation"""
+
+    seeds: int = 100
+    steps: int = 1000
+    contexts: int = 100
+    actions: int = 10
+    lr: float = 0.1
+    eta: float = 1.0
+    methods: tuple[str, ...] = METHODS
+    seed: int = 42
+
+    def validate(self) -> None:
+        check_config(self, METHODS, ("seeds", "steps", "contexts"))
+        if self.actions < 2:
+            raise ValueError(f"actions must be >= 2, got {self.actions}")
+
+
+PRESETS = {
+    "smoke": Config(seeds=2, steps=50),
+    "cpu": Config(),
+    "paper": Config(),
+}
+REPRODUCE_PRESET = "paper"
+
+
+def softmax(logits: torch.Tensor) -> torch.Tensor:
+    # Written out: ~4x faster than torch.softmax for a last dim of 10 on CPU, same max-shifted formula.
+    e = (logits - logits.amax(dim=-1, keepdim=True)).exp()
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def run_unit(cfg: Config, unit: str, ctx) -> None:
+    gen = torch.Generator().manual_seed(cfg.seed)  # same initial logits for every method
+    logits = torch.randn(cfg.seeds, cfg.contexts, cfg.actions, generator=gen, dtype=torch.float32)
+    # Same [seeds, N, A] view, stored action-major: reductions over the 10 actions then run along a strided dim,
+    # vectorised over contexts (~3x faster on CPU than over a contiguous last dim of 10). Elementwise ops keep
+    # this layout, so every tensor below inherits it.
+    logits = logits.transpose(-1, -2).contiguous().transpose(-1, -2)
+    every = (-2, -1)  # normalise over all N·A entries of one seed
+    probs = softmax(logits)
+    for t in range(cfg.steps):
+        g = exact_update(unit, probs, correct=0, eta=cfg.eta)
+        mis = misalignment(g, correct_direction(probs), dims=every)
+        logits = normalized_step(logits, g, cfg.lr, dims=every)
+        probs = softmax(logits)
+        ctx.log({"step": t, "error": 1.0 - probs[..., 0].mean(dim=-1), "misalignment": mis})
+        ctx.advance()
+
+
+# ----------------------------------------------------------------------------- report
+
+LABELS = {"pg": "PG", "dg": "DG", "tpo": "TPO", "grpo": "GRPO", "ce": "CE"}
+
+
+def measured_betas(p: float = 0.1, actions: int = 10) -> dict[str, float]:
+    """β read off the implemented updates: g / (e_y − π) on a policy with π(y) = p, the rest uniform."""
+    probs = torch.full((1, actions), (1 - p) / (actions - 1), dtype=torch.float64)
+    probs[0, 0] = p
+    v = correct_direction(probs)
+    return {m: float(exact_update(m, probs)[0, 0] / v[0, 0]) for m in ("tpo", "dg", "grpo", "pg")}
+
+
+def summary(run) -> str:
+    err = curves(run, "error")
+    return "first step below 1%: " + ", ".join(
+        f"{LABELS[m]} {fmt(first_below(err[m][0], err[m][1], 0.01))}" for m in err)
+
+
+def report(run, section) -> None:
+    err, mis = curves(run, "error"), curves(run, "misalignment")
+    ref_e, ref_m = paper.TABULAR_MULTI_ERROR.values, paper.TABULAR_MULTI_MISALIGNMENT.values
+    section.text(__doc__.split("\n\n", 1)[1])
+    last = int(max(s[-1] for s, *_ in err.values()))
+
+    steps_e = [s for s in ref_e["steps"] if s <= last]
+    rows = []
+    for m, (steps, mean, se, _) in err.items():
+        rows.append([LABELS[m]] + ours_vs_paper(err[m], ref_e["steps"], ref_e[m]["error"])
+                    + [f"{fmt(first_below(steps, mean, 0.01))} ({fmt(ref_e[m]['below_1pct'])})",
+                       f"{fmt(first_below(steps, mean, 0.001))} ({fmt(ref_e[m]['below_0.1pct'])})"])
+    section.table(["method"] + [f"err@{s}" for s in steps_e] + ["first <1%", "first <0.1%"], rows,
+                  f"Average error: ours (reference: {paper.TABULAR_MULTI_ERROR.source})")
+
+    steps_m = [s for s in ref_m["steps"] if s <= last]
+    rows = [[LABELS[m]] + ours_vs_paper(mis[m], ref_m["steps"], ref_m[m]) for m in mis if m in ref_m]
+    section.table(["method"] + [f"@{s}" for s in steps_m], rows, "Misalignment to CE: ours (reference)")
+
+    betas = measured_betas()
+    ref_b = paper.TABULAR_BETA_AT_0_1.values
+    exact = {"tpo": beta_tpo, "dg": beta_dg, "grpo": beta_grpo, "pg": beta_pg}
+    section.table(["method", "β(0.1) from our update", "closed form", "paper"],
+                  [[LABELS[m], fmt(betas[m]), fmt(float(exact[m](torch.tensor(0.1, dtype=torch.float64), *( (10,) if m == 'tpo' else ())))),
+                    fmt(ref_b.get(m))] for m in betas], "Update weight β(p) at p = 0.1, K = 10")
+
+    fig, (ax1, ax2) = plots.figure(2)
+    for m, (steps, mean, se, vals) in err.items():
+        plots.curve(ax1, steps, vals, LABELS[m], plots.COLORS[m], floor=1e-6)
+        plots.paper_points(ax1, steps_e, [v for s, v in zip(ref_e["steps"], ref_e[m]["error"]) if s <= last], plots.COLORS[m])
+    plots.finish(ax1, "Average error (circles: reference)", "step", "1 − mean π(y)", log=True)
+    for m, (steps, mean, se, vals) in mis.items():
+        if m != "ce":
+            plots.curve(ax2, steps, vals, LABELS[m], plots.COLORS[m], floor=1e-8)
+    plots.finish(ax2, "Misalignment to CE", "step", "1 − cos", log=True)
+    section.figure(fig, "tabular_multi", "Tabular multi-context bandit: seed mean ± s.e.")
+
+    if not set(METHODS) <= set(err):
+        section.claim("all five methods present", None, f"ran {sorted(err)}")
+        return
+    hit = {m: first_below(err[m][0], err[m][1], 0.01) for m in err}
+    big = 10**9
+    section.claim("CE is fastest (first error < 1%)", all((hit["ce"] or big) <= (hit[m] or big) for m in hit),
+                  ", ".join(f"{LABELS[m]} {fmt(h)}" for m, h in hit.items()))
+    early = min(100, last)
+    e100 = {m: value_at(err[m][0], err[m][1], early) for m in err}
+    section.claim(f"DG and GRPO are slightly faster early (error at step {early} below TPO's)",
+                  e100["dg"] < e100["tpo"] and e100["grpo"] < e100["tpo"],
+                  ", ".join(f"{LABELS[m]} {fmt(e100[m])}" for m in ("tpo", "dg", "grpo")))
+    final = {m: err[m][1][-1] for m in err}
+    section.claim("TPO overtakes and ends with the lowest error of the RL methods",
+                  all(final["tpo"] < final[m] for m in ("pg", "dg", "grpo")),
+                  ", ".join(f"{LABELS[m]} {fmt(final[m])}" for m in final))
+    mis_mean = {m: float(mis[m][1].mean()) for m in mis if m != "ce"}
+    section.claim("TPO's misalignment to CE is near zero (mean over steps < 0.05, lowest of the RL methods)",
+                  mis_mean["tpo"] < 0.05 and all(mis_mean["tpo"] < v for m, v in mis_mean.items() if m != "tpo"),
+                  ", ".join(f"{LABELS[m]} {fmt(v)}" for m, v in mis_mean.items()))
+    section.claim("β at p = 0.1 matches the paper (TPO 0.73, DG 0.09, GRPO 0.33, to 2 decimals)",
+                  all(abs(betas[m] - ref_b[m]) < 0.005 + 1e-9 for m in ref_b),
+                  ", ".join(f"{LABELS[m]} {betas[m]:.4f}" for m in ref_b))

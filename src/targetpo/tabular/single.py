@@ -1,0 +1,186 @@
+"""Tabular single-context bandit (paper §3.1, Fig. 2; spec §E1).
+
+One context, A = 100 actions, correct action 0, reward 1{a = 0}. Logits start at zero. Each step draws B
+actions from π, forms a logit-space direction g from the method's objective, and takes a fixed-length step
+logits += α·g/‖g‖ (no optimizer, so only the *direction* of each method matters).
+
+Directions are the negative gradients of the library's objectives with respect to the logits:
+- PG: REINFORCE with the code's constant baseline 0.5;
+- DG: the same advantages through the delight gate;
+- GRPO: REINFORCE with batch z-scored rewards (√(var + 1e-8), as the authors' tabular code, spec §5.12);
+- TPO: the group is the *full* action set, scored by the batch-averaged advantage of each action
+  (S[a] = mean_j A_j·1{a_j = a}; unsampled actions score 0), so g = q − π.
+All methods see the same uniform draws at every step (common random numbers). Error ε_t = 1 − π_t(0) is
+recorded *before* the step; misalignment is 1 − cos(g, g*_PG) with g*_PG = π(0)(e_0 − π) the exact expected PG.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from targetpo import paper
+from targetpo.runs.config import check_config
+from targetpo.objectives import dg_loss, reinforce_loss, tpo_loss
+from targetpo.runs import plots
+from targetpo.runs.stats import curves, first_below, fmt, ours_vs_paper
+from targetpo.tabular.bandit import correct_direction, misalignment, normalized_step
+
+NAME = "tabular-single"
+TITLE = "Tabular single-context bandit (paper §3.1, Fig. 2)"
+PAPER_REF = "§3.1, Fig. 2; spec §E1"
+METHODS = ("pg", "dg", "tpo", "grpo")
+TORCH_THREADS = 1
+
+
+@dataclass(frozen=True)
+class Config:
+    """seeds: independent runs, vectorised as one batch
+    steps: normalized logit steps
+    actions: A, the number of actions (action 0 is correct)
+    batch: B, actions sampled per step
+    lr: α, the length of every logit step
+    eta: DG gate temperature
+    baseline: the constant baseline of PG, DG and TPO's per-action scores (the authors' code uses 0.5)
+    methods: which of pg, dg, tpo, grpo to run
+    seed: base seed of the shared generator"""
+
+    seeds: int = 100
+    steps: int = 150
+    actions: int = 100
+    batch: int = 100
+    lr: float = 0.1
+    eta: float = 1.0
+    baseline: float = 0.5
+    methods: tuple[str, ...] = METHODS
+    seed: int = 0
+
+    def validate(self) -> None:
+        check_config(self, METHODS, ("seeds", "steps", "batch"))
+        if self.actions < 2:
+            raise ValueError(f"actions must be >= 2, got {self.actions}")
+
+
+PRESETS = {
+    "smoke": Config(seeds=2, steps=20),
+    "cpu": Config(),
+    "paper": Config(),
+}
+REPRODUCE_PRESET = "paper"
+
+
+def direction(method: str, logits: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, cfg: Config) -> torch.Tensor:
+    """Per-seed logit-space update g = −∂L/∂logits for a batch of sampled actions ([S, B] each)."""
+    logits = logits.detach().requires_grad_(True)
+    log_pi = torch.log_softmax(logits, dim=-1)
+    logp_a = log_pi.gather(-1, actions)
+    adv = rewards - cfg.baseline
+    n_seeds = logits.shape[0]
+    if method == "pg":
+        loss = reinforce_loss(logp_a, adv, loss_agg="mean").loss * n_seeds
+    elif method == "dg":
+        loss = dg_loss(logp_a, adv, eta=cfg.eta, loss_agg="mean").loss * n_seeds
+    elif method == "grpo":
+        centred = rewards - rewards.mean(dim=-1, keepdim=True)
+        z = centred / torch.sqrt(centred.square().mean(dim=-1, keepdim=True) + 1e-8)
+        loss = reinforce_loss(logp_a, z, loss_agg="mean").loss * n_seeds
+    elif method == "tpo":
+        per_action = torch.zeros_like(logits).scatter_add_(-1, actions, adv) / actions.shape[-1]
+        old = torch.log(log_pi.detach().exp() + 1e-8)  # the authors' anchor, log(π + 1e-8)
+        loss = tpo_loss(logits, old, per_action).loss * n_seeds
+    else:
+        raise ValueError(method)
+    (grad,) = torch.autograd.grad(loss, logits)
+    return -grad
+
+
+def run_unit(cfg: Config, unit: str, ctx) -> None:
+    gen = torch.Generator().manual_seed(cfg.seed)  # same draws for every method: common random numbers
+    logits = torch.zeros(cfg.seeds, cfg.actions, dtype=torch.float64)
+    for t in range(cfg.steps):
+        probs = torch.softmax(logits, dim=-1)
+        uniform = torch.rand(cfg.seeds, cfg.batch, generator=gen, dtype=torch.float64)
+        cdf = probs.cumsum(dim=-1)
+        actions = torch.searchsorted(cdf, uniform * cdf[:, -1:]).clamp_max(cfg.actions - 1)
+        rewards = (actions == 0).to(torch.float64)
+        g = direction(unit, logits, actions, rewards, cfg)
+        exact_pg = probs[:, :1] * correct_direction(probs)
+        ctx.log({"step": t, "error": 1.0 - probs[:, 0], "misalignment": misalignment(g, exact_pg)})
+        logits = normalized_step(logits, g, cfg.lr)
+        ctx.advance()
+
+
+# ----------------------------------------------------------------------------- report
+
+LABELS = {"pg": "PG", "dg": "DG", "tpo": "TPO", "grpo": "GRPO"}
+
+
+def summary(run) -> str:
+    err = curves(run, "error")
+    parts = [f"{LABELS[m]} final {fmt(err[m][1][-1])} first<1% {fmt(first_below(err[m][0], err[m][1], 0.01))}"
+             for m in err]
+    return "error: " + "; ".join(parts)
+
+
+def report(run, section) -> None:
+    err, mis = curves(run, "error"), curves(run, "misalignment")
+    ref_e, ref_m = paper.TABULAR_SINGLE_ERROR.values, paper.TABULAR_SINGLE_MISALIGNMENT.values
+    section.text(__doc__.split("\n\n", 1)[1])
+    last = int(max(s[-1] for s, *_ in err.values()))
+
+    steps_e = [s for s in ref_e["steps"] if s <= last]
+    rows = []
+    for m, (steps, mean, se, _) in err.items():
+        rows.append([LABELS[m]] + ours_vs_paper(err[m], ref_e["steps"], ref_e[m]["error"])
+                    + [f"{fmt(first_below(steps, mean, 0.01))} ({fmt(ref_e[m]['below_1pct'])})",
+                       f"{fmt(first_below(steps, mean, 0.001))} ({fmt(ref_e[m]['below_0.1pct'])})"])
+    section.table(["method"] + [f"ε@{s}" for s in steps_e] + ["first ε<1%", "first ε<0.1%"], rows,
+                  "Error 1 − π(y*): ours (reference from the authors' code, "
+                  f"{paper.TABULAR_SINGLE_ERROR.source})")
+
+    steps_m = [s for s in ref_m["steps"] if s <= last]
+    rows = [[LABELS[m]] + ours_vs_paper(mis[m], ref_m["steps"], ref_m[m]) for m in mis]
+    section.table(["method"] + [f"@{s}" for s in steps_m], rows, "Misalignment 1 − cos(g, g*_PG): ours (reference)")
+
+    fig, (ax1, ax2) = plots.figure(2)
+    for m, (steps, mean, se, vals) in err.items():
+        plots.curve(ax1, steps, vals, LABELS[m], plots.COLORS[m], floor=1e-6)
+        plots.paper_points(ax1, steps_e, [v for s, v in zip(ref_e["steps"], ref_e[m]["error"]) if s <= last],
+                           plots.COLORS[m])
+    plots.finish(ax1, "Error (circles: reference)", "step", "1 − π(y*)", log=True)
+    for m, (steps, mean, se, vals) in mis.items():
+        plots.curve(ax2, steps, vals, LABELS[m], plots.COLORS[m], floor=1e-6)
+    plots.finish(ax2, "Misalignment to the exact PG direction", "step", "1 − cos", log=True)
+    section.figure(fig, "tabular_single", "Tabular single-context bandit: seed mean ± s.e.")
+
+    _claims(err, mis, section)
+
+
+def _claims(err, mis, section) -> None:
+    need = {"tpo", "dg", "pg", "grpo"}
+    if not need <= set(err):
+        section.claim("all four methods present", None, f"ran {sorted(err)}")
+        return
+    hit = {m: first_below(err[m][0], err[m][1], 0.01) for m in err}
+    big = 10**9
+    fastest = max(hit["tpo"] or big, hit["dg"] or big) <= min(hit["pg"] or big, hit["grpo"] or big)
+    section.claim("TPO and DG converge fastest (first ε < 1%)", fastest and hit["tpo"] is not None,
+                  ", ".join(f"{LABELS[m]} {fmt(h)}" for m, h in hit.items()))
+    final = {m: err[m][1][-1] for m in err}
+    section.claim("TPO and DG keep improving below 1% (final ε < 0.1%)", final["tpo"] < 1e-3 and final["dg"] < 1e-3,
+                  ", ".join(f"{LABELS[m]} {fmt(v)}" for m, v in final.items()))
+    section.claim("GRPO and PG plateau at higher error (final ≥ 5× TPO's)",
+                  min(final["grpo"], final["pg"]) >= 5 * final["tpo"],
+                  f"GRPO/TPO = {final['grpo'] / max(final['tpo'], 1e-12):.0f}×, PG/TPO = {final['pg'] / max(final['tpo'], 1e-12):.0f}×")
+    steps = mis["tpo"][0]
+    late = steps >= min(25, steps[-1])
+    lowest = np.all(np.vstack([mis["tpo"][1][late] <= mis[m][1][late] + 1e-9 for m in mis if m != "tpo"]), axis=0)
+    section.claim("TPO has the lowest misalignment (from step 25 on)", bool(lowest.all()),
+                  f"lowest at {lowest.sum()}/{lowest.size} steps ≥ 25; at step 0 TPO {fmt(mis['tpo'][1][0])}, "
+                  f"GRPO {fmt(mis['grpo'][1][0])} (the reference run also has TPO above GRPO at step 0)")
+    g = mis["grpo"][1]
+    mid = min(50, len(g) - 1)
+    section.claim("GRPO becomes increasingly misaligned (misalignment at the end > at step 50)", g[-1] > g[mid],
+                  f"GRPO {fmt(g[mid])} at step {mid} → {fmt(g[-1])} at the end")

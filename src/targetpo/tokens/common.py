@@ -1,0 +1,117 @@
+"""What the token-sequence experiment modules share besides the engine: method labels, the config fields every
+one of them has (documented once), unit naming, and report helpers (steps-to-x and final-error tables next to
+the paper's numbers, curve grids with ± s.e. bands)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from targetpo.runs import plots
+from targetpo.runs.stats import Curve, curves, first_below, fmt, mean_se
+from targetpo.tokens.engine import METHODS, TRIAL_FIELDS_DOC
+
+LABELS = {"reinforce": "REINFORCE", "ppo": "PPO", "dg": "DG", "tpo": "TPO", "tpo_no_anchor": "TPO (no anchor)",
+          "group_pg": "Group PG", "grpo": "GRPO", "grpo_no_kl": "GRPO (no KL)", "grpo_masked": "GRPO (masked)",
+          "tpo_token": "TPO_token", "grpo_token": "GRPO_token", "grpo_token_no_kl": "GRPO_token (no KL)"}
+
+# One thread: on a shared or busy machine every op with two OpenMP threads waits for the slower one, which made
+# the token experiments 2–8× slower in our measurements; on a quiet machine `--threads 2` may help a little.
+TORCH_THREADS = 1
+
+COMMON_FIELDS_DOC = """seeds: independent seeds, vectorised as one batch inside each unit
+seed: first seed (seeds are seed, seed+1, ...); seed s alone fixes its initial model and prompts
+methods: which methods to run (see targetpo.tokens.engine.METHODS)
+""" + TRIAL_FIELDS_DOC
+
+
+def config_doc(own: str) -> str:
+    """A Config docstring: the shared `field: help` lines, then the experiment's own (which win on a repeat)."""
+    return COMMON_FIELDS_DOC.rstrip() + "\n" + own.strip()
+
+
+def seed_list(cfg) -> list[int]:
+    return list(range(cfg.seed, cfg.seed + cfg.seeds))
+
+
+def check_methods(methods, allowed: tuple[str, ...], variants: tuple[str, ...] = ()) -> None:
+    """`methods` must be engine methods (or named `variants` of them) that this experiment allows."""
+    unknown = [m for m in methods if m not in METHODS and m not in variants]
+    if unknown:
+        extra = f" (plus {', '.join(variants)})" if variants else ""
+        raise ValueError(f"unknown methods {unknown}; the engine has {', '.join(METHODS)}{extra}")
+    bad = [m for m in methods if m not in allowed]
+    if bad:
+        raise ValueError(f"methods {bad} are not part of this experiment; choose from {allowed}")
+    if not methods:
+        raise ValueError("methods must not be empty")
+
+
+def label(method: str) -> str:
+    return LABELS.get(method, method)
+
+
+# ----------------------------------------------------------------------------- report helpers
+
+def unit_curves(run, metric: str = "error") -> dict[str, Curve]:
+    """{unit: Curve} of one metric (units that logged it)."""
+    return curves(run, metric)
+
+
+def steps_to(curve: Curve | None, threshold: float = 0.01) -> int | None:
+    """First 0-based episode whose seed-mean is below `threshold` (the paper's "steps to 1%"), or None."""
+    if curve is None:
+        return None
+    return first_below(curve.steps, curve.mean, threshold)
+
+
+def final(curve: Curve) -> tuple[float, float]:
+    """(seed mean, s.e.) at the last episode, unsmoothed: the paper's "final error"."""
+    return float(curve.mean[-1]), float(curve.se[-1])
+
+
+def tail_mean(curve: Curve, frac: float = 0.1) -> tuple[float, float]:
+    """(mean, s.e.) over seeds of each seed's mean over the last `frac` of episodes: a less noisy final error."""
+    n = max(1, int(round(len(curve.steps) * frac)))
+    m, se = mean_se(curve.values[-n:].mean(axis=0))
+    return float(m), float(se)
+
+
+def cell(ours: float | int | None, paper: float | int | None, never: str = "–") -> str:
+    """'ours (paper)' with '–'/never for missing values."""
+    o = never if ours is None else fmt(ours)
+    p = never if paper is None else fmt(paper)
+    return f"{o} ({p})"
+
+
+def fastest_claim(hits: dict[str, int | None], method: str) -> tuple[bool, str]:
+    """Whether `method` reached the threshold strictly first (None = never, counts as infinitely late)."""
+    big = 10 ** 12
+    mine = hits.get(method)
+    ok = mine is not None and all(mine < (h if h is not None else big) for m, h in hits.items() if m != method)
+    return ok, ", ".join(f"{label(m)} {fmt(h)}" for m, h in hits.items())
+
+
+def curve_grid(section, panels: dict[str, dict[str, Curve]], name: str, caption: str, ylabel: str = "error",
+               log: bool = True, refs: dict[str, dict[str, list[tuple[int, float]]]] | None = None,
+               threshold: float | None = 0.01) -> None:
+    """One panel per key of `panels` ({panel title: {method: Curve}}), seed mean ± s.e.; `refs` adds the
+    paper's points ({panel: {method: [(episode, value), ...]}}) as hollow markers."""
+    fig, axes = plots.figure(len(panels), width=4.6)
+    for ax, (title, by_method) in zip(axes, panels.items()):
+        for m, c in by_method.items():
+            plots.curve(ax, c.steps, c.values, label(m), plots.COLORS.get(m), floor=1e-4 if log else None)
+            for_m = (refs or {}).get(title, {}).get(m)
+            if for_m:
+                plots.paper_points(ax, *zip(*for_m), color=plots.COLORS.get(m))
+        if threshold is not None:
+            ax.axhline(threshold, color="k", lw=0.6, ls=":")
+        plots.finish(ax, title, "episode", ylabel, log=log)
+    section.figure(fig, name, caption)
+
+
+def pct(x: float | None) -> float | None:
+    return None if x is None else 100.0 * x
+
+
+def finite(x) -> bool:
+    return x is not None and np.isfinite(x)

@@ -1,0 +1,231 @@
+"""Section-4 diagnostics: why TPO learns from sparse terminal reward (paper §4.1–4.3, Figs. 10, 11, 14;
+spec §E8).
+
+Reverse copy over V = 2 with an exact-match reward at H = 8, B = 256 prompts, K = 32 full answers per prompt for
+the grouped methods (TPO with 4 epochs per batch and with 1, GRPO with and without its KL term) and B = 256
+single answers for PPO and DG (prompt-matched). At initialisation an answer is right with probability 2^−H, so
+a group of K contains no success at all with probability (1 − 2^−H)^K ≈ 0.88: most groups carry no signal.
+Every episode logs, per seed, before the update: the error (fraction of sampled answers with a mistake), the
+L2 norm of the first epoch's raw gradient, the all-fail fraction (groups with no success; single-sample methods:
+failed rollouts), the zero-variance fraction (all-fail and all-success groups), and the update weight on winners
+and losers (TPO: mean q_i; GRPO: |A_i|; PPO: |A|; DG: |gate·A|). Curves are smoothed with a trailing moving
+average over episodes/40 per seed, as in the authors' figure.
+
+`cpu` preset: H = 6 and K = 8 instead of H = 8 and K = 32 — the same all-fail fraction at initialisation
+(1 − (63/64)^8 = 0.118 success vs 1 − (255/256)^32 = 0.118) at 1/8 of the rollouts — with B = 64, 2 seeds and
+300 episodes (the paper: 10 seeds × 2000 episodes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from targetpo import paper
+from targetpo.tokens import common as tc
+from targetpo.tokens import report as tr
+from targetpo.tokens.engine import trial_config
+
+NAME = "token-diagnostics"
+TITLE = "Section-4 diagnostics: all-fail groups, gradient norms, update weights (paper §4, Figs. 10, 11, 14)"
+PAPER_REF = "§4.1–4.3, Figs. 10, 11, 14; spec §E8"
+METHODS = ("tpo", "tpo_1ep", "grpo", "grpo_no_kl", "ppo", "dg")
+ALLOWED = METHODS + ("tpo_no_anchor", "group_pg", "grpo_masked", "reinforce")
+PANELS = {"error": "error", "grad_norm": "first-epoch gradient norm", "all_fail": "all-fail fraction",
+          "frac_zero_var": "zero-variance fraction", "weight_winners": "weight on winners",
+          "weight_losers": "weight on losers"}
+TORCH_THREADS = tc.TORCH_THREADS
+
+
+@dataclass(frozen=True)
+class Config:
+    seeds: int = 10
+    seed: int = 0
+    episodes: int = 2000
+    methods: tuple[str, ...] = METHODS
+    task: str = "reverse_copy"
+    reward: str = "terminal"
+    length: int = 8
+    vocab: int = 2
+    batch: int = 256
+    k: int = 32
+    epochs: int = 4
+    dg_epochs: int = 1
+    lr: float = 1e-3
+    clip_eps: float = 0.2
+    grpo_beta: float = 0.04
+    dg_eta: float = 1.0
+    tpo_eta: float = 1.0
+    heads: int = 2
+    optimizer: str = "optax"
+
+    def validate(self) -> None:
+        tr.check_methods(self.methods, ALLOWED)
+        tr.check_positive(self, "seeds", "episodes")
+        trial_config(self)
+
+
+Config.__doc__ = tr.config_doc("""episodes: episodes per unit (the paper: 2000)
+methods: which methods to run; tpo_1ep is TPO with 1 epoch per batch (Fig. 14)""")
+
+PRESETS = {
+    "smoke": Config(seeds=2, episodes=3, length=3, batch=8, k=4),
+    "cpu": Config(seeds=2, episodes=300, length=6, batch=64, k=8),
+    "paper": Config(),
+}
+REPRODUCE_PRESET = "cpu"
+
+
+def run_unit(cfg: Config, unit: str, ctx) -> None:
+    tr.run_method(cfg, unit, ctx)
+
+
+def unit_steps(cfg: Config, unit: str) -> int:
+    return cfg.episodes
+
+
+# ----------------------------------------------------------------------------- report
+
+def theory_all_fail(cfg) -> float:
+    """P(no exact match among K uniform answers) = (1 − V^−H)^K."""
+    return (1.0 - float(cfg["vocab"]) ** -cfg["length"]) ** cfg["k"]
+
+
+def _window(cfg) -> int:
+    return max(1, cfg["episodes"] // 40)
+
+
+def _sm(c: tc.Curve, w: int) -> np.ndarray:
+    """Seed-mean of the per-seed smoothed curve."""
+    return np.nanmean(tr.smooth(c.values, w), axis=1)
+
+
+def summary(run) -> str:
+    err = tc.unit_curves(run, "error")
+    return "final-10% error — " + ", ".join(f"{tr.label(m)} {100 * tc.tail_mean(c)[0]:.1f}%" for m, c in err.items())
+
+
+def report(run, section) -> None:
+    cfg = run.config
+    section.text(__doc__.split("\n\n", 1)[1])
+    if run.meta.get("preset") != "paper":
+        section.text(tr.horizon_note(run, "10 seeds × 2000 episodes, H = 8, B = 256, K = 32",
+                                     f"{cfg['seeds']} seeds × {cfg['episodes']} episodes, H = {cfg['length']}, "
+                                     f"B = {cfg['batch']}, K = {cfg['k']}")
+                     + " Episode counts of the paper (e.g. 'by episode 250') are compared after scaling by "
+                       "this run's horizon only where stated.")
+    metrics = {k: tc.unit_curves(run, k) for k in PANELS}
+    err = metrics["error"]
+    if not err:
+        section.text("No metrics recorded yet.")
+        return
+    w = _window(cfg)
+    grid = {title: metrics[k] for k, title in PANELS.items() if metrics[k]}
+    tr.panels(section, grid, "token_diagnostics",
+              f"Diagnostics by episode (per-seed trailing mean over {w} episodes, then seed mean ± s.e.). "
+              "Zero-variance fraction: grouped methods only.", ncols=3,
+              log={"error": True, "first-epoch gradient norm": True, "all-fail fraction": False,
+                   "zero-variance fraction": False, "weight on winners": True, "weight on losers": True},
+              ylabel="", ylabels={t: t for t in PANELS.values()})
+    _tables(section, cfg, metrics, w)
+    _claims(section, cfg, metrics, w)
+
+
+def _tables(section, cfg, metrics, w) -> None:
+    err, af, gn = metrics["error"], metrics["all_fail"], metrics["grad_norm"]
+    ref = paper.SECTION4_DIAGNOSTICS.values
+    checkpoint = min(400, cfg["episodes"] - 1)
+    rows = []
+    for m, c in err.items():
+        a = af.get(m)
+        g = gn.get(m)
+        rows.append([tr.label(m), tr.pm(tc.tail_mean(c), 100, 2),
+                     f"{100 * float(c.mean[checkpoint]):.2f}",
+                     "–" if a is None else f"{float(a.mean[0]):.3f}",
+                     "–" if a is None else tr.pm(tc.tail_mean(a), 1, 3),
+                     "–" if g is None else f"{float(np.nanmax(_sm(g, w))):.3g}",
+                     "–" if g is None else f"{tc.tail_mean(g)[0]:.3g}"])
+    section.table(["method", "final-10% error %", f"error % at ep. {checkpoint}", "all-fail at ep. 0",
+                   "final-10% all-fail", "peak grad norm (smoothed)", "final-10% grad norm"], rows,
+                  "Diagnostics summary (seed mean ± s.e.). Single-sample methods: all-fail = fraction of failed "
+                  "rollouts")
+    rows = [["all-fail fraction at initialisation", f"{theory_all_fail(cfg):.3f} (theory (1 − V^−H)^K)",
+             f"{ref['initial_all_fail_fraction']} (theory {1 - ref['theory_frac_success_at_init']:.3f})"],
+            ["TPO (4 ep) vs TPO (1 ep) error at episode 400",
+             " vs ".join(f"{100 * float(err[m].mean[checkpoint]):.2f}%" for m in ("tpo", "tpo_1ep") if m in err)
+             + f" (at ep. {checkpoint})",
+             f"{100 * ref['tpo_4ep_error_at_400']:.1f}% vs {100 * ref['tpo_1ep_error_at_400']:.1f}%"],
+            ["GRPO error plateau (final-10%)",
+             "–" if "grpo" not in err else tr.pm(tc.tail_mean(err["grpo"]), 100) + "%",
+             f"{100 * ref['grpo_error_plateau']:.1f}%"],
+            ["DG error plateau (final-10%)", "–" if "dg" not in err else tr.pm(tc.tail_mean(err["dg"]), 100) + "%",
+             f"{100 * ref['dg_plateau']:.0f}%"],
+            ["TPO all-fail ≈ 0 by episode", _first_below(af.get("tpo"), 0.01, w),
+             f"{ref['tpo_all_fail_near_zero_by_episode']} (of 2000)"]]
+    section.table(["quantity", "ours", "paper"], rows,
+                  f"Key numbers ours vs the paper ({paper.SECTION4_DIAGNOSTICS.source}; paper at H = 8, K = 32, "
+                  "B = 256, 2000 episodes)")
+
+
+def _first_below(c: tc.Curve | None, x: float, w: int) -> str:
+    if c is None:
+        return "–"
+    return tc.fmt(tc.first_below(c.steps, _sm(c, w), x)) + f" (of {len(c.steps)}, smoothed)"
+
+
+def _claims(section, cfg, metrics, w) -> None:
+    err, af, gn = metrics["error"], metrics["all_fail"], metrics["grad_norm"]
+    theory = theory_all_fail(cfg)
+    grouped = [m for m in af if tr.rollout(m) == "group"]
+    if grouped:
+        start = {m: float(af[m].mean[0]) for m in grouped}
+        section.claim(f"At initialisation ≈ 90% of groups are all-fail, as theory (1 − V^−H)^K = {theory:.3f} "
+                      "predicts (within ±0.05, episode 0, every grouped method)",
+                      all(abs(v - theory) <= 0.05 for v in start.values()),
+                      ", ".join(f"{tr.label(m)} {v:.3f}" for m, v in start.items()))
+    else:
+        section.claim("At initialisation ≈ 90% of groups are all-fail", None, "needs a grouped method")
+
+    learned = "tpo" in err and tc.tail_mean(err["tpo"])[0] < 0.05
+    if "tpo" in af and "grpo" in af:
+        t, g = tc.tail_mean(af["tpo"])[0], tc.tail_mean(af["grpo"])[0]
+        section.claim("TPO's all-fail fraction falls to ≈ 0 (final-10% < 0.01) while GRPO keeps a residual "
+                      "(final-10% > 2× TPO's and > 0.01) (Fig. 11)", t < 0.01 and g > max(2 * t, 0.01),
+                      f"final-10% all-fail: TPO {t:.4f}, GRPO {g:.4f}")
+    else:
+        section.claim("TPO's all-fail fraction falls to ≈ 0 while GRPO keeps a residual", None, "needs tpo and grpo")
+    if "tpo" in gn and "grpo" in gn and learned:
+        peak = float(np.nanmax(_sm(gn["tpo"], w)))
+        t, g = tc.tail_mean(gn["tpo"])[0], tc.tail_mean(gn["grpo"])[0]
+        section.claim("After learning TPO's gradient norm decays to ≈ 0 (final-10% < 10% of its smoothed peak) "
+                      "while GRPO's stays large (> 10× TPO's) (Fig. 10a)", t < 0.1 * peak and g > 10 * t,
+                      f"TPO peak {peak:.3g} → final {t:.3g}; GRPO final {g:.3g}")
+    else:
+        section.claim("After learning TPO's gradient norm decays to ≈ 0 while GRPO's stays large", None,
+                      "needs tpo and grpo, with TPO's final-10% error < 5%")
+    if "tpo" in err and "tpo_1ep" in err:
+        never = 10 ** 9
+        hits = {(m, x): tc.steps_to(err[m], x) for m in ("tpo", "tpo_1ep") for x in (0.05, 0.01)}
+        areas = {m: float(err[m].mean.mean()) for m in ("tpo", "tpo_1ep")}
+        decided = any(h is not None for h in hits.values())
+        # Per threshold: 4 epochs strictly first, or neither reached it.
+        faster = all((hits[("tpo", x)] or never) < (hits[("tpo_1ep", x)] or never)
+                     or hits[("tpo", x)] is hits[("tpo_1ep", x)] is None for x in (0.05, 0.01))
+        section.claim("TPO with 4 epochs per batch learns faster than with 1: reaches 5% and 1% error first and "
+                      "has the lower mean error over the run (Fig. 14)",
+                      (faster and areas["tpo"] < areas["tpo_1ep"]) if decided else None,
+                      ", ".join(f"{tr.label(m)} to {100 * x:.0f}%: {tc.fmt(h)}" for (m, x), h in hits.items())
+                      + f"; mean error {100 * areas['tpo']:.1f}% vs {100 * areas['tpo_1ep']:.1f}%")
+    else:
+        section.claim("TPO with 4 epochs per batch learns faster than with 1", None, "needs tpo and tpo_1ep")
+    if "dg" in err and "tpo" in err:
+        d, t = tc.tail_mean(err["dg"])[0], tc.tail_mean(err["tpo"])[0]
+        n = len(err["dg"].steps)
+        prev = tr.window_mean(err["dg"], n - n // 5, n - n // 10)
+        section.claim("DG plateaus well above TPO: final-10% error ≥ 1% and > 3× TPO's, no longer falling "
+                      "(within 20% of the previous 10% of episodes) (Fig. 14)",
+                      d >= 0.01 and d > 3 * t and d >= 0.8 * prev,
+                      f"DG final-10% {100 * d:.1f}% (previous 10%: {100 * prev:.1f}%), TPO {100 * t:.2f}%")
+    else:
+        section.claim("DG plateaus well above TPO", None, "needs dg and tpo")

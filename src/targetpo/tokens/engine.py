@@ -1,0 +1,516 @@
+r"""The engine of every token-sequence experiment (paper §3.4–§3.7, §4, App. D–E; spec §1.4–§1.7, §E4–§E11).
+
+One call, :func:`run_trial`, trains one method on one task for S seeds at once (a seed axis through the model,
+the optimizer and the losses) and reports per-episode metrics. Experiment modules call it once per unit.
+
+API
+---
+``TrialConfig``
+    Every knob of one trial (fields below). Build it with ``TrialConfig(...)`` or, from an experiment's
+    config, ``trial_config(cfg, **overrides)`` (copies the fields the two share by name).
+
+``run_trial(cfg, method, seeds, device="cpu", log=None, advance=None) -> dict[str, np.ndarray]``
+    Trains ``method`` (a key of :data:`METHODS`) for ``cfg.episodes`` episodes on seeds ``seeds`` (a list of
+    ints; seed s's initial parameters and prompts depend on s only). After each episode it calls
+    ``log({"step": t, metric: [S values], ...})`` and ``advance()``; it returns ``{metric: [episodes, S]}``.
+    Deterministic on CPU given (cfg, method, seeds). ``device`` may be "cuda".
+
+Metrics (per seed, measured on the episode's training rollout *before* the update, as the paper does):
+
+- ``error`` — token-level and single-sample methods: 1 − mean behaviour reward over B·H tokens (bag: fraction
+  of tokens wrong; sequential: 1 − normalised correct-prefix length; terminal: fraction of sequences with a
+  mistake). Grouped methods: 1 − mean reward over all B·K·H sampled tokens (terminal: fraction of the B·K
+  sequences with any mistake).
+- ``grad_norm`` — global L2 norm of the first epoch's raw gradient (per seed, before the optimizer; §E8).
+- ``frac_success`` — grouped: fraction of groups with ≥ 1 successful candidate (sequence level: exact match;
+  token level: a correct candidate token); single-sample: fraction of exact-match rollouts.
+- ``all_fail`` — 1 − frac_success (the paper's Fig. 11 "all-fail fraction"; spec §5.7).
+- ``frac_zero_var`` — grouped only: fraction of groups whose scores have population std ≤ 1e-6 (all-fail *and*
+  all-success groups).
+- ``weight_winners`` / ``weight_losers`` — the update weight on successful / failed samples, pooled over the
+  batch (NaN when there are none): TPO q_i; GRPO |A_i|; Group PG |u_i|/η; PPO and REINFORCE mean_t |A|; DG
+  mean_t |gate·A| (first epoch).
+
+Methods (:data:`METHODS`; losses are the library's ``targetpo.objectives``, never re-implemented here):
+
+====================  ==========  ============================================================  ===========
+name                  rollout     loss (recomputed under θ every epoch; q / A / old log-probs frozen)  epochs
+====================  ==========  ============================================================  ===========
+reinforce             single      ``reinforce_loss``, A = r − mean_b r per position              epochs
+ppo                   single      ``ppo_loss`` (ε = clip_eps), same A                            epochs
+dg                    single      ``dg_loss`` (η = dg_eta), same A; gate from current log-probs  dg_epochs
+tpo                   group       ``tpo_loss`` on sequence log-probs (Σ_t), η = tpo_eta          epochs
+tpo_no_anchor         group       ``tpo_loss(anchor=False)``                                     epochs
+group_pg              group       ``group_pg_loss`` (u/η, not renormalised)                      epochs
+grpo / grpo_no_kl     group       ``grpo_loss`` on the sequence ratio, β = grpo_beta / 0          epochs
+grpo_masked           group       ``grpo_loss(mask_zero_var=True)`` per seed                     epochs
+tpo_token             token       ``tpo_token_loss`` over K candidate next tokens per state      epochs
+grpo_token(_no_kl)    token       ``grpo_loss`` over K candidate tokens per state                epochs
+====================  ==========  ============================================================  ===========
+
+Rollouts: *single* samples one answer per prompt; *group* samples K independent full answers per prompt
+(scores s_i = mean_t r_{i,t}, old log-score Σ_t log π_old); *token* follows one behaviour trajectory that takes
+candidate 0 of K i.i.d. next-token samples at every state, each candidate scored at once (bag: correct token;
+sequential: alive × correct, so every state after the behaviour's first mistake is a zero-variance group with
+q = p_old). Sampling is temperature 1 with a KV cache; the prompt's keys/values are computed once and shared by
+the K rollouts of a group, in sampling. Training runs every distinct prompt once and every distinct (prompt, answer)
+pair once over its cached keys/values (exact: identical inputs, identical log-probs), and token-level training
+reads all H states' next-token distributions from that one pass over the behaviour trajectory (causal masking
+makes it identical to the authors' one pass per prefix state, H× cheaper).
+
+Building an experiment on it: see ``token_dense.py`` / ``token_terminal.py``. A module's ``Config`` carries the
+TrialConfig fields it needs by name (documented once in ``token_common.COMMON_FIELDS_DOC``), its units name a
+(configuration, method) pair, and ``run_unit`` is one call:
+``run_trial(trial_config(cfg, vocab=v), method, seed_list(cfg), ctx.device, ctx.log, ctx.advance)``.
+``token_common`` also has the report helpers (steps-to-x, final and tail-mean errors, "ours (paper)" cells,
+fastest-method claims, curve grids with ± s.e. bands). Lower-level pieces are public for diagnostics work:
+``rollout``, ``answer_logp``, ``collect`` (→ ``Batch``), ``loss_fn``, ``diagnostics``.
+
+Paper-vs-code choices (spec §5), each a field: ``heads`` (2 as in the code, which reproduces the paper's
+numbers; the text says 4), ``lr`` (1e-3 effective = the code's 10 × 1e-4), ``match`` + ``interaction_lr_scale``
+(interaction-matched single-sample methods run B·K prompts at lr·√K), ``dg_epochs`` (1 in the code; App. E
+uses 4), ``optimizer`` ("optax" = the paper's Muon/AdamW partition; "torch" = torch.optim.Muon + AdamW).
+Losses of S seeds are summed (each seed's own mean), so each seed's gradient is exactly its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from targetpo import objectives as obj
+from targetpo.tokens import transformer as tfm
+from targetpo.optim import OPTIMIZERS, make_optimizer
+from targetpo.tokens import tasks
+
+
+@dataclass(frozen=True)
+class Method:
+    rollout: str        # "single" | "group" | "token"
+    epochs_field: str   # which TrialConfig field gives its epochs per episode
+    summary: str
+
+
+METHODS: dict[str, Method] = {
+    "reinforce": Method("single", "epochs", "REINFORCE, per-position batch-mean baseline"),
+    "ppo": Method("single", "epochs", "PPO clipped surrogate, per token"),
+    "dg": Method("single", "dg_epochs", "Delightful PG (sigmoid gate on surprisal × advantage)"),
+    "tpo": Method("group", "epochs", "TPO over K full rollouts (sequence level)"),
+    "tpo_no_anchor": Method("group", "epochs", "TPO with q = softmax(u/η), no p_old anchor"),
+    "group_pg": Method("group", "epochs", "−Σ u_i log π(y_i), not renormalised"),
+    "grpo": Method("group", "epochs", "GRPO, sequence-level ratio, k3 KL to the rollout policy"),
+    "grpo_no_kl": Method("group", "epochs", "GRPO with β = 0"),
+    "grpo_masked": Method("group", "epochs", "GRPO dropping zero-variance groups"),
+    "tpo_token": Method("token", "epochs", "TPO over K candidate next tokens at each state"),
+    "grpo_token": Method("token", "epochs", "GRPO over K candidate next tokens at each state"),
+    "grpo_token_no_kl": Method("token", "epochs", "GRPO_token with β = 0"),
+}
+MATCHES = ("prompts", "interactions")
+METRICS = ("error", "grad_norm", "frac_success", "all_fail", "frac_zero_var", "weight_winners", "weight_losers")
+
+TRIAL_FIELDS_DOC = """task: target of the answer: copy, flip, reverse_copy or reverse_flip
+reward: bag (per-token), sequential (up to the first mistake) or terminal (exact match)
+length: H, prompt length = answer length
+vocab: V, token vocabulary size
+batch: B, prompts per episode
+k: K, candidates per group (full rollouts for sequence-level methods, next tokens for token-level)
+episodes: episodes (one rollout batch + its update each)
+epochs: optimizer steps per episode on the same batch (all methods but DG)
+dg_epochs: DG's optimizer steps per episode (the authors' code: 1; App. E: 4)
+lr: effective learning rate of Muon and AdamW (the code's 10 × 1e-4)
+clip_eps: PPO/GRPO clip range ε
+grpo_beta: GRPO's k3-KL weight β (to the rollout policy)
+dg_eta: DG gate temperature η
+tpo_eta: TPO target temperature η
+match: prompts (every method sees B prompts) or interactions (single-sample methods see B·K prompts)
+interaction_lr_scale: in interaction-matched runs, multiply single-sample methods' lr by √K (the code)
+heads: attention heads (2 = the authors' code, which reproduces the paper's numbers; the text says 4)
+optimizer: optax (the paper's Muon + Nesterov-AdamW partition) or torch (torch.optim.Muon + AdamW)"""
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    __doc__ = TRIAL_FIELDS_DOC
+
+    task: str = "reverse_copy"
+    reward: str = "bag"
+    length: int = 10
+    vocab: int = 2
+    batch: int = 100
+    k: int = 8
+    episodes: int = 1000
+    epochs: int = 4
+    dg_epochs: int = 1
+    lr: float = 1e-3
+    clip_eps: float = 0.2
+    grpo_beta: float = 0.04
+    dg_eta: float = 1.0
+    tpo_eta: float = 1.0
+    match: str = "prompts"
+    interaction_lr_scale: bool = True
+    heads: int = 2
+    optimizer: str = "optax"
+
+    def validate(self) -> None:
+        tasks.check_task(self.task, self.reward)
+        small = {f: getattr(self, f) for f in ("length", "batch", "episodes", "epochs", "dg_epochs", "heads")
+                 if getattr(self, f) < 1}
+        if small:
+            raise ValueError(f"these trial fields must be >= 1: {small}")
+        if self.vocab < 2 or self.k < 2:
+            raise ValueError(f"vocab and k must be >= 2, got vocab={self.vocab}, k={self.k}")
+        for f in ("lr", "clip_eps", "dg_eta", "tpo_eta"):
+            if not getattr(self, f) > 0:
+                raise ValueError(f"{f} must be > 0, got {getattr(self, f)}")
+        if self.grpo_beta < 0:
+            raise ValueError(f"grpo_beta must be >= 0, got {self.grpo_beta}")
+        if self.match not in MATCHES:
+            raise ValueError(f"match must be one of {MATCHES}, got {self.match!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if 64 % self.heads:
+            raise ValueError(f"heads must divide d_model = 64, got {self.heads}")
+
+
+def trial_config(cfg: Any, **overrides) -> TrialConfig:
+    """A TrialConfig from any config object carrying some of its fields by name, plus explicit overrides."""
+    names = {f.name for f in dataclasses.fields(TrialConfig)}
+    given = {n: getattr(cfg, n) for n in names if hasattr(cfg, n)}
+    bad = set(overrides) - names
+    if bad:
+        raise ValueError(f"unknown TrialConfig fields {sorted(bad)}")
+    tc = TrialConfig(**(given | overrides))
+    tc.validate()
+    return tc
+
+
+def model_spec(cfg: TrialConfig) -> tfm.TransformerSpec:
+    return tfm.TransformerSpec(vocab=cfg.vocab, max_len=2 * cfg.length, heads=cfg.heads)
+
+
+def method_batch(cfg: TrialConfig, method: str) -> int:
+    """Prompts per episode: interaction-matched single-sample methods see B·K (as many rollouts as a group)."""
+    single = METHODS[method].rollout == "single"
+    return cfg.batch * cfg.k if (single and cfg.match == "interactions") else cfg.batch
+
+
+def method_lr(cfg: TrialConfig, method: str) -> float:
+    single = METHODS[method].rollout == "single"
+    if single and cfg.match == "interactions" and cfg.interaction_lr_scale:
+        return cfg.lr * math.sqrt(cfg.k)
+    return cfg.lr
+
+
+def method_epochs(cfg: TrialConfig, method: str) -> int:
+    return getattr(cfg, METHODS[method].epochs_field)
+
+
+# ----------------------------------------------------------------------------- randomness
+
+def _generators(seeds: Sequence[int], stream: int, device: torch.device) -> list[torch.Generator]:
+    """One generator per seed and stream (prompts / sampling), seeded from (seed, stream) only."""
+    out = []
+    for s in seeds:
+        state = int(np.random.SeedSequence([int(s), stream]).generate_state(1, dtype=np.uint64)[0] >> 1)
+        out.append(torch.Generator(device=device).manual_seed(state))
+    return out
+
+
+def _uniform(gens: list[torch.Generator], shape: tuple[int, ...], device) -> Tensor:
+    return torch.stack([torch.rand(shape, generator=g, device=device) for g in gens])
+
+
+def sample_tokens(logp: Tensor, u: Tensor) -> Tensor:
+    """Inverse-CDF categorical samples: logp [..., V], uniforms u [..., C] → token ids [..., C] (temperature 1)."""
+    cdf = logp.exp().cumsum(dim=-1)
+    idx = (u.unsqueeze(-1) >= cdf.unsqueeze(-2)).sum(dim=-1)
+    return idx.clamp_max(logp.shape[-1] - 1)
+
+
+# ----------------------------------------------------------------------------- rollouts
+
+@dataclass
+class Rollout:
+    prompts: Tensor            # [S, B, H]
+    target: Tensor             # [S, B, H]
+    actions: Tensor            # [S, B, G, H]   G = K for group rollouts, else 1
+    logp: Tensor               # [S, B, G, H]   rollout-time log-probs of the actions
+    candidates: Tensor | None  # [S, B, H, C]   token rollouts: candidate 0 = the action
+    cand_logp: Tensor | None   # [S, B, H, C]
+
+
+@torch.no_grad()
+def rollout(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tensor, streams: int, candidates: int,
+            gens: list[torch.Generator]) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """KV-cached sampling of `streams` answers per prompt (each sampled independently), drawing `candidates`
+    i.i.d. next tokens at every state of each stream and following candidate 0.
+
+    Streams in the same state (same prompt, same tokens so far) share one model evaluation and one cache
+    entry: the K rollouts of a prompt start from one prompt pass, and a confident policy's streams stay merged.
+
+    Returns actions [S, B, G, H], their log-probs, and (if candidates > 1) candidates / their log-probs
+    [S, B·G, H, C] (G = streams)."""
+    s, b, h = prompts.shape
+    g, c, dev, v = streams, candidates, prompts.device, spec.vocab
+    rep_p, inv_p = _distinct(_row_ids(prompts, [v] * h))
+    logp_states, cache = tfm.prefill(params, _take(prompts, rep_p), spec)     # one pass per distinct prompt
+    state = inv_p.repeat_interleave(g, dim=1)                                 # [S, B·G] each stream's state
+    acts, lps, cands, cand_lps = [], [], [], []
+    for t in range(h):
+        logp_t = _take(logp_states, state)                                    # [S, B·G, V]
+        cand = sample_tokens(logp_t, _uniform(gens, (b * g, c), dev))          # [S, B·G, C]
+        cand_lp = logp_t.gather(-1, cand)
+        acts.append(cand[..., 0])
+        lps.append(cand_lp[..., 0])
+        if c > 1:
+            cands.append(cand)
+            cand_lps.append(cand_lp)
+        if t + 1 < h:
+            rep, nxt = _distinct(state * v + cand[..., 0])                    # distinct next states
+            parent, token = _take(state, rep), _take(cand[..., 0], rep)       # [S, U]
+            past = [(_take(k, parent), _take(vv, parent)) for k, vv in cache]
+            out, cache = tfm.extend(params, token.unsqueeze(-1), spec, start=h + t, past=past, keep_kv=True)
+            logp_states, state = out[:, :, 0], nxt
+    actions = torch.stack(acts, dim=-1).view(s, b, g, h)
+    logp = torch.stack(lps, dim=-1).view(s, b, g, h)
+    if c == 1:
+        return actions, logp, None, None
+    return actions, logp, torch.stack(cands, dim=2), torch.stack(cand_lps, dim=2)
+
+
+def _row_ids(x: Tensor, radices: list[int]) -> Tensor:
+    """ids [S, N] (int64) with equal ids ⇔ equal rows within a seed, for rows x [S, N, L] whose column j takes
+    values in [0, radices[j]). A mixed-radix code when it fits in 62 bits, else per-seed `unique(dim=0)`."""
+    if sum(math.log2(max(r, 2)) for r in radices) < 62:
+        w, acc = [], 1
+        for r in radices:
+            w.append(acc)
+            acc *= r
+        return (x * torch.tensor(w, dtype=torch.int64, device=x.device)).sum(dim=-1)
+    return torch.stack([torch.unique(xi, dim=0, return_inverse=True)[1] for xi in x])
+
+
+def _distinct(ids: Tensor) -> tuple[Tensor, Tensor]:
+    """ids [S, N] → (rep [S, U]: the index of one row per distinct id of each seed, padded with index 0;
+    inverse [S, N]: each row's position in rep). One batched sort for all seeds (a single host sync)."""
+    sorted_ids, order = ids.sort(dim=1)
+    new = torch.ones_like(sorted_ids, dtype=torch.bool)
+    new[:, 1:] = sorted_ids[:, 1:] != sorted_ids[:, :-1]
+    group = new.long().cumsum(dim=1) - 1                                      # distinct index, in sorted order
+    inverse = torch.empty_like(group).scatter_(1, order, group)
+    width = int(group[:, -1].max()) + 1
+    # Any row of a group represents it (they are identical), so the scatter's choice among duplicates is moot.
+    rep = torch.zeros(ids.shape[0], width, dtype=torch.int64, device=ids.device).scatter_(1, group, order)
+    return rep, inverse
+
+
+def _take(x: Tensor, idx: Tensor) -> Tensor:
+    """x [S, N, ...], idx [S, M] → x[s, idx[s]] as [S, M, ...]."""
+    return x[torch.arange(x.shape[0], device=x.device).unsqueeze(1), idx]
+
+
+def answer_logp(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tensor, actions: Tensor) -> Tensor:
+    """Next-token log-probs [S, B, G, H, V] at every answer position under `params` (differentiable).
+
+    Each distinct prompt of a seed is run once (its keys/values cached), then each distinct (prompt, answer)
+    pair once over that cache; the results are gathered back to all B·G rows. Identical inputs have identical
+    log-probs, so this is exact, and it is much cheaper once a policy repeats itself (K samples of a confident
+    policy, or prompts that recur when V^H is small); autograd sums the gradients of duplicates."""
+    s, b, g, h = actions.shape
+    v = spec.vocab
+    rep_p, inv_p = _distinct(_row_ids(prompts, [v] * h))                      # distinct prompts
+    n_p = rep_p.shape[1]
+    logp0, prefix = tfm.prefill(params, _take(prompts, rep_p), spec)          # [S, P, V]
+    flat = actions.reshape(s, b * g, h)
+    pid = inv_p.repeat_interleave(g, dim=1)                                    # prompt of each (b, g) row
+    rows = torch.cat([pid.unsqueeze(-1), flat], dim=-1)
+    rep_r, inv_r = _distinct(_row_ids(rows, [n_p] + [v] * h))                 # distinct (prompt, answer) pairs
+    row_prompt = _take(pid, rep_r)                                             # [S, U]
+    first = _take(logp0, row_prompt).unsqueeze(2)                              # [S, U, 1, V]
+    if h > 1:
+        past = [(_take(k, row_prompt), _take(vv, row_prompt)) for k, vv in prefix]
+        rest, _ = tfm.extend(params, _take(flat, rep_r)[..., :-1], spec, start=h, past=past)
+        first = torch.cat([first, rest], dim=2)                                 # [S, U, H, V]
+    return _take(first, inv_r).view(s, b, g, h, v)
+
+
+# ----------------------------------------------------------------------------- per-seed statistics
+
+def _seed_mean(x: Tensor) -> Tensor:
+    return x.reshape(x.shape[0], -1).float().mean(dim=1)
+
+
+def _masked_seed_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Per-seed mean of x over entries where mask is True; NaN for a seed with none."""
+    m = mask.reshape(mask.shape[0], -1).float()
+    return (x.reshape(x.shape[0], -1) * m).sum(dim=1) / m.sum(dim=1)
+
+
+def _grad_norm(grads: list[Tensor]) -> Tensor:
+    return torch.stack([gr.reshape(gr.shape[0], -1).square().sum(dim=1) for gr in grads]).sum(dim=0).sqrt()
+
+
+# ----------------------------------------------------------------------------- one episode's batch and loss
+
+@dataclass
+class Batch:
+    """Everything an episode's loss needs, frozen at rollout time."""
+
+    prompts: Tensor
+    actions: Tensor                  # [S, B, G, H]
+    old_logp: Tensor                 # [S, B, G, H]
+    rewards: Tensor                  # [S, B, G, H] per-token rewards of the actions
+    error: Tensor                    # [S]
+    scores: Tensor | None = None     # group: [S, B, K] sequence scores
+    adv: Tensor | None = None        # single: [S, B, H]
+    candidates: Tensor | None = None  # token: [S, B, H, K]
+    cand_logp: Tensor | None = None
+    cand_rewards: Tensor | None = None
+
+
+def collect(params, spec: tfm.TransformerSpec, cfg: TrialConfig, method: str, prompts: Tensor,
+            gens: list[torch.Generator]) -> Batch:
+    """Sample an episode's rollouts for `method` and compute its rewards, scores/advantages and error."""
+    kind = METHODS[method].rollout
+    target = tasks.targets(prompts, cfg.task, cfg.vocab)
+    streams = cfg.k if kind == "group" else 1
+    cands = cfg.k if kind == "token" else 1
+    actions, logp, cand, cand_lp = rollout(params, spec, prompts, streams, cands, gens)
+    rewards = tasks.token_rewards(actions, target.unsqueeze(2), cfg.reward)     # [S, B, G, H]
+    batch = Batch(prompts, actions, logp, rewards, error=1.0 - _seed_mean(rewards))
+    if kind == "group":
+        batch.scores = tasks.sequence_scores(rewards)
+    elif kind == "single":
+        r = rewards[:, :, 0]
+        batch.adv = r - obj.batch_mean_baseline(r, dim=1)
+    else:
+        batch.candidates, batch.cand_logp = cand, cand_lp
+        batch.cand_rewards = tasks.candidate_rewards(cand, target, cfg.reward)
+        batch.error = 1.0 - _seed_mean(batch.cand_rewards[..., 0])
+    return batch
+
+
+def loss_fn(params, spec: tfm.TransformerSpec, cfg: TrialConfig, method: str, batch: Batch) -> Tensor:
+    """The method's loss on `batch` under `params`: the sum over seeds of each seed's own objective value."""
+    s = batch.actions.shape[0]
+    logp_v = answer_logp(params, spec, batch.prompts, batch.actions)            # [S, B, G, H, V]
+    kind = METHODS[method].rollout
+    if kind == "token":
+        tok = logp_v[:, :, 0]                                                     # [S, B, H, V]
+        if method == "tpo_token":
+            out = obj.tpo_token_loss(tok, batch.candidates, batch.cand_logp, batch.cand_rewards, eta=cfg.tpo_eta)
+        else:
+            beta = 0.0 if method == "grpo_token_no_kl" else cfg.grpo_beta
+            lp = tok.gather(-1, batch.candidates)
+            out = obj.grpo_loss(lp, batch.cand_logp, batch.cand_rewards, clip_eps=cfg.clip_eps, beta=beta)
+        return out.loss * s
+    lp = logp_v.gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)               # [S, B, G, H]
+    if kind == "single":
+        lp, old = lp[:, :, 0], batch.old_logp[:, :, 0]
+        if method == "ppo":
+            out = obj.ppo_loss(lp, old, batch.adv, clip_eps=cfg.clip_eps)
+        elif method == "dg":
+            out = obj.dg_loss(lp, batch.adv, eta=cfg.dg_eta)
+        else:
+            out = obj.reinforce_loss(lp, batch.adv)
+        return out.loss * s
+    seq, old_seq = lp.sum(dim=-1), batch.old_logp.sum(dim=-1)                    # [S, B, K]
+    if method in ("tpo", "tpo_no_anchor"):
+        out = obj.tpo_loss(seq, old_seq, batch.scores, eta=cfg.tpo_eta, anchor=method == "tpo")
+    elif method == "group_pg":
+        out = obj.group_pg_loss(seq, batch.scores, eta=cfg.tpo_eta)
+    elif method == "grpo_masked":
+        # Normalised by each seed's own number of informative groups (the paper's per-seed run), so per seed.
+        return sum(obj.grpo_loss(seq[i], old_seq[i], batch.scores[i], clip_eps=cfg.clip_eps, beta=cfg.grpo_beta,
+                                 mask_zero_var=True).loss for i in range(s))
+    else:
+        beta = 0.0 if method == "grpo_no_kl" else cfg.grpo_beta
+        out = obj.grpo_loss(seq, old_seq, batch.scores, clip_eps=cfg.clip_eps, beta=beta)
+    return out.loss * s
+
+
+@torch.no_grad()
+def diagnostics(cfg: TrialConfig, method: str, batch: Batch) -> dict[str, Tensor]:
+    """Per-seed §E8 diagnostics of an episode's batch (grad_norm is added by the training step)."""
+    kind = METHODS[method].rollout
+    out: dict[str, Tensor] = {}
+    if kind == "single":
+        ok = tasks.exact_match(batch.actions[:, :, 0], tasks.targets(batch.prompts, cfg.task, cfg.vocab))  # [S, B]
+        out["frac_success"] = _seed_mean(ok)
+        if method == "dg":
+            w = obj.delight_gate(batch.old_logp[:, :, 0], batch.adv, cfg.dg_eta) * batch.adv
+        else:
+            w = batch.adv
+        w = w.abs().mean(dim=-1)
+    else:
+        if kind == "group":
+            scores, old = batch.scores, batch.old_logp.sum(dim=-1)
+            ok = tasks.exact_match(batch.actions, tasks.targets(batch.prompts, cfg.task, cfg.vocab).unsqueeze(2))
+        else:
+            scores, old = batch.cand_rewards, batch.cand_logp
+            ok = scores > 0
+        out["frac_success"] = _seed_mean(ok.any(dim=-1))
+        out["frac_zero_var"] = _seed_mean(obj.zero_variance_groups(scores))
+        if method in ("tpo", "tpo_token", "tpo_no_anchor"):
+            w = obj.tpo_target(old, scores, cfg.tpo_eta, anchor=method != "tpo_no_anchor")
+        elif method == "group_pg":
+            w = obj.standardize_scores(scores).abs() / cfg.tpo_eta
+        else:
+            w = obj.group_advantages(scores).abs()
+    out["all_fail"] = 1.0 - out["frac_success"]
+    out["weight_winners"] = _masked_seed_mean(w, ok)
+    out["weight_losers"] = _masked_seed_mean(w, ~ok)
+    return out
+
+
+# ----------------------------------------------------------------------------- the trial
+
+def run_trial(cfg: TrialConfig, method: str, seeds: Sequence[int], device: str | torch.device = "cpu",
+              log: Callable[[dict], None] | None = None, advance: Callable[[], None] | None = None
+              ) -> dict[str, np.ndarray]:
+    """Train `method` on `cfg`'s task for seeds `seeds` (vectorised) and return {metric: [episodes, S]}."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
+    cfg.validate()
+    if METHODS[method].rollout == "token" and cfg.reward == "terminal":
+        raise ValueError(f"{method} needs a dense reward (bag or sequential); terminal reward has no per-state "
+                         "credit: use the sequence-level methods (tpo, grpo, ...)")
+    seeds = [int(x) for x in seeds]
+    if not seeds:
+        raise ValueError("run_trial needs at least one seed")
+    device = torch.device(device)
+    spec = model_spec(cfg)
+    params = tfm.init_params(spec, seeds, device)
+    infos = tfm.param_info(spec)
+    opt = make_optimizer(cfg.optimizer, params, infos, method_lr(cfg, method))
+    for p in params.values():
+        p.requires_grad_(True)
+    names = list(params)
+    prompt_gens = _generators(seeds, 1, device)
+    sample_gens = _generators(seeds, 2, device)
+    batch_size, epochs = method_batch(cfg, method), method_epochs(cfg, method)
+    history: dict[str, list[np.ndarray]] = {}
+    for episode in range(cfg.episodes):
+        prompts = tasks.sample_prompts(prompt_gens, batch_size, cfg.length, cfg.vocab, device)
+        batch = collect(params, spec, cfg, method, prompts, sample_gens)
+        record = {"error": batch.error, **diagnostics(cfg, method, batch)}
+        for e in range(epochs):
+            loss = loss_fn(params, spec, cfg, method, batch)
+            grads = torch.autograd.grad(loss, [params[k] for k in names])
+            if e == 0:
+                record["grad_norm"] = _grad_norm(grads)
+            opt.step(params, dict(zip(names, grads)))
+        values = {k: v.detach().cpu().numpy() for k, v in record.items()}
+        for k, v in values.items():
+            history.setdefault(k, []).append(v)
+        if log is not None:
+            log({"step": episode, **values})
+        if advance is not None:
+            advance()
+    return {k: np.stack(v) for k, v in history.items()}

@@ -1,0 +1,179 @@
+"""Helpers shared by the token-experiment modules of §3.5, §3.7, §4 and Apps. D–E (token-variants,
+token-ablations, token-diagnostics, token-sweeps, token-temperature, dg-epochs), on top of
+:mod:`.token_common`: unit names, named method variants (``tpo_1ep``), labels and colours for them, a general
+curve-panel figure (seed mean ± s.e., optional smoothing), and claim aggregation over configurations."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from targetpo.runs import plots
+from targetpo.runs.stats import Curve, fmt
+from targetpo.tokens import common as tc
+from targetpo.tokens.engine import METHODS as ENGINE_METHODS, TrialConfig, run_trial, trial_config
+
+# Methods that are an engine method run with a different epoch count (§E8 "tpo_1ep", App. E "dg_4ep").
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "tpo_1ep": ("tpo", {"epochs": 1}),
+    "dg_4ep": ("dg", {"dg_epochs": 4}),
+}
+EXTRA_LABELS = {"tpo_1ep": "TPO (1 ep)", "dg_4ep": "DG (4 ep)"}
+EXTRA_COLORS = {"tpo_1ep": "#ff9896", "dg_4ep": "#aec7e8", "tpo_no_anchor": "#e377c2"}
+# A colour cycle for swept settings (K, epochs, η) of one method.
+SWEEP_COLORS = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d")
+
+
+config_doc = tc.config_doc
+
+
+def check_methods(methods, allowed: tuple[str, ...]) -> None:
+    """Like token_common.check_methods, also accepting the named variants of VARIANTS."""
+    tc.check_methods(methods, allowed, tuple(VARIANTS))
+
+
+def check_positive(cfg, *names: str) -> None:
+    small = {n: getattr(cfg, n) for n in names if getattr(cfg, n) < 1}
+    if small:
+        raise ValueError(f"these config fields must be >= 1: {small}")
+
+
+def check_subset(name: str, values, allowed) -> None:
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+        raise ValueError(f"{name} must be a non-empty subset of {tuple(allowed)}, got {tuple(values)}")
+
+
+def resolve(cfg, method: str, **overrides) -> tuple[TrialConfig, str]:
+    """(TrialConfig, engine method) for `method`, a METHODS key or a VARIANTS name, with extra overrides."""
+    base, fixed = VARIANTS.get(method, (method, {}))
+    return trial_config(cfg, **(overrides | fixed)), base
+
+
+def run_method(cfg, method: str, ctx, **overrides) -> dict[str, np.ndarray]:
+    """run_trial for `method` (variants included) on cfg's seeds, logging through the runner's ctx."""
+    trial, base = resolve(cfg, method, **overrides)
+    return run_trial(trial, base, tc.seed_list(cfg), ctx.device, ctx.log, ctx.advance)
+
+
+def label(method: str) -> str:
+    return EXTRA_LABELS.get(method) or tc.label(method)
+
+
+def color(method: str) -> str | None:
+    return EXTRA_COLORS.get(method) or plots.COLORS.get(method)
+
+
+def rollout(method: str) -> str:
+    return ENGINE_METHODS[VARIANTS.get(method, (method,))[0]].rollout
+
+
+# ----------------------------------------------------------------------------- units
+
+def unit(*parts) -> str:
+    return "/".join(str(p) for p in parts)
+
+
+def parse(u: str) -> list[str]:
+    return u.split("/")
+
+
+def by_parts(run, metric: str = "error", key=lambda parts: (tuple(parts[:-1]), parts[-1])) -> dict:
+    """{config key: {series key: Curve}} from unit names "a/b/.../method" (key splits a unit's parts)."""
+    out: dict = {}
+    for u, c in tc.unit_curves(run, metric).items():
+        k, m = key(parse(u))
+        out.setdefault(k, {})[m] = c
+    return out
+
+
+# ----------------------------------------------------------------------------- numbers
+
+def smooth(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing moving average along axis 0 over `window` points (shorter at the start), per seed."""
+    if window <= 1:
+        return values
+    c = np.cumsum(np.nan_to_num(values, nan=0.0), axis=0)
+    n = np.cumsum(np.isfinite(values), axis=0)
+    c = np.concatenate([np.zeros_like(c[:1]), c])
+    n = np.concatenate([np.zeros_like(n[:1]), n])
+    idx = np.arange(1, len(values) + 1)
+    lo = np.maximum(idx - window, 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (c[idx] - c[lo]) / (n[idx] - n[lo])
+
+
+def window_mean(curve: Curve, start: int, stop: int | None = None) -> float:
+    """Seed mean of the curve's mean over episodes [start, stop) (NaNs ignored)."""
+    sel = (curve.steps >= start) & (curve.steps < (stop if stop is not None else curve.steps[-1] + 1))
+    return float(np.nanmean(curve.values[sel])) if sel.any() else float("nan")
+
+
+def conjunction(verdicts: list[bool | None]) -> bool | None:
+    """Every part of a claim holds: False if any part fails, else None if any part is undecided."""
+    if any(v is False for v in verdicts):
+        return False
+    return None if (not verdicts or any(v is None for v in verdicts)) else True
+
+
+def pm(mean_se: tuple[float, float], scale: float = 1.0, digits: int = 1) -> str:
+    m, se = mean_se
+    return f"{scale * m:.{digits}f} ± {scale * se:.{digits}f}"
+
+
+def aggregate(verdicts: list[bool | None]) -> bool | None:
+    """All decided verdicts hold (None = undecided at this configuration; all undecided → None)."""
+    decided = [v for v in verdicts if v is not None]
+    return all(decided) if decided else None
+
+
+def horizon_note(run, paper_protocol: str, ours: str) -> str:
+    return (f"Preset `{run.meta.get('preset')}`: {ours} (the paper: {paper_protocol}). Claims are evaluated "
+            "on this run's data; where a claim needs more than this run has, it reads n/a.")
+
+
+# ----------------------------------------------------------------------------- figures
+
+def panels(section, grid: dict[str, dict[str, Curve]], name: str, caption: str, *, ylabel: str = "error",
+           log: bool | dict[str, bool] = True, threshold: float | None = None, smooth_window: int = 1,
+           labels: dict[str, str] | None = None, colors: dict[str, str] | None = None,
+           refs: dict[str, dict[str, list[tuple[float, float]]]] | None = None, xlabel: str = "episode",
+           ylabels: dict[str, str] | None = None, ncols: int = 4) -> None:
+    """One panel per key of `grid` ({panel title: {series: Curve}}): seed mean ± s.e. of each series (after a
+    trailing moving average of `smooth_window` episodes per seed when > 1). Series are labelled and coloured by
+    `labels`/`colors` or else as methods; `refs` adds the paper's points as hollow markers."""
+    plt = plots.pyplot()
+    n = len(grid)
+    cols = min(n, ncols)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.4 * rows), squeeze=False)
+    axes = list(axes.ravel())
+    for ax, (title, series) in zip(axes, grid.items()):
+        is_log = log.get(title, True) if isinstance(log, dict) else log
+        for key, c in series.items():
+            col = (colors or {}).get(key) or color(key)
+            vals = smooth(c.values, smooth_window)
+            plots.curve(ax, c.steps, vals, (labels or {}).get(key) or label(key), col,
+                        floor=1e-4 if is_log else None)
+            pts = (refs or {}).get(title, {}).get(key)
+            if pts:
+                plots.paper_points(ax, *zip(*pts), color=col)
+        if threshold is not None:
+            ax.axhline(threshold, color="k", lw=0.6, ls=":")
+        plots.finish(ax, title, xlabel, (ylabels or {}).get(title, ylabel), log=is_log)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    section.figure(fig, name, caption)
+
+
+def steps_cell(curve: Curve | None, paper_value, in_paper: bool, threshold: float = 0.01) -> str:
+    """'ours (paper)' for an episodes-to-threshold table; paper '−' = never, 'n/a' = not in the paper."""
+    ours = fmt(tc.steps_to(curve, threshold)) if curve is not None else "not run"
+    ref = "n/a" if not in_paper else ("−" if paper_value is None else fmt(paper_value))
+    return f"{ours} ({ref})"
+
+
+def replace(cfg, **changes):
+    return dataclasses.replace(cfg, **changes)
