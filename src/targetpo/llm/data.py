@@ -13,6 +13,21 @@ from pathlib import Path
 from typing import Any
 
 from targetpo.llm.rewards import gsm8k_gold, score_gsm8k, score_reasoning_gym
+from targetpo.runs.download import Remote
+
+# The GSM8K authors' public release (Cobbe et al. 2021), fetched only by `targetpo data gsm8k DIR`.
+GSM8K_BASE_URL = "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data"
+GSM8K_SHA256 = {
+    "train.jsonl": "17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465",  # 7,473 problems
+    "test.jsonl": "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14",   # 1,319 problems
+}
+
+
+def gsm8k_remotes(base_url: str | None = None) -> list[Remote]:
+    """GSM8K's train.jsonl and test.jsonl with their SHA-256 checksums."""
+    base = (base_url or GSM8K_BASE_URL).rstrip("/")
+    return [Remote(f"{base}/{name}", f"sha256:{digest}", name) for name, digest in GSM8K_SHA256.items()]
+
 
 # Tasks whose reasoning-gym entries carry a short `expression` ("12 + 7"): `compact` prompts use it.
 ARITHMETIC_TASKS = ("chain_sum", "basic_arithmetic")

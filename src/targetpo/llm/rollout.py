@@ -18,6 +18,12 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from targetpo.llm.logprobs import (
+    DEFAULT_CHUNK_TOKENS,
+    chunked_model_token_logprobs,
+    full_logits_token_logprobs,
+)
+
 
 @dataclass
 class Rollout:
@@ -107,21 +113,27 @@ def position_ids(mask: Tensor) -> Tensor:
 
 
 def token_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
-                   completion_mask: Tensor, temperature: float = 1.0) -> Tensor:
+                   completion_mask: Tensor, temperature: float = 1.0, *,
+                   chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Tensor:
     """log π(y_t | x, y_<t) of every completion token, [N, C] float32 (0 where ``completion_mask`` is False).
 
     One forward pass over [prompt; completion]; logits are divided by the sampling temperature so the
     log-probs are those of the distribution that was sampled. Differentiable when called with grad enabled.
+    The LM head runs over `chunk_tokens` tokens at a time and is recomputed in backward, so the [N, C, V]
+    logits never exist (:mod:`targetpo.llm.logprobs`); ``chunk_tokens=0`` takes the model's full logits instead.
     """
+    if completion_ids.shape != completion_mask.shape or prompt_ids.shape != prompt_mask.shape:
+        raise ValueError(f"completion_ids {tuple(completion_ids.shape)} / completion_mask "
+                         f"{tuple(completion_mask.shape)} and prompt_ids {tuple(prompt_ids.shape)} / prompt_mask "
+                         f"{tuple(prompt_mask.shape)}: each pair must have the same shape")
     ids = torch.cat([prompt_ids, completion_ids], dim=1)
     mask = torch.cat([prompt_mask, completion_mask], dim=1)
     p = prompt_ids.shape[1]
-    out = model(input_ids=ids, attention_mask=mask.long(), position_ids=position_ids(mask), use_cache=False)
-    logits = out.logits[:, p - 1:-1].float()  # the logits that predict each completion token
-    if temperature != 1.0:
-        logits = logits / temperature
-    chosen = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
-    logp = chosen - torch.logsumexp(logits, dim=-1)
+    if chunk_tokens:
+        logp = chunked_model_token_logprobs(model, ids, mask, position_ids(mask), p, completion_ids, temperature,
+                                            chunk_tokens)
+    else:
+        logp = full_logits_token_logprobs(model, ids, mask, position_ids(mask), p, completion_ids, temperature)
     return torch.where(completion_mask, logp, torch.zeros_like(logp))
 
 

@@ -19,11 +19,7 @@ the official MD5 of every file before it is used.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import os
-import shutil
-import tempfile
-import urllib.request
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +29,7 @@ import torch
 from torch import Tensor
 
 from targetpo.runs.data import MissingDataError
+from targetpo.runs.download import Remote, download
 
 IMAGES_MAGIC = 2051  # 0x00000803: unsigned byte, 3 dims
 LABELS_MAGIC = 2049  # 0x00000801: unsigned byte, 1 dim
@@ -231,40 +228,21 @@ def default_download_dir(dataset: str) -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "targetpo" / dataset
 
 
-def _md5(path: Path) -> str:
-    h = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def remotes(dataset: str, base_url: str | None = None, checksums: dict[str, str] | None = None) -> list[Remote]:
+    """The dataset's four official .gz files with their published MD5s."""
+    if dataset not in DATASETS:
+        raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+    base = (base_url or URLS[dataset]).rstrip("/")
+    return [Remote(f"{base}/{name}", f"md5:{md5}", name) for name, md5 in (checksums or MD5[dataset]).items()]
 
 
 def fetch(dataset: str, dest: str | os.PathLike, *, base_url: str | None = None,
           checksums: dict[str, str] | None = None, quiet: bool = False) -> Path:
-    """Download the dataset's four official .gz files into `dest`, verifying each MD5 before it is moved into
-    place (a failed check raises ValueError and leaves nothing behind). Files already present are kept."""
-    if dataset not in DATASETS:
-        raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
-    base = base_url or URLS[dataset]
-    sums = checksums or MD5[dataset]
+    """Download the dataset's four official .gz files into `dest` (resumable, MD5-checked before a file is moved
+    into place: a failed check raises ValueError and leaves nothing behind). Files already present are kept."""
     dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    for name, md5 in sums.items():
-        target = dest / name
-        if target.exists() or (dest / name.removesuffix(".gz")).exists():
-            continue
-        url = base.rstrip("/") + "/" + name
-        if not quiet:
-            print(f"downloading {url} -> {target}")
-        fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{name}.")
-        try:
-            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as resp:
-                shutil.copyfileobj(resp, out)
-            got = _md5(Path(tmp))
-            if got != md5:
-                raise ValueError(f"{url}: MD5 {got} does not match the official {md5}; the file was discarded")
-            os.replace(tmp, target)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    for remote in remotes(dataset, base_url, checksums):
+        if (dest / remote.name.removesuffix(".gz")).exists():
+            continue  # an unpacked copy is already there
+        download(remote, dest, progress=not quiet)
     return dest

@@ -1,0 +1,151 @@
+r"""Per-token log-probabilities of sampled tokens without materialising the full-vocabulary logits.
+
+An LLM update needs :math:`\log \pi(y_t \mid x, y_{<t}) = z_{t, y_t}/T - \operatorname{logsumexp}_v z_{t,v}/T`
+for every completion token, where :math:`z_t = W h_t (+ b)` are the LM head's logits. Computed the obvious way
+this holds an [N, C, V] tensor (and its fp32 copy, its temperature-scaled copy and the softmax saved for
+backward): at 32 sequences × 1,024 tokens × 151,936 vocabulary that is ~20 GB per copy.
+
+:class:`ChunkedTokenLogprob` instead walks the tokens in chunks through the LM head, keeps only each token's
+chosen logit and log-normaliser (two floats a token), and recomputes a chunk's logits in backward, where the
+gradient on the logits is :math:`(\mathbb 1[v = y_t] - \mathrm{softmax}(z_t/T)_v)\, g_t / T`. Peak memory is one
+chunk's [chunk, V] fp32 logits instead of the whole batch's. The math is computed in fp32 whatever the model's
+dtype (bf16/fp16 weights and hidden states are upcast chunk by chunk).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+DEFAULT_CHUNK_TOKENS = 1024  # [1024, 151,936] fp32 logits = 0.6 GB: small next to a 1.7B model's weights
+
+
+def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    z = h.float() @ weight.float().T
+    if bias is not None:
+        z = z + bias.float()
+    return z / temperature if temperature != 1.0 else z
+
+
+class ChunkedTokenLogprob(torch.autograd.Function):
+    """log-softmax(W h / T)[target] for rows of `hidden` [M, D], chunked over M; differentiable in `hidden`,
+    `weight` and `bias`. Returns [M] fp32."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
+                chunk: int) -> Tensor:
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        lse = torch.empty_like(out)
+        for s in range(0, hidden.shape[0], chunk):
+            z = _chunk_logits(hidden[s:s + chunk], weight, bias, temperature)
+            lse[s:s + chunk] = torch.logsumexp(z, dim=-1)
+            out[s:s + chunk] = z.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - lse[s:s + chunk]
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        t, chunk = ctx.temperature, ctx.chunk
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
+        w32 = weight.float()
+        for s in range(0, hidden.shape[0], chunk):
+            h = hidden[s:s + chunk]
+            z = _chunk_logits(h, weight, bias, t)
+            # d logp / d z = onehot(target) − softmax(z), chained through z = W h / T
+            g = torch.exp(z - lse[s:s + chunk, None]).neg_()
+            g.scatter_add_(-1, targets[s:s + chunk, None], torch.ones_like(lse[s:s + chunk, None]))
+            g.mul_(grad_out[s:s + chunk, None] / t)
+            if need_h:
+                grad_h[s:s + chunk] = (g @ w32).to(hidden.dtype)
+            if need_w:
+                grad_w.addmm_(g.T, h.float())
+            if need_b:
+                grad_b.add_(g.sum(0))
+        return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
+                None if grad_b is None else grad_b.to(bias.dtype), None, None, None)
+
+
+def chunked_token_logprob(hidden: Tensor, weight: Tensor, targets: Tensor, *, bias: Tensor | None = None,
+                          temperature: float = 1.0, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Tensor:
+    """log-softmax((hidden @ weight.T + bias) / temperature)[..., targets] in fp32, shape of `targets`.
+
+    hidden: [..., D]; weight: [V, D]; targets: [...] int64 in [0, V). Never holds more than `chunk_tokens`
+    rows of logits at once, in forward or backward.
+    """
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)}: hidden must be "
+                         f"targets' shape plus a feature dim")
+    if weight.ndim != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"weight {tuple(weight.shape)} must be [V, {hidden.shape[-1]}] for hidden "
+                         f"{tuple(hidden.shape)}")
+    if not temperature > 0 or temperature == float("inf"):
+        raise ValueError(f"temperature={temperature}: must be > 0 and finite")
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens={chunk_tokens}: must be >= 1")
+    flat = ChunkedTokenLogprob.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias,
+                                     targets.reshape(-1), float(temperature), int(chunk_tokens))
+    return flat.reshape(targets.shape)
+
+
+# ----------------------------------------------------------------------------- Hugging Face causal LMs
+
+def _unwrap(model):
+    """The transformers model under a PEFT wrapper (LoRA layers are injected in place, so they still run)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def lm_head_parts(model):
+    """(backbone, lm_head) of a Hugging Face causal LM whose logits are exactly ``lm_head(backbone(...)[0])``,
+    or None when the model changes its logits after the head (soft-capping, logit scaling) or has no such
+    split; :func:`token_logprobs` then uses the full-logits path."""
+    base = _unwrap(model)
+    cfg = getattr(base, "config", None)
+    get_decoder = getattr(base, "get_decoder", None)
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if get_decoder is None or not isinstance(head, torch.nn.Linear):
+        return None
+    for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale"):
+        if getattr(cfg, attr, None) not in (None, 1, 1.0):
+            return None
+    return get_decoder(), head
+
+
+_warned: set[str] = set()
+
+
+def full_logits_token_logprobs(model, ids: Tensor, mask: Tensor, pos: Tensor, p: int, completion_ids: Tensor,
+                               temperature: float) -> Tensor:
+    """The reference path: the model's own [N, C, V] logits in fp32 (what :func:`token_logprobs` computes in
+    chunks; kept for models whose head cannot be split off and to test the chunked path against)."""
+    out = model(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False)
+    logits = out.logits[:, p - 1:-1].float()  # the logits that predict each completion token
+    if temperature != 1.0:
+        logits = logits / temperature
+    chosen = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+    return chosen - torch.logsumexp(logits, dim=-1)
+
+
+def chunked_model_token_logprobs(model, ids: Tensor, mask: Tensor, pos: Tensor, p: int, completion_ids: Tensor,
+                                 temperature: float, chunk_tokens: int) -> Tensor:
+    """Per-token log-probs [N, C] through the backbone's hidden states and the chunked LM head."""
+    parts = lm_head_parts(model)
+    if parts is None:
+        name = type(_unwrap(model)).__name__
+        if name not in _warned:
+            _warned.add(name)
+            warnings.warn(f"{name}: its logits are not lm_head(hidden states) alone (soft-capping or scaling) or "
+                          f"it has no get_decoder(); computing log-probs from the full logits (more memory)",
+                          stacklevel=3)
+        return full_logits_token_logprobs(model, ids, mask, pos, p, completion_ids, temperature)
+    backbone, head = parts
+    hidden = backbone(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False)[0]
+    h = hidden[:, p - 1:-1]  # the hidden states that predict each completion token
+    return chunked_token_logprob(h, head.weight, completion_ids, bias=head.bias, temperature=temperature,
+                                 chunk_tokens=chunk_tokens)

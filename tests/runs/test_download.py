@@ -1,0 +1,131 @@
+"""Explicit downloads against a local HTTP server on 127.0.0.1 serving files the test creates (never the
+network): checksums, resume with HTTP Range, a server that ignores Range, and the `targetpo data` command."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import threading
+from pathlib import Path
+
+import pytest
+
+from targetpo.cli import main
+from targetpo.runs.download import Remote, download
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    files: dict[str, bytes] = {}
+    honour_range = True
+    seen_ranges: list[str | None] = []
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        body = self.files.get(self.path.rsplit("/", 1)[-1])
+        if body is None:
+            self.send_error(404)
+            return
+        rng = self.headers.get("Range")
+        self.seen_ranges.append(rng)
+        start = int(rng.split("=")[1].rstrip("-")) if rng and self.honour_range else 0
+        self.send_response(206 if start else 200)
+        self.send_header("Content-Length", str(len(body) - start))
+        self.end_headers()
+        self.wfile.write(body[start:])
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    handler = type("H", (_Handler,), {"files": {}, "seen_ranges": [], "honour_range": True})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield handler, f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _sha(b: bytes) -> str:
+    return "sha256:" + hashlib.sha256(b).hexdigest()
+
+
+def test_download_verifies_and_resumes(server, tmp_path):
+    handler, url = server
+    body = bytes(range(256)) * 400
+    handler.files["a.bin"] = body
+    remote = Remote(f"{url}/a.bin", _sha(body), "a.bin")
+    (tmp_path / "a.bin.part").write_bytes(body[:1000])  # an interrupted earlier download
+    path = download(remote, tmp_path, progress=False)
+    assert path.read_bytes() == body and handler.seen_ranges == ["bytes=1000-"]
+    assert not (tmp_path / "a.bin.part").exists()
+    download(remote, tmp_path, progress=False)  # already there and verified: no request
+    assert len(handler.seen_ranges) == 1
+
+
+def test_server_ignoring_range_restarts_the_file(server, tmp_path):
+    handler, url = server
+    handler.honour_range = False
+    body = b"x" * 5000 + b"y" * 5000
+    handler.files["b.bin"] = body
+    (tmp_path / "b.bin.part").write_bytes(b"garbage")
+    path = download(Remote(f"{url}/b.bin", _sha(body), "b.bin"), tmp_path, progress=False)
+    assert path.read_bytes() == body
+
+
+def test_checksum_mismatch_deletes_the_download(server, tmp_path):
+    handler, url = server
+    handler.files["c.bin"] = b"tampered"
+    with pytest.raises(ValueError, match="SHA256 .* does not match the published"):
+        download(Remote(f"{url}/c.bin", _sha(b"original"), "c.bin"), tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="must look like 'sha256:HEX'"):
+        download(Remote(f"{url}/c.bin", "crc:1", "c.bin"), tmp_path, progress=False)
+
+
+def test_data_command_fetches_gsm8k_from_a_mirror(server, tmp_path, monkeypatch, capsys):
+    from targetpo.llm import data as llm_data
+
+    handler, url = server
+    files = {"train.jsonl": b'{"question": "1+1?", "answer": "#### 2"}\n',
+             "test.jsonl": b'{"question": "2+2?", "answer": "#### 4"}\n'}
+    handler.files.update(files)
+    monkeypatch.setattr(llm_data, "GSM8K_SHA256", {k: hashlib.sha256(v).hexdigest() for k, v in files.items()})
+    dest = tmp_path / "gsm8k"
+    assert main(["data", "gsm8k", str(dest), "--base-url", url, "--no-progress"]) == 0
+    assert {p.name: p.read_bytes() for p in dest.iterdir()} == files
+    assert "2 files verified" in capsys.readouterr().out
+
+
+def test_data_command_errors_are_one_line(server, tmp_path, capsys):
+    _, url = server
+    assert main(["data", "mnist", str(tmp_path / "m"), "--base-url", url, "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "HTTP 404" in err[0] and "train-images-idx3-ubyte.gz" in err[0]
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["data", "gsm8k", str(blocker / "sub"), "--base-url", url, "--no-progress"]) == 2
+    assert "targetpo: error:" in capsys.readouterr().err
+
+
+def test_published_checksums_are_well_formed():
+    from targetpo.llm.data import gsm8k_remotes
+    from targetpo.mnist.data import remotes
+
+    for r in gsm8k_remotes() + remotes("mnist") + remotes("fashion-mnist"):
+        algo, _, digest = r.checksum.partition(":")
+        assert len(digest) == {"sha256": 64, "md5": 32}[algo] and r.url.endswith("/" + r.name)
+
+
+def test_gsm8k_checksums_match_the_shared_copy():
+    """The checksums are those of the authors' release; the copy used by CI must match them."""
+    from targetpo.llm.data import GSM8K_SHA256
+
+    d = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "gsm8k"
+    if not d.is_dir():
+        pytest.skip(f"GSM8K files not found at {d}")
+    for name, digest in GSM8K_SHA256.items():
+        assert hashlib.sha256((d / name).read_bytes()).hexdigest() == digest
