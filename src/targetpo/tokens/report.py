@@ -14,7 +14,7 @@ from targetpo.runs.stats import Curve, fmt
 from targetpo.tokens import common as tc
 from targetpo.tokens.engine import METHODS as ENGINE_METHODS, TrialConfig, run_trial, trial_config
 
-# Methods that are an engine method run with a different epoch count (§E8 "tpo_1ep", App. E "dg_4ep").
+# Methods that are an engine method run with a different epoch count (docs/experiments.md §E8 "tpo_1ep", App. E "dg_4ep").
 VARIANTS: dict[str, tuple[str, dict]] = {
     "tpo_1ep": ("tpo", {"epochs": 1}),
     "dg_4ep": ("dg", {"dg_epochs": 4}),
