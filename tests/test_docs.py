@@ -23,7 +23,7 @@ THIS = Path(__file__).resolve()
 # "docs/differences.md §5–§6".
 CITATION = re.compile(r"docs/([\w-]+)\.md((?:\s*[,–-]?\s*§[\w.]+)+)")
 LABEL = re.compile(r"§([\w.]*\w)")
-FORBIDDEN = (re.compile("spec " + "§"), re.compile(r"\.\./shared/spec"), re.compile("PAPER" + "_SPEC"),
+FORBIDDEN = (re.compile("spec " + "§"), re.compile(r"\.\./shared" + "/spec"), re.compile("PAPER" + "_SPEC"),
              re.compile(r"\bLLM" + r"_NOTES\b"), re.compile(r"\bDESIGN" + r"\.md\b"))
 
 
