@@ -7,7 +7,7 @@ Three measurements:
    worst case (a confident policy repeats answers, which the engine computes once).
 2. the configuration of the authors' `transformer --smoke` preset end to end (2 seeds × 50 episodes, H = 10,
    V = 2, B = 100, K = 8; ppo, dg, tpo_token, grpo_token), to compare with the authors' JAX code (about
-   650–700 s on the same 2-core machine, compile included; spec §4).
+   650–700 s on the same 2-core machine, compile included; docs/experiments.md §Compute).
 3. side by side in one process: one TPO_token episode of the engine vs the same episode computed the way the
    authors' code does (a full forward per sampled token, no KV cache; one forward per prefix state in training),
    so the ratio is robust to a busy machine.

@@ -1,4 +1,4 @@
-"""The tabular experiments reproduce the reference runs of the authors' code (spec §E1, §E2)."""
+"""The tabular experiments reproduce the reference runs of the authors' code (docs/experiments.md §E1, §E2)."""
 
 from targetpo.experiments import run_experiment
 from targetpo.report import write_report

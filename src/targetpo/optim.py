@@ -1,5 +1,5 @@
 r"""The paper's optimizer for the transformer experiments: ``optax.contrib.muon`` (optax 0.2.8) with every argument
-at its default, on seed-batched parameters (spec §1.5).
+at its default, on seed-batched parameters (docs/method.md §5).
 
 **Partition.** Every parameter that is 2-D in the authors' Flax model goes to Muon; every other one goes to
 Nesterov AdamW. In Flax the attention q/k/v/out kernels are 3-D, so they are on AdamW, while the q/k/v biases

@@ -29,7 +29,7 @@ from targetpo.runs.config import check_config
 
 NAME = "rlvr"
 TITLE = "LLM RLVR: TPO vs GRPO on verifiable rewards (paper §3.8)"
-PAPER_REF = "§3.8, App. G; spec §E12"
+PAPER_REF = "§3.8, App. G; docs/experiments.md §E12"
 TORCH_THREADS = 1  # a ~0.1M-parameter model runs faster on one thread than split across two busy cores
 WARMSTART = "warmstart"
 BASE_OBJECTIVES = ("tpo", "tpo_no_anchor", "grpo", "dr_grpo", "dapo", "gspo", "sapo", "cispo")

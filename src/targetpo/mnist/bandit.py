@@ -1,4 +1,4 @@
-r"""MNIST as a one-step contextual bandit (paper §3.3, App. C; spec §E3, §E3b, §E13).
+r"""MNIST as a one-step contextual bandit (paper §3.3, App. C; docs/experiments.md §E3, §E3b, §E13).
 
 The agent sees an image, samples one class a ~ π(·|x), and receives r = 1{a = y}; it never sees y. This module
 holds the pieces every MNIST experiment shares:
@@ -88,7 +88,7 @@ OFF_POLICY = ("reinforce", "pg_is", "ppo", "dg", "tpo")
 
 
 def one_hot_scores(advantages: Tensor, actions: Tensor, num_classes: int = NUM_CLASSES) -> Tensor:
-    """TPO's score vector over all classes: s = A · onehot(a) (spec §E3)."""
+    """TPO's score vector over all classes: s = A · onehot(a) (docs/experiments.md §E3)."""
     return advantages.unsqueeze(-1) * torch.nn.functional.one_hot(actions, num_classes).to(advantages.dtype)
 
 
@@ -116,7 +116,8 @@ def bandit_loss(
     - grpo: single-sample GRPO, REINFORCE with rewards standardized over each seed's batch
       (`batch_standardized_pg_loss`).
     - group_pg: REINFORCE with TPO's standardized score of the sampled class, u_a = ±√(C−1)/η
-      (`standardize_scores` + `reinforce_loss`; the paper's single-sample MNIST form, spec §E3, §5.15).
+      (`standardize_scores` + `reinforce_loss`; the paper's single-sample MNIST form, docs/experiments.md §E3,
+      docs/differences.md §15).
     - pg_is: REINFORCE with the unclipped ratio π_θ(a)/π_b(a) (`importance_weighted_pg_loss`).
     - ppo: one clipped-surrogate step against the behaviour snapshot, ε = clip_eps (`ppo_loss`).
     """
@@ -176,7 +177,7 @@ def _sigmoid(x: Tensor) -> Tensor:
 
 def expected_update(method: str, probs: Tensor, labels: Tensor, eta: float = 1.0) -> Tensor:
     r"""E_a[g], the expected gradient-*descent* direction in logit space for one example (paper App. C;
-    spec §E3b), from the policy probs [..., C] and labels [...]. v = e_y − π, p = π_y, b = Σπ²:
+    docs/experiments.md §E3b), from the policy probs [..., C] and labels [...]. v = e_y − π, p = π_y, b = Σπ²:
 
     - ce: v.    pg: p·v.    group_pg: 2√(C−1)/η·p·v (= 6·PG for C = 10, η = 1).
     - dg: p(1−b)σ((1−b)(−log p)/η)·v + π·Σ_j α_j − α, α_j = π_j b σ(−b(−log π_j)/η) for j ≠ y, α_y = 0.
@@ -208,7 +209,7 @@ def expected_update(method: str, probs: Tensor, labels: Tensor, eta: float = 1.0
 
 def scalar_beta(method: str, p: Tensor, num_classes: int = NUM_CLASSES, eta: float = 1.0) -> Tensor:
     r"""β_sym(p): the method's weight on v = e_y − π under the symmetric one-vs-rest approximation
-    π_j = q = (1−p)/(C−1) for every wrong class (App. C; spec §E3b). PG-type methods are exactly scalar."""
+    π_j = q = (1−p)/(C−1) for every wrong class (App. C; docs/experiments.md §E3b). PG-type methods are exactly scalar."""
     q = (1.0 - p) / (num_classes - 1)
     if method == "ce":
         return torch.ones_like(p)

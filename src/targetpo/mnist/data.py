@@ -1,4 +1,4 @@
-r"""MNIST-format data (MNIST, Fashion-MNIST) from a directory of standard IDX files (spec §E3).
+r"""MNIST-format data (MNIST, Fashion-MNIST) from a directory of standard IDX files (docs/experiments.md §E3).
 
 The loader reads the four standard files, each optionally gzipped::
 

@@ -1,4 +1,4 @@
-"""MNIST mechanism: where TPO's update beats a one-vs-rest correction (paper §3.3, Fig. 4b, App. C; spec §E3b).
+"""MNIST mechanism: where TPO's update beats a one-vs-rest correction (paper §3.3, Fig. 4b, App. C; docs/experiments.md §E3b).
 
 Same training as `mnist`. At every evaluation, on each *misclassified* test image, we take the current policy
 π of each method and compute, from the closed forms of App. C (not a network gradient):
@@ -10,7 +10,7 @@ Same training as `mnist`. At every evaluation, on each *misclassified* test imag
 
 PG and Group PG are exactly scalar (surplus 0); DG's and TPO's exact updates depend on which wrong class was
 sampled. The paper reads the surplus at its "step 2,000" checkpoint, which is the point measured after 2,200
-updates (spec §5.8); we read the same point. GRPO has no per-example closed form (its diagnostics are NaN).
+updates (docs/differences.md §8); we read the same point. GRPO has no per-example closed form (its diagnostics are NaN).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from targetpo.mnist.train import LABELS, error_curves, load_data, pct, train
 
 NAME = "mnist-mechanism"
 TITLE = "MNIST mechanism: concentration and first-order gain surplus (paper §3.3, Fig. 4b)"
-PAPER_REF = "§3.3, Fig. 4b, App. C; spec §E3b"
+PAPER_REF = "§3.3, Fig. 4b, App. C; docs/experiments.md §E3b"
 METHODS = ("pg", "dg", "tpo", "grpo", "group_pg")
 NO_CLOSED_FORM = ("grpo",)
 BIN_EDGES = (0.0, 0.25, 0.5, 0.75, 1.01)

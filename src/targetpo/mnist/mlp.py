@@ -1,4 +1,4 @@
-r"""A bank of independent ReLU MLPs run as one batched network (the MNIST policy, spec §E3).
+r"""A bank of independent ReLU MLPs run as one batched network (the MNIST policy, docs/experiments.md §E3).
 
 Networks are indexed (seed s, copy m): S seeds × M copies (e.g. one copy per method, or per method × delay).
 All copies of a seed start from the *same* initial weights (common random numbers), and each network is

@@ -1,4 +1,4 @@
-"""MNIST bandit with stale actors (talk slides "Off-policy with distributed staleness"; spec §E13).
+"""MNIST bandit with stale actors (talk slides "Off-policy with distributed staleness"; docs/experiments.md §E13).
 
 Actors choose the action for batch t with the parameters from D updates ago, θ_{t−D}; the learner updates
 the current θ_t on that batch. Same MNIST bandit, network, Adam and random streams as `mnist`; D = 0 is the
@@ -37,8 +37,8 @@ from targetpo.mnist import train as base
 from targetpo.mnist.train import LABELS, gather_batch, init_policies, load_data, pct, seed_values, test_probs
 
 NAME = "mnist-staleness"
-TITLE = "MNIST bandit with stale actors (talk slides; spec §E13)"
-PAPER_REF = "talk slides 'Off-policy with distributed staleness'; spec §E13"
+TITLE = "MNIST bandit with stale actors (talk slides; docs/experiments.md §E13)"
+PAPER_REF = "talk slides 'Off-policy with distributed staleness'; docs/experiments.md §E13"
 METHODS = OFF_POLICY
 DELAYS = (0, 1, 3, 10, 30, 100, 300, 1000)
 TORCH_THREADS = base.TORCH_THREADS

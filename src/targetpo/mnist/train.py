@@ -1,4 +1,4 @@
-"""MNIST contextual bandit (paper §3.3, Fig. 4a, App. C; spec §E3).
+"""MNIST contextual bandit (paper §3.3, Fig. 4a, App. C; docs/experiments.md §E3).
 
 An MLP 784-50-50-10 (ReLU, lecun-normal kernels, zero biases) sees a batch of 100 training images drawn
 uniformly with replacement, samples one class per image from its softmax and is told only whether it was
@@ -7,7 +7,7 @@ sees the label), PG (A = r − Σπ²), DG, TPO (the group is all 10 classes, sc
 GRPO (batch-standardized REINFORCE) and Group PG (REINFORCE with TPO's standardized score ±3 of the sampled
 class). Every method of a seed starts from the same weights and sees the same minibatches and action noise.
 
-Step labels (spec §5.8): the paper labels the point measured after (i+1)·200 updates as step i·200. We store
+Step labels (docs/differences.md §8): the paper labels the point measured after (i+1)·200 updates as step i·200. We store
 both (`step` = updates performed, `label` = the paper's label) and compare steps-to-threshold on labels.
 """
 
@@ -36,7 +36,7 @@ from targetpo.runs.config import check_config
 
 NAME = "mnist"
 TITLE = "MNIST contextual bandit (paper §3.3, Fig. 4a)"
-PAPER_REF = "§3.3, Fig. 4a, App. C; spec §E3"
+PAPER_REF = "§3.3, Fig. 4a, App. C; docs/experiments.md §E3"
 METHODS = ON_POLICY
 TORCH_THREADS = 1  # 2 threads help on an idle machine (pass --threads 2) but collapse when the CPU is shared
 UNIT = "bandit"  # one unit: all methods and seeds are stacked into one batched network

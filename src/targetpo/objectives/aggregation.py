@@ -4,8 +4,8 @@ Layout: per-candidate values `[..., K]` (sequence level, or a 2-D `[rows, cols]`
 tokens), or per-token values `[..., K, T]` with a token mask.
 
 - ``"sum-mean"``: sum over the last dim (candidates, or tokens of a row) and over T if present, mean over the
-  remaining leading dims. The paper's convention for PPO/GRPO/REINFORCE/DG (spec §1.3, §5.14): candidates and
-  tokens are *summed*, prompts/states averaged.
+  remaining leading dims. The paper's convention for PPO/GRPO/REINFORCE/DG (docs/method.md §3,
+  docs/differences.md §14): candidates and tokens are *summed*, prompts/states averaged.
 - ``"mean"``: mean over every element (single-sample batches `[B]`, RLOO's 1/K).
 - ``"token-mean"``: Σ m·x / Σ m over all tokens of the batch (DAPO, Yu et al. 2025; verl's default).
 - ``"seq-mean-token-mean"``: mean over tokens within a sequence, then over sequences (GRPO, Shao et al. 2024).

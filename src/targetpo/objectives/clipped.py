@@ -2,7 +2,7 @@ r"""Ratio-based objectives: PPO and the GRPO family (GRPO, Dr. GRPO, DAPO, GSPO,
 
 Conventions. ρ = π_θ/π_old is the importance ratio to the rollout snapshot. Per-candidate inputs `[..., K]`
 (sequence log-probs, or a token-level state's K candidate tokens) give one ratio per candidate — the paper's
-sequence-level GRPO (spec §1.3, §1.7). Per-token inputs `[G, K, T]` with a `token_mask` give one ratio per
+sequence-level GRPO (docs/method.md §3, §7). Per-token inputs `[G, K, T]` with a `token_mask` give one ratio per
 token — the LLM convention. Advantages are constants. Masked candidates (`mask`) and padding tokens
 (`token_mask`) contribute nothing.
 """
@@ -52,7 +52,7 @@ def ppo_loss(
     L = −agg(min(ρA, clip(ρ, 1−ε, 1+ε)A)), ρ = exp(log π_θ − log π_old) (unclamped, as the paper's code).
 
     `[B]` single actions (default agg "mean") or `[B, H]` per-token with A_{b,t} (default "sum-mean": Σ_t,
-    mean_b, the paper's transformer PPO, §1.3)."""
+    mean_b, the paper's transformer PPO, docs/method.md §3)."""
     lp = as_float("logp", logp)
     old = as_float("old_logp", old_logp).detach()
     a = as_float("advantages", advantages).detach()
@@ -102,7 +102,7 @@ def grpo_loss(
     norm_len: float | None = None,
     log_ratio_clip: float = 20.0,
 ) -> LossOutput:
-    r"""GRPO (Shao et al. 2024, DeepSeekMath) with the paper's conventions (spec §1.3).
+    r"""GRPO (Shao et al. 2024, DeepSeekMath) with the paper's conventions (docs/method.md §3).
 
     .. math::
         A_i = \frac{s_i - \bar s}{\sigma_s + \epsilon},\quad
@@ -116,7 +116,7 @@ def grpo_loss(
       scores: `[..., K]` rewards.
       beta: k3 KL weight. The KL is to `ref_logp` when given (a frozen reference), else to the rollout
         snapshot `old_logp` (the paper's code; then it is exactly 0 in the first epoch). β = 0 is "GRPO no-KL".
-      mask_zero_var: the paper's "GRPO masked" (§E9): drop zero-variance groups and normalise by the number
+      mask_zero_var: the paper's "GRPO masked" (docs/experiments.md §E9): drop zero-variance groups and normalise by the number
         of informative groups instead of all groups.
       scale_advantages: False gives Dr. GRPO's unscaled s − s̄.
       loss_agg: default "sum-mean" for per-candidate inputs (Σ_K, mean over groups: the paper) and

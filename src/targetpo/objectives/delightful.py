@@ -1,4 +1,4 @@
-r"""Delightful policy gradient (DG; Osband 2026; spec §1.3): a sigmoid gate on surprisal × advantage.
+r"""Delightful policy gradient (DG; Osband 2026; docs/method.md §3): a sigmoid gate on surprisal × advantage.
 
 .. math::  w = \mathrm{sg}\big(\sigma(A\cdot\ell/\eta)\,A\big),\quad \ell = -\log\pi_\theta(a),\qquad
            L = -\mathrm{agg}(w \log\pi_\theta(a))

@@ -28,7 +28,7 @@ def reinforce_loss(
     r"""REINFORCE (Williams 1992): L = −agg(A · log π_θ(a)).
 
     `logp` and `advantages` share a shape: `[B]` single actions (default agg "mean", the paper's 1-D form) or
-    `[B, H]` per-token (default "sum-mean": Σ_t, mean_b — the paper's 2-D form, §1.3). Pair with a baseline:
+    `[B, H]` per-token (default "sum-mean": Σ_t, mean_b — the paper's 2-D form, docs/method.md §3). Pair with a baseline:
     :func:`expected_baseline` (Σπ², MNIST) or :func:`batch_mean_baseline` (per-position, transformer).
     """
     lp = as_float("logp", logp)
@@ -58,7 +58,7 @@ def importance_weighted_pg_loss(
 
 
 def batch_standardized_pg_loss(logp: Tensor, rewards: Tensor, *, eps: float = 1e-8) -> LossOutput:
-    r"""Single-sample "GRPO" of the paper's MNIST bandit (§E3): REINFORCE with batch-standardized rewards,
+    r"""Single-sample "GRPO" of the paper's MNIST bandit (docs/experiments.md §E3): REINFORCE with batch-standardized rewards,
     Â = (r − mean_B r)/(std_B r + ε) with the population std; L = −mean(Â·log π(a)). No clipping, no KL.
 
     `logp` and `rewards` are `[B]` (one batch) or `[..., B]` (independent batches, e.g. one per seed of a
@@ -113,7 +113,7 @@ def group_pg_loss(
     eta: float = 1.0,
     mask: Tensor | None = None,
 ) -> LossOutput:
-    r"""Group PG, the paper's same-signal scalar ablation (§3.7, §5.15): L = −mean_g Σ_i (u_i/η)·log π(y_i).
+    r"""Group PG, the paper's same-signal scalar ablation (§3.7; docs/differences.md §15): L = −mean_g Σ_i (u_i/η)·log π(y_i).
 
     u is TPO's standardized score; unlike TPO the group log-probs are *not* renormalised over the K
     candidates and nothing anchors the update, so its fixed point is not p = q.

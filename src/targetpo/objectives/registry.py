@@ -29,11 +29,11 @@ def _register(*objs: Objective) -> None:
 
 
 _register(
-    Objective("tpo", tpo.tpo_loss, True, True, "group", "Kaddour 2026 §2; spec §1.2",
+    Objective("tpo", tpo.tpo_loss, True, True, "group", "Kaddour 2026 §2; docs/method.md §2",
               "cross-entropy to q ∝ p_old·exp(u/η) over the group"),
     Objective("tpo_no_anchor", partial(tpo.tpo_loss, anchor=False), True, True, "group",
               "Kaddour 2026 §3.7 (ablation)", "TPO with q = softmax(u/η), no p_old anchor"),
-    Objective("tpo_token", tpo.tpo_token_loss, True, True, "token-candidates", "Kaddour 2026 §3.4; spec §1.7",
+    Objective("tpo_token", tpo.tpo_token_loss, True, True, "token-candidates", "Kaddour 2026 §3.4; docs/method.md §7",
               "TPO where each prefix state's group is K candidate next tokens"),
     Objective("tpo_sequence", tpo.tpo_sequence_loss, True, True, "sequence", "Kaddour 2026 §3.6/§3.8",
               "TPO on per-token log-probs [G,K,T] reduced by sum or mean"),
@@ -48,7 +48,7 @@ _register(
     Objective("grpo_single", policy_gradient.batch_standardized_pg_loss, False, False, "single",
               "Kaddour 2026 §3.3 (MNIST 'GRPO')", "REINFORCE with batch-standardized rewards"),
     Objective("ppo", clipped.ppo_loss, False, True, "single", "Schulman et al. 2017", "clipped surrogate"),
-    Objective("grpo", clipped.grpo_loss, True, True, "group", "Shao et al. 2024; spec §1.3",
+    Objective("grpo", clipped.grpo_loss, True, True, "group", "Shao et al. 2024; docs/method.md §3",
               "clipped surrogate with group z-scored advantages + β·k3 KL"),
     Objective("grpo_no_kl", partial(clipped.grpo_loss, beta=0.0), True, True, "group",
               "Kaddour 2026 §3.6", "GRPO with β = 0"),
@@ -63,7 +63,7 @@ _register(
     Objective("sapo", clipped.sapo_loss, True, True, "sequence", "Gao et al. 2025", "soft sigmoid gate instead of clip"),
     Objective("cispo", clipped.cispo_loss, True, True, "sequence", "MiniMax 2025 (MiniMax-M1)",
               "clipped, detached importance weight on every token's log-prob"),
-    Objective("dg", delightful.dg_loss, False, False, "single", "Osband 2026; spec §1.3",
+    Objective("dg", delightful.dg_loss, False, False, "single", "Osband 2026; docs/method.md §3",
               "policy gradient gated by σ(A·surprisal/η); one epoch"),
     Objective("ce", supervised.ce_loss, False, True, "single", "supervised oracle", "cross-entropy to the true label"),
 )

@@ -31,7 +31,7 @@ def _masked_moments(s: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Ten
 
 
 def standardize_scores(scores: Tensor, mask: Tensor | None = None, *, eps: float = ZERO_VARIANCE_STD) -> Tensor:
-    r"""TPO's within-group standardized scores u (paper App. A; spec §1.1).
+    r"""TPO's within-group standardized scores u (paper App. A; docs/method.md §1).
 
     .. math::  u_i = (s_i - \bar s) / \sigma \quad\text{if } \sigma > \epsilon, \qquad u_i = s_i - \bar s \text{ otherwise}
 
@@ -55,7 +55,7 @@ def standardize_scores(scores: Tensor, mask: Tensor | None = None, *, eps: float
 
 
 def group_advantages(scores: Tensor, mask: Tensor | None = None, *, eps: float = 1e-8, scale: bool = True) -> Tensor:
-    r"""GRPO's group-relative advantages (Shao et al. 2024, DeepSeekMath; spec §1.3).
+    r"""GRPO's group-relative advantages (Shao et al. 2024, DeepSeekMath; docs/method.md §3).
 
     .. math::  A_i = (s_i - \bar s) / (\sigma + \epsilon)
 
@@ -99,7 +99,7 @@ def zero_variance_groups(scores: Tensor, mask: Tensor | None = None, *, eps: flo
 
 
 def expected_baseline(probs: Tensor) -> Tensor:
-    r"""The paper's MNIST/REINFORCE expected-reward baseline b = Σ_i π_i² (spec §E3).
+    r"""The paper's MNIST/REINFORCE expected-reward baseline b = Σ_i π_i² (docs/experiments.md §E3).
 
     For a reward 1{a = y} with y unknown to the learner, Σπ² is the policy's expected reward if the label were
     drawn from the policy itself; it is stop-gradient and needs no label.
@@ -109,6 +109,6 @@ def expected_baseline(probs: Tensor) -> Tensor:
 
 
 def batch_mean_baseline(rewards: Tensor, dim: int = 0) -> Tensor:
-    """Per-position batch-mean baseline b_t = mean_b r_{b,t} (the paper's transformer PPO/DG/REINFORCE, §1.3)."""
+    """Per-position batch-mean baseline b_t = mean_b r_{b,t} (the paper's transformer PPO/DG/REINFORCE, docs/method.md §3)."""
     r = as_float("rewards", rewards)
     return r.mean(dim=dim, keepdim=True).expand_as(r)

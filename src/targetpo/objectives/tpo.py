@@ -1,4 +1,4 @@
-r"""Target Policy Optimization (Kaddour 2026, arXiv 2604.06159; spec §1.2).
+r"""Target Policy Optimization (Kaddour 2026, arXiv 2604.06159; docs/method.md §2).
 
 For one context, K candidates with rollout-time log-scores ℓ^old and scores s:
 
@@ -17,7 +17,7 @@ Three forms share that one loss:
 - `tpo_loss`: group log-scores `[..., K]` (a bandit's action logits, or already-reduced sequence log-probs).
 - `tpo_token_loss`: each prefix state is a group whose candidates are K next tokens (paper's TPO_token).
 - `tpo_sequence_loss`: per-token log-probs `[G, K, T]` reduced to sequence log-scores by sum (the paper) or
-  mean (length-normalised; better conditioned for long LLM completions, see docs).
+  mean (length-normalised; better conditioned for long LLM completions, docs/method.md §2).
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def tpo_token_loss(
     mask: Tensor | None = None,
     anchor: bool = True,
 ) -> LossOutput:
-    r"""Token-level TPO (the paper's TPO_token, §1.7): each prefix state is a group of K candidate next tokens.
+    r"""Token-level TPO (the paper's TPO_token, docs/method.md §7): each prefix state is a group of K candidate next tokens.
 
     Args:
       token_logp: [..., V] log-probs (or logits) of the next token at each state, from one forward pass.

@@ -1,4 +1,4 @@
-r"""Tabular softmax bandits (spec §E1, §E2): logit-space update directions and the paper's β(p) coefficients.
+r"""Tabular softmax bandits (docs/experiments.md §E1, §E2): logit-space update directions and the paper's β(p) coefficients.
 
 Every method's expected update on a one-hot reward is a multiple of one direction, v = e_y − π, and differs
 only in its weight β(p), p = π(y) (paper App. B):
@@ -50,7 +50,7 @@ def correct_direction(probs: Tensor, correct: int = 0) -> Tensor:
 
 
 def exact_update(method: str, probs: Tensor, correct: int = 0, eta: float = 1.0) -> Tensor:
-    """Expected (population) logit-space update g for a one-hot reward on action `correct` (spec §E2).
+    """Expected (population) logit-space update g for a one-hot reward on action `correct` (docs/experiments.md §E2).
 
     TPO is computed from its target (q − π with q from :func:`tpo_target`), not from β, so that the identity
     g = β_TPO(p)·v is a property we can test rather than an assumption.
@@ -75,7 +75,7 @@ def exact_update(method: str, probs: Tensor, correct: int = 0, eta: float = 1.0)
 
 
 def standardized_one_hot(num_actions: int) -> Tensor:
-    """u for a one-hot score: +√(K−1) on the hot entry, −1/√(K−1) elsewhere (spec §1.1)."""
+    """u for a one-hot score: +√(K−1) on the hot entry, −1/√(K−1) elsewhere (docs/method.md §1)."""
     onehot = torch.zeros(num_actions, dtype=torch.float64)
     onehot[0] = 1.0
     return standardize_scores(onehot)

@@ -1,4 +1,4 @@
-"""Tabular multi-context bandit with exact population updates (paper §3.2, Fig. 3, App. B; spec §E2).
+"""Tabular multi-context bandit with exact population updates (paper §3.2, Fig. 3, App. B; docs/experiments.md §E2).
 
 N = 100 independent contexts, A = 10 actions each, logits drawn N(0, 1), correct action 0 in every context.
 No sampling: each method's expected update in context n is β(p_n)·(e_y − π_n) (TPO's is computed from its
@@ -23,7 +23,7 @@ from targetpo.tabular.bandit import beta_dg, beta_grpo, beta_pg, beta_tpo, corre
 
 NAME = "tabular-multi"
 TITLE = "Tabular multi-context bandit (paper §3.2, Fig. 3)"
-PAPER_REF = "§3.2, Fig. 3, App. B; spec §E2"
+PAPER_REF = "§3.2, Fig. 3, App. B; docs/experiments.md §E2"
 METHODS = ("pg", "dg", "tpo", "grpo", "ce")
 TORCH_THREADS = 1
 

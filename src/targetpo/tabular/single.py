@@ -1,4 +1,4 @@
-"""Tabular single-context bandit (paper §3.1, Fig. 2; spec §E1).
+"""Tabular single-context bandit (paper §3.1, Fig. 2; docs/experiments.md §E1).
 
 One context, A = 100 actions, correct action 0, reward 1{a = 0}. Logits start at zero. Each step draws B
 actions from π, forms a logit-space direction g from the method's objective, and takes a fixed-length step
@@ -7,7 +7,7 @@ logits += α·g/‖g‖ (no optimizer, so only the *direction* of each method ma
 Directions are the negative gradients of the library's objectives with respect to the logits:
 - PG: REINFORCE with the code's constant baseline 0.5;
 - DG: the same advantages through the delight gate;
-- GRPO: REINFORCE with batch z-scored rewards (√(var + 1e-8), as the authors' tabular code, spec §5.12);
+- GRPO: REINFORCE with batch z-scored rewards (√(var + 1e-8), as the authors' tabular code, docs/differences.md §12);
 - TPO: the group is the *full* action set, scored by the batch-averaged advantage of each action
   (S[a] = mean_j A_j·1{a_j = a}; unsampled actions score 0), so g = q − π.
 All methods see the same uniform draws at every step (common random numbers). Error ε_t = 1 − π_t(0) is
@@ -30,7 +30,7 @@ from targetpo.tabular.bandit import correct_direction, misalignment, normalized_
 
 NAME = "tabular-single"
 TITLE = "Tabular single-context bandit (paper §3.1, Fig. 2)"
-PAPER_REF = "§3.1, Fig. 2; spec §E1"
+PAPER_REF = "§3.1, Fig. 2; docs/experiments.md §E1"
 METHODS = ("pg", "dg", "tpo", "grpo")
 TORCH_THREADS = 1
 

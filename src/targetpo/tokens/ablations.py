@@ -1,4 +1,4 @@
-"""Anchor and target-matching ablations on terminal-reward token reversal (paper §3.7, Fig. 8; spec §E7).
+"""Anchor and target-matching ablations on terminal-reward token reversal (paper §3.7, Fig. 8; docs/experiments.md §E7).
 
 Reverse copy over V = 2 with an exact-match reward, prompt-matched: every method samples K = 8 full answers for
 each of B = 100 prompts and scores each 0/1. TPO fits q ∝ p_old · exp(u/η) over the K sequence log-probabilities;
@@ -24,7 +24,7 @@ from targetpo.tokens.engine import trial_config
 
 NAME = "token-ablations"
 TITLE = "Anchor and target-matching ablations, terminal reward (paper §3.7, Fig. 8)"
-PAPER_REF = "§3.7, Fig. 8; spec §E7"
+PAPER_REF = "§3.7, Fig. 8; docs/experiments.md §E7"
 METHODS = ("tpo", "grpo", "grpo_no_kl", "tpo_no_anchor", "group_pg")
 TORCH_THREADS = tc.TORCH_THREADS
 # "Worst" allows a tie within this many error points: several ablations sit at ≈ 100% error.

@@ -1,4 +1,4 @@
-"""Dense token reversal with token-level groups, vocabulary sweep (paper §3.4, Table 1, Fig. 5; spec §E4).
+"""Dense token reversal with token-level groups, vocabulary sweep (paper §3.4, Table 1, Fig. 5; docs/experiments.md §E4).
 
 Reverse copy with bag-of-tokens reward (r_t = 1{a_t = y_{t}}), H = 10, B = 100 fresh prompts per episode, the
 tiny causal transformer under Muon (lr 1e-3). TPO_token and GRPO_token draw K = 8 candidate next tokens at every
@@ -19,7 +19,7 @@ from targetpo.tokens.engine import run_trial, trial_config
 
 NAME = "token-dense"
 TITLE = "Dense token reversal, token-level groups, V sweep (paper §3.4, Table 1)"
-PAPER_REF = "§3.4, Table 1, Fig. 5; spec §E4"
+PAPER_REF = "§3.4, Table 1, Fig. 5; docs/experiments.md §E4"
 METHODS = ("ppo", "dg", "tpo_token", "grpo_token")
 TORCH_THREADS = tc.TORCH_THREADS
 

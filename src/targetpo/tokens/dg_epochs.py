@@ -1,4 +1,4 @@
-"""Delightful PG with 1 vs 4 optimizer steps per batch (paper App. E, Fig. 17; spec §E11).
+"""Delightful PG with 1 vs 4 optimizer steps per batch (paper App. E, Fig. 17; docs/experiments.md §E11).
 
 The authors' code runs DG for exactly one optimizer step per batch while PPO, GRPO and TPO take four. App. E
 shows why: with four, DG's gate and weights are recomputed from the moving log-probs on a stale batch, and it
@@ -32,7 +32,7 @@ from targetpo.tokens.variants import ALL_VARIANTS
 
 NAME = "dg-epochs"
 TITLE = "DG with 1 vs 4 epochs per batch (paper App. E, Fig. 17)"
-PAPER_REF = "App. E, Fig. 17; spec §E11"
+PAPER_REF = "App. E, Fig. 17; docs/experiments.md §E11"
 PARTS = ("terminal", "variants")
 TORCH_THREADS = tc.TORCH_THREADS
 

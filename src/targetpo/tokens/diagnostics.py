@@ -1,5 +1,5 @@
 """Section-4 diagnostics: why TPO learns from sparse terminal reward (paper §4.1–4.3, Figs. 10, 11, 14;
-spec §E8).
+docs/experiments.md §E8).
 
 Reverse copy over V = 2 with an exact-match reward at H = 8, B = 256 prompts, K = 32 full answers per prompt for
 the grouped methods (TPO with 4 epochs per batch and with 1, GRPO with and without its KL term) and B = 256
@@ -29,7 +29,7 @@ from targetpo.tokens.engine import trial_config
 
 NAME = "token-diagnostics"
 TITLE = "Section-4 diagnostics: all-fail groups, gradient norms, update weights (paper §4, Figs. 10, 11, 14)"
-PAPER_REF = "§4.1–4.3, Figs. 10, 11, 14; spec §E8"
+PAPER_REF = "§4.1–4.3, Figs. 10, 11, 14; docs/experiments.md §E8"
 METHODS = ("tpo", "tpo_1ep", "grpo", "grpo_no_kl", "ppo", "dg")
 ALLOWED = METHODS + ("tpo_no_anchor", "group_pg", "grpo_masked", "reinforce")
 PANELS = {"error": "error", "grad_norm": "first-epoch gradient norm", "all_fail": "all-fail fraction",

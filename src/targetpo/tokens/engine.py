@@ -1,4 +1,5 @@
-r"""The engine of every token-sequence experiment (paper §3.4–§3.7, §4, App. D–E; spec §1.4–§1.7, §E4–§E11).
+r"""The engine of every token-sequence experiment (paper §3.4–§3.7, §4, App. D–E; docs/method.md §4–§7,
+docs/experiments.md §E4–§E11).
 
 One call, :func:`run_trial`, trains one method on one task for S seeds at once (a seed axis through the model,
 the optimizer and the losses) and reports per-episode metrics. Experiment modules call it once per unit.
@@ -21,10 +22,10 @@ Metrics (per seed, measured on the episode's training rollout *before* the updat
   of tokens wrong; sequential: 1 − normalised correct-prefix length; terminal: fraction of sequences with a
   mistake). Grouped methods: 1 − mean reward over all B·K·H sampled tokens (terminal: fraction of the B·K
   sequences with any mistake).
-- ``grad_norm`` — global L2 norm of the first epoch's raw gradient (per seed, before the optimizer; §E8).
+- ``grad_norm`` — global L2 norm of the first epoch's raw gradient (per seed, before the optimizer; docs/experiments.md §E8).
 - ``frac_success`` — grouped: fraction of groups with ≥ 1 successful candidate (sequence level: exact match;
   token level: a correct candidate token); single-sample: fraction of exact-match rollouts.
-- ``all_fail`` — 1 − frac_success (the paper's Fig. 11 "all-fail fraction"; spec §5.7).
+- ``all_fail`` — 1 − frac_success (the paper's Fig. 11 "all-fail fraction"; docs/differences.md §7).
 - ``frac_zero_var`` — grouped only: fraction of groups whose scores have population std ≤ 1e-6 (all-fail *and*
   all-success groups).
 - ``weight_winners`` / ``weight_losers`` — the update weight on successful / failed samples, pooled over the
@@ -58,15 +59,15 @@ pair once over its cached keys/values (exact: identical inputs, identical log-pr
 reads all H states' next-token distributions from that one pass over the behaviour trajectory (causal masking
 makes it identical to the authors' one pass per prefix state, H× cheaper).
 
-Building an experiment on it: see ``token_dense.py`` / ``token_terminal.py``. A module's ``Config`` carries the
-TrialConfig fields it needs by name (documented once in ``token_common.COMMON_FIELDS_DOC``), its units name a
+Building an experiment on it: see ``tokens/dense.py`` / ``tokens/terminal.py``. A module's ``Config`` carries the
+TrialConfig fields it needs by name (documented once in ``tokens.common.COMMON_FIELDS_DOC``), its units name a
 (configuration, method) pair, and ``run_unit`` is one call:
 ``run_trial(trial_config(cfg, vocab=v), method, seed_list(cfg), ctx.device, ctx.log, ctx.advance)``.
-``token_common`` also has the report helpers (steps-to-x, final and tail-mean errors, "ours (paper)" cells,
+``tokens.common`` also has the report helpers (steps-to-x, final and tail-mean errors, "ours (paper)" cells,
 fastest-method claims, curve grids with ± s.e. bands). Lower-level pieces are public for diagnostics work:
 ``rollout``, ``answer_logp``, ``collect`` (→ ``Batch``), ``loss_fn``, ``diagnostics``.
 
-Paper-vs-code choices (spec §5), each a field: ``heads`` (2 as in the code, which reproduces the paper's
+Paper-vs-code choices (docs/differences.md), each a field: ``heads`` (2 as in the code, which reproduces the paper's
 numbers; the text says 4), ``lr`` (1e-3 effective = the code's 10 × 1e-4), ``match`` + ``interaction_lr_scale``
 (interaction-matched single-sample methods run B·K prompts at lr·√K), ``dg_epochs`` (1 in the code; App. E
 uses 4), ``optimizer`` ("optax" = the paper's Muon/AdamW partition; "torch" = torch.optim.Muon + AdamW).
@@ -437,7 +438,7 @@ def loss_fn(params, spec: tfm.TransformerSpec, cfg: TrialConfig, method: str, ba
 
 @torch.no_grad()
 def diagnostics(cfg: TrialConfig, method: str, batch: Batch) -> dict[str, Tensor]:
-    """Per-seed §E8 diagnostics of an episode's batch (grad_norm is added by the training step)."""
+    """Per-seed diagnostics (docs/experiments.md §E8) of an episode's batch (grad_norm is added by the training step)."""
     kind = METHODS[method].rollout
     out: dict[str, Tensor] = {}
     if kind == "single":

@@ -1,6 +1,6 @@
 """Helpers shared by the token-experiment modules of §3.5, §3.7, §4 and Apps. D–E (token-variants,
 token-ablations, token-diagnostics, token-sweeps, token-temperature, dg-epochs), on top of
-:mod:`.token_common`: unit names, named method variants (``tpo_1ep``), labels and colours for them, a general
+:mod:`.common`: unit names, named method variants (``tpo_1ep``), labels and colours for them, a general
 curve-panel figure (seed mean ± s.e., optional smoothing), and claim aggregation over configurations."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from targetpo.runs.stats import Curve, fmt
 from targetpo.tokens import common as tc
 from targetpo.tokens.engine import METHODS as ENGINE_METHODS, TrialConfig, run_trial, trial_config
 
-# Methods that are an engine method run with a different epoch count (§E8 "tpo_1ep", App. E "dg_4ep").
+# Methods that are an engine method run with a different epoch count (docs/experiments.md §E8 "tpo_1ep", App. E "dg_4ep").
 VARIANTS: dict[str, tuple[str, dict]] = {
     "tpo_1ep": ("tpo", {"epochs": 1}),
     "dg_4ep": ("dg", {"dg_epochs": 4}),
@@ -29,7 +29,7 @@ config_doc = tc.config_doc
 
 
 def check_methods(methods, allowed: tuple[str, ...]) -> None:
-    """Like token_common.check_methods, also accepting the named variants of VARIANTS."""
+    """Like common.check_methods, also accepting the named variants of VARIANTS."""
     tc.check_methods(methods, allowed, tuple(VARIANTS))
 
 

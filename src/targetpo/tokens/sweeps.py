@@ -1,5 +1,5 @@
 """Group size, epochs per batch, and zero-variance masking on terminal reward (paper §4.2–4.3, Figs. 12, 13, 15;
-spec §E9).
+docs/experiments.md §E9).
 
 Reverse copy over V = 2 with an exact-match reward at H = 8, B = 256 prompts, K full answers per prompt, TPO vs
 GRPO (β = 0.04). Three sweeps around the base configuration (K = 32, 4 epochs):
@@ -12,7 +12,7 @@ episode's B·K sampled answers with a mistake, before the update; "final" is the
 and the claims use the mean over the last 10% of episodes (the single last episode of few seeds is bimodal:
 each seed either solved the task or is stuck).
 
-Caveats (spec §5.5–5.6): the paper says 30 seeds (the `paper` preset), the authors' code defaults to 10; and the
+Caveats (docs/differences.md §5–§6): the paper says 30 seeds (the `paper` preset), the authors' code defaults to 10; and the
 paper reports different numbers for the same configuration (K = 32, 4 epochs: TPO 2.6% / GRPO 4.4% in the K
 sweep vs 0.05% / 6.3% in the epoch sweep and masking figure), so its sweeps came from different runs.
 
@@ -32,7 +32,7 @@ from targetpo.tokens.engine import trial_config
 
 NAME = "token-sweeps"
 TITLE = "K sweep, epoch sweep and zero-variance masking, terminal reward (paper §4.2–4.3, Figs. 12, 13, 15)"
-PAPER_REF = "§4.2–4.3, Figs. 12, 13, 15; spec §E9"
+PAPER_REF = "§4.2–4.3, Figs. 12, 13, 15; docs/experiments.md §E9"
 METHODS = ("tpo", "grpo")
 SWEEPS = ("k", "epochs", "masking")
 TORCH_THREADS = tc.TORCH_THREADS

@@ -1,4 +1,4 @@
-r"""Token-sequence tasks of the paper's transformer experiments (Osband-style "token reversal" family; spec §1.6).
+r"""Token-sequence tasks of the paper's transformer experiments (Osband-style "token reversal" family; docs/method.md §6).
 
 A prompt x is H tokens drawn i.i.d. uniform over {0..V−1}, fresh every episode (there is no dataset). The policy
 writes an answer a of H tokens after it; the target y is a fixed function of x:
@@ -106,7 +106,7 @@ def candidate_rewards(candidates: Tensor, target: Tensor, reward: str) -> Tensor
 
 
 def initial_error(reward: str, vocab: int, length: int) -> float:
-    """Expected error of a uniform policy (a sanity level for untrained curves; spec §1.6)."""
+    """Expected error of a uniform policy (a sanity level for untrained curves; docs/method.md §6)."""
     p = 1.0 / vocab
     if reward == "bag":
         return 1.0 - p

@@ -1,11 +1,11 @@
-"""TPO's target temperature η on dense token reversal (paper App. D, Table 5, Fig. 16; spec §E10).
+"""TPO's target temperature η on dense token reversal (paper App. D, Table 5, Fig. 16; docs/experiments.md §E10).
 
 Reverse copy over V = 2 with bag-of-tokens reward, H = 10, B = 100 prompts, K = 8, 4 epochs; TPO's target is
 q ∝ p_old · exp(u/η), so a small η concentrates q on the best candidates and a large η keeps it near p_old. The
 error is 1 − mean reward of the episode's sampled tokens, before the update; "steps to 1%" is the first episode
 whose seed-mean error is below 0.01, "final" the seed mean at the last episode.
 
-Which TPO the paper swept is unstated (spec §5.9): `level=token` (the default) runs TPO_token, K = 8 candidate
+Which TPO the paper swept is unstated (docs/differences.md §9): `level=token` (the default) runs TPO_token, K = 8 candidate
 next tokens at every state of one behaviour trajectory — the closest command in the authors' code
 (`transformer --algorithms tpo_token --tpo-eta η`) and the TPO of Table 1; `level=sequence` runs sequence-level
 TPO, K = 8 full answers per prompt scored by their fraction of correct tokens. Table 5's η = 1 row (96 episodes
@@ -26,7 +26,7 @@ from targetpo.tokens.engine import trial_config
 
 NAME = "token-temperature"
 TITLE = "TPO target temperature η sweep, dense token reversal (paper App. D, Table 5)"
-PAPER_REF = "App. D, Table 5, Fig. 16; spec §E10"
+PAPER_REF = "App. D, Table 5, Fig. 16; docs/experiments.md §E10"
 LEVELS = {"token": "tpo_token", "sequence": "tpo"}
 TORCH_THREADS = tc.TORCH_THREADS
 
@@ -63,7 +63,7 @@ class Config:
 
 Config.__doc__ = tr.config_doc("""episodes: episodes per unit (the paper: 1000)
 etas: TPO target temperatures η to sweep (the paper: 0.25, 0.5, 1, 2, 4)
-level: token (TPO_token over K next-token candidates per state; default, the authors' closest command) or sequence (TPO over K full answers scored by fraction correct); the paper does not say which (spec §5.9)""")
+level: token (TPO_token over K next-token candidates per state; default, the authors' closest command) or sequence (TPO over K full answers scored by fraction correct); the paper does not say which (docs/differences.md §9)""")
 
 PRESETS = {
     "smoke": Config(seeds=2, episodes=3, etas=(0.5, 2.0), length=4, batch=8, k=4),

@@ -1,5 +1,5 @@
 """Terminal (exact-match) reward, sequence-level groups, prompt- and interaction-matched (paper §3.6, Table 3,
-Fig. 7, hero Fig. 1b; spec §E6).
+Fig. 7, hero Fig. 1b; docs/experiments.md §E6).
 
 Reverse copy over V = 2 with one reward per answer: 1 if all H tokens are right, else 0 (broadcast to every
 position). At H = 10 a uniform policy succeeds once in 1024 tries. The grouped methods (TPO, GRPO, GRPO without
@@ -22,7 +22,7 @@ from targetpo.tokens.engine import MATCHES, METHODS as ENGINE_METHODS, run_trial
 
 NAME = "token-terminal"
 TITLE = "Terminal-reward token reversal, sequence-level groups (paper §3.6, Table 3)"
-PAPER_REF = "§3.6, Table 3, Fig. 7, Fig. 1b; spec §E6"
+PAPER_REF = "§3.6, Table 3, Fig. 7, Fig. 1b; docs/experiments.md §E6"
 METHODS = ("ppo", "dg", "tpo", "grpo", "grpo_no_kl")
 TORCH_THREADS = tc.TORCH_THREADS
 

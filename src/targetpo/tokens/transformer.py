@@ -1,4 +1,4 @@
-r"""The paper's tiny causal transformer (spec §1.4), with a leading *seed* axis so S independent models run as one.
+r"""The paper's tiny causal transformer (docs/method.md §4), with a leading *seed* axis so S independent models run as one.
 
 Architecture (the authors' Flax ``CausalTransformer``): token embedding + learned absolute position embedding
 (no scaling) → ``layers`` × pre-LN blocks [LN → causal multi-head self-attention (separate q/k/v projections
@@ -6,7 +6,7 @@ with bias, output projection with bias) → residual; LN → Dense(ffn_mult·d) 
 → final LN → untied Dense(V) → log-softmax. LayerNorm eps = 1e-6 (Flax default). No dropout.
 
 Parameters are a dict ``name → Tensor [S, *shape]``; ``shape`` is the Flax per-seed shape, so the optimizer's
-Muon/AdamW partition and shape scales read directly off :data:`ParamInfo` (spec §1.4 table). Initialisation is
+Muon/AdamW partition and shape scales read directly off :data:`ParamInfo` (docs/method.md §4 table). Initialisation is
 Flax's: lecun-normal (truncated at ±2σ, variance 1/fan_in) kernels with zero biases, embedding N(0, 1/d),
 position embedding N(0, 0.02²). Seed s is initialised from ``torch.Generator().manual_seed(seed_s)`` alone, so a
 seed's model does not depend on which other seeds share the batch.

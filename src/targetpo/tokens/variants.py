@@ -1,5 +1,5 @@
 """Eight dense token tasks: copy / flip / reverse copy / reverse flip × bag-of-tokens / sequential reward
-(paper §3.5, Table 2, Fig. 6; spec §E5).
+(paper §3.5, Table 2, Fig. 6; docs/experiments.md §E5).
 
 V = 2, H = 10, B = 100 fresh prompts per episode, the tiny causal transformer under Muon (lr 1e-3), 4 epochs
 (DG 1). TPO_token and GRPO_token score K = 8 candidate next tokens at every state of one behaviour trajectory
@@ -10,7 +10,7 @@ there). The error is 1 − mean behaviour reward over the episode's B·H sampled
 (sequential: 1 − normalised correct-prefix length); "steps to 1%" is the first episode whose seed-mean error is
 below 0.01.
 
-Matching (spec §5.4): every default method follows one behaviour trajectory per prompt, so prompts and
+Matching (docs/differences.md §4): every default method follows one behaviour trajectory per prompt, so prompts and
 interactions are matched already, and `match=interactions` is a no-op with them, as in the authors' code. Only
 when a sequence-level group method (tpo, grpo, grpo_no_kl: K full rollouts per prompt) is in `methods` does
 `match=interactions` give PPO/DG B·K prompts at lr·√K, the configuration the Fig. 6 legend suggests.
@@ -34,7 +34,7 @@ from targetpo.tokens.tasks import TASKS
 
 NAME = "token-variants"
 TITLE = "Eight dense token tasks, token-level groups (paper §3.5, Table 2)"
-PAPER_REF = "§3.5, Table 2, Fig. 6; spec §E5"
+PAPER_REF = "§3.5, Table 2, Fig. 6; docs/experiments.md §E5"
 METHODS = ("tpo_token", "grpo_token", "dg", "ppo")
 ALLOWED = ("tpo_token", "grpo_token", "grpo_token_no_kl", "dg", "ppo", "reinforce", "tpo", "grpo", "grpo_no_kl")
 SEQUENCE_GROUP = ("tpo", "grpo", "grpo_no_kl")
@@ -90,7 +90,7 @@ REPRODUCE_PRESET = "cpu"
 
 
 def effective_match(cfg) -> str:
-    """The matching actually applied: interactions only matter next to sequence-level groups (spec §5.4)."""
+    """The matching actually applied: interactions only matter next to sequence-level groups (docs/differences.md §4)."""
     methods = cfg["methods"] if isinstance(cfg, dict) else cfg.methods
     match = cfg["match"] if isinstance(cfg, dict) else cfg.match
     return match if any(m in SEQUENCE_GROUP for m in methods) else "prompts"
@@ -139,7 +139,7 @@ def report(run, section) -> None:
     section.text(__doc__.split("\n\n", 1)[1])
     section.text(f"Matching: `match={cfg['match']}`, applied as **{effective_match(cfg)}**"
                  + ("" if effective_match(cfg) == cfg["match"] else
-                    " (no sequence-level group method in this run, so interaction matching is a no-op, spec §5.4)")
+                    " (no sequence-level group method in this run, so interaction matching is a no-op, docs/differences.md §4)")
                  + ".")
     if run.meta.get("preset") != "paper":
         section.text(tr.horizon_note(run, "10 seeds × 1000 episodes, H = 10, B = 100, K = 8",

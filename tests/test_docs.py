@@ -1,0 +1,89 @@
+"""The docs under docs/ are the only documents code may cite, and every citation must resolve.
+
+Comments cite `docs/<page>.md §X` (a section heading `## §X …` or `## X …` of that page, e.g. method.md §2,
+experiments.md §E4, differences.md §8); nothing in the code may point at a document outside the repository.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from targetpo.experiments import EXPERIMENTS
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+CODE_DIRS = ("src", "tests", "benchmarks", "examples")
+SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".cfg", ".sh"}
+THIS = Path(__file__).resolve()
+
+# A path citation followed by one or more section labels: "docs/method.md §2", "docs/experiments.md §E3, §E3b",
+# "docs/differences.md §5–§6".
+CITATION = re.compile(r"docs/([\w-]+)\.md((?:\s*[,–-]?\s*§[\w.]+)+)")
+LABEL = re.compile(r"§([\w.]*\w)")
+FORBIDDEN = (re.compile("spec " + "§"), re.compile(r"\.\./shared" + "/spec"), re.compile("PAPER" + "_SPEC"),
+             re.compile(r"\bLLM" + r"_NOTES\b"), re.compile(r"\bDESIGN" + r"\.md\b"))
+
+
+def code_files() -> list[Path]:
+    files = []
+    for d in CODE_DIRS:
+        files += [p for p in (ROOT / d).rglob("*") if p.is_file() and p.suffix in SUFFIXES
+                  and "__pycache__" not in p.parts and p.resolve() != THIS]
+    return sorted(files)
+
+
+def headings(page: str) -> set[str]:
+    """Labels of a docs page's `## ` headings: '## §4 The tiny transformer' -> '4', '## E3b MNIST …' -> 'E3b'."""
+    labels = set()
+    for line in (DOCS / f"{page}.md").read_text(encoding="utf-8").splitlines():
+        if line.startswith("## "):
+            first = line[3:].split()[0] if line[3:].split() else ""
+            labels.add(first.lstrip("§").rstrip(":.—"))
+    return labels
+
+
+def test_code_cites_no_document_outside_the_repository():
+    files = code_files()
+    assert any(p.name == "engine.py" for p in files)  # the scan reaches the package
+    bad = []
+    for p in files:
+        for n, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if any(f.search(line) for f in FORBIDDEN):
+                bad.append(f"{p.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not bad, "citations of a document outside the repository (cite docs/ instead):\n" + "\n".join(bad)
+
+
+def test_every_docs_citation_in_src_names_an_existing_heading():
+    found, bad = 0, []
+    for p in sorted((ROOT / "src").rglob("*.py")):
+        text = p.read_text(encoding="utf-8")
+        for m in CITATION.finditer(text):
+            page = m.group(1)
+            if not (DOCS / f"{page}.md").exists():
+                bad.append(f"{p.relative_to(ROOT)}: docs/{page}.md does not exist")
+                continue
+            labels = headings(page)
+            for label in LABEL.findall(m.group(2)):
+                found += 1
+                if label not in labels:
+                    bad.append(f"{p.relative_to(ROOT)}: docs/{page}.md has no heading §{label}")
+    assert found > 20, f"expected the code to cite docs/ sections, found {found} citations"
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("page,expected", [
+    ("method", {str(i) for i in range(1, 8)}),
+    ("experiments", {f"E{i}" for i in range(1, 14)} | {"E3b"}),
+    ("differences", {str(i) for i in range(1, 20)}),
+])
+def test_docs_pages_have_their_numbered_sections(page, expected):
+    assert expected <= headings(page), sorted(expected - headings(page))
+
+
+def test_every_experiment_is_documented():
+    text = (DOCS / "experiments.md").read_text(encoding="utf-8")
+    missing = [name for name in EXPERIMENTS if f"targetpo run {name}`" not in text]
+    assert not missing, f"experiments not described in docs/experiments.md: {missing}"
