@@ -1,5 +1,5 @@
 """The verl 0.9.1 plugin: registration through the entry point, the loss through verl's registry, group checks,
-the example config against verl's own defaults, and the graph-coloring reward."""
+the eta hand-off, and the App. G reward function."""
 
 import json
 import logging
@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 from verl.trainer.ppo import core_algos  # `import verl` loads the plugin through the entry point
 from verl.workers.config.actor import ActorConfig, PolicyLossConfig
 
@@ -20,7 +19,13 @@ from targetpo.integrations import verl_plugin
 from targetpo.objectives import tpo_sequence_loss
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "verl" / "tpo_qwen3_1.7b_graph_color.yaml"
+REWARD = ROOT / "examples" / "verl" / "app_g_reward.py"
+
+
+@pytest.fixture(autouse=True)
+def _eta(monkeypatch):
+    """η as `python -m targetpo.integrations.verl_trainer` exports it to the workers (the loss has no default)."""
+    monkeypatch.setenv(verl_plugin.ETA_ENV, "1.0")
 
 
 
@@ -165,56 +170,10 @@ def test_verify_registration_raises_and_warns_when_tpo_is_missing(monkeypatch, c
     assert any("did not register" in r.message for r in caplog.records)
 
 
-def _leaf_keys(node, prefix=""):
-    for key, value in node.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            yield from _leaf_keys(value, path + ".")
-        else:
-            yield path
-
-
-def _has_key(cfg, dotted):
-    node = cfg
-    for part in dotted.split("."):
-        if part not in node.keys():  # keys() also lists mandatory (???) values, which `in` hides
-            return False
-        node = node._get_node(part)
-    return True
-
-
-def test_example_config_keys_exist_in_verls_defaults_and_build_the_actor_config():
-    from hydra import compose, initialize_config_dir, initialize_config_module
-    from verl.utils.config import omega_conf_to_dataclass
-
-    ours = OmegaConf.to_container(OmegaConf.load(EXAMPLE))
-    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        default = compose(config_name="ppo_trainer")
-    added = {"ray_kwargs.ray_init.runtime_env.env_vars"}  # a new mapping that verl merges into Ray's runtime_env
-    missing = [key for key in _leaf_keys({k: v for k, v in ours.items() if k not in ("hydra", "defaults")})
-               if not any(key.startswith(a) for a in added) and not _has_key(default, key)]
-    assert missing == []
-    with initialize_config_dir(config_dir=str(EXAMPLE.parent), version_base=None):
-        cfg = compose(config_name=EXAMPLE.stem)
-    assert cfg.trainer.use_v1 is False and cfg.trainer.balance_batch is False
-    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)  # verl's own validation of the actor section
-    k = actor.rollout_n
-    assert k == 16 and actor.policy_loss.loss_mode == "tpo" and not actor.use_dynamic_bsz and not actor.shuffle
-    assert actor.ppo_micro_batch_size_per_gpu % k == 0
-    assert (actor.ppo_mini_batch_size * k // cfg.trainer.n_gpus_per_node) % k == 0  # whole groups per GPU
-    assert cfg.algorithm.adv_estimator == "tpo"
-    b = batch(g=2, k=k)
-    adv = tpo_advantages(b)
-    loss, _ = core_algos.get_policy_loss_fn(actor.policy_loss.loss_mode)(
-        old_log_prob=b["old"], log_prob=b["logp"], advantages=adv, response_mask=b["mask"],
-        loss_agg_mode=actor.loss_agg_mode, config=actor)
-    assert torch.isfinite(loss)
-
-
 def test_graph_color_reward_uses_reasoning_gyms_scorer():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("graph_color_reward", EXAMPLE.parent / "graph_color_reward.py")
+    spec = importlib.util.spec_from_file_location("app_g_reward", REWARD)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # the file verl's custom_reward_function.path points at
     from targetpo.integrations.verl_rewards import DATA_SOURCE, graph_color_rows

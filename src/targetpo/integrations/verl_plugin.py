@@ -13,26 +13,38 @@ The loss sees one micro-batch [N, T] and no group ids, so it *proves* what it ca
 row's advantage is constant over its tokens, and every block of K consecutive rows is a group's z-scores (sums
 to 0 with population variance 1, or is all 0). A shuffled, balanced or token-packed micro-batch fails this and
 the loss raises ``ValueError``. The check is necessary, not sufficient (K rows from different groups whose
-scores happen to have mean 0 and variance 1 pass), so also keep verl's layout contiguous (README, "verl"):
-legacy trainer ``trainer.use_v1=False``, ``trainer.balance_batch=False``, ``actor.shuffle=False``,
-``actor.use_dynamic_bsz=False``, and ``actor.ppo_micro_batch_size_per_gpu`` and the per-GPU mini-batch
-multiples of K. The advantage estimator already refuses a batch whose groups are not contiguous.
+scores happen to have mean 0 and variance 1 pass), so the layout is also kept whole upstream: verl's current
+trainer with ``trainer.v1.trainer_mode=tpo_sync`` (:mod:`targetpo.integrations.verl_trainer`, which balances
+GPUs over whole groups and refuses at step 0 any setting that splits one), or the legacy trainer with
+``trainer.balance_batch=False``. The advantage estimator already refuses a batch whose groups are not contiguous.
 
-Settings:
+Settings (docs/verl.md):
 
 - ``actor.loss_agg_mode`` picks the sequence log-score: ``seq-mean-token-sum`` → sum of token log-probs (the
   paper), ``seq-mean-token-mean`` → their mean (length-normalised). Token-level modes (``token-mean``,
   ``token-sum``) and ``seq-mean-token-sum-norm`` have no TPO meaning and are rejected. Across groups the loss is
-  always the mean over the groups of verl's global mini-batch (using ``config.global_batch_info``).
-- η comes from the environment variable ``TARGETPO_TPO_ETA`` (default 1.0; verl's PolicyLossConfig is a closed
-  dataclass). Forward it to the Ray workers with
-  ``+ray_kwargs.ray_init.runtime_env.env_vars.TARGETPO_TPO_ETA=0.5``.
+  always the mean over the groups of verl's global mini-batch (using ``config.global_batch_info``). The same
+  mode also aggregates verl's own KL (``use_kl_loss``) and entropy terms, which verl adds to this loss in
+  ``workers/utils/losses.py::ppo_loss`` through ``agg_loss``: with ``seq-mean-token-sum`` each response
+  contributes the *sum* of its per-token KL (entropy) and the sum is averaged over the global mini-batch's
+  responses, so ``kl_loss_coef`` weighs a whole response's KL and the term grows with response length; with
+  ``seq-mean-token-mean`` each response contributes its per-token *mean*, so ``kl_loss_coef`` weighs an average
+  token's KL, as in verl's default ``token-mean`` up to how responses of different length are weighted.
+- η is ``tpo.eta`` in verl's Hydra config (``+tpo.eta=0.5``; verl's ``AlgoConfig`` and ``PolicyLossConfig``
+  are closed dataclasses, so TPO's settings have their own top-level section, validated by
+  :func:`targetpo.integrations.verl_trainer.tpo_settings`). The loss runs in the Ray workers, which see only
+  ``actor_rollout_ref``; ``python -m targetpo.integrations.verl_trainer`` validates ``tpo.eta`` and exports it
+  to every worker as ``TARGETPO_TPO_ETA``. The loss refuses to run without it (no default) and rejects any
+  ``TARGETPO_*`` variable it does not know, so a typo cannot silently train with η = 1.
 - Rollout-correction importance weights (``rollout_is_weights``) are not part of TPO and are rejected.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
 import logging
+import math
 import os
 
 import numpy as np
@@ -50,23 +62,40 @@ except Exception as exc:  # verl swallows plugin import errors at DEBUG level: m
                    "registered. targetpo needs verl==0.9.1.", exc)
     raise
 
-__all__ = ["NAME", "ETA_ENV", "SEQ_LOGP_BY_LOSS_AGG", "compute_tpo_advantage", "compute_policy_loss_tpo",
+__all__ = ["NAME", "ETA_ENV", "KNOWN_ENV", "SEQ_LOGP_BY_LOSS_AGG", "compute_tpo_advantage", "compute_policy_loss_tpo",
            "verify_registration", "tpo_eta_from_env"]
 
 NAME = "tpo"
 ETA_ENV = "TARGETPO_TPO_ETA"
+# Every TARGETPO_* variable the package reads (MNIST's data folder, the test suite's data folder): any other one
+# near the loss is a misspelling.
+KNOWN_ENV = (ETA_ENV, "TARGETPO_MNIST_DIR", "TARGETPO_SHARED_DATA")
 SEQ_LOGP_BY_LOSS_AGG = {"seq-mean-token-sum": "sum", "seq-mean-token-mean": "mean"}
 _TOKEN_CONSTANT_ATOL = 1e-5
 
 
 def tpo_eta_from_env() -> float:
-    raw = os.environ.get(ETA_ENV, "1.0")
+    """η as exported to this process by ``python -m targetpo.integrations.verl_trainer`` (from ``tpo.eta``).
+
+    Missing, non-numeric, non-finite or non-positive values are errors, and so is any other ``TARGETPO_*``
+    variable that targetpo does not read (a misspelling would otherwise be ignored).
+    """
+    strays = sorted(key for key in os.environ if key.startswith("TARGETPO_") and key not in KNOWN_ENV)
+    if strays:
+        near = difflib.get_close_matches(strays[0], KNOWN_ENV, n=1, cutoff=0.0)[0]
+        raise ValueError(f"unknown environment variable {strays[0]}; did you mean {near}? targetpo reads only "
+                         f"{', '.join(KNOWN_ENV)}")
+    raw = os.environ.get(ETA_ENV)
+    if raw is None:
+        raise ValueError(f"TPO's temperature η is not set in this process: set tpo.eta in the verl config and launch "
+                         f"with python -m targetpo.integrations.verl_trainer, which exports it as {ETA_ENV} to "
+                         f"every Ray worker")
     try:
         eta = float(raw)
     except ValueError:
         raise ValueError(f"{ETA_ENV}={raw!r} is not a number; TPO's temperature η must be a float > 0") from None
-    if not eta > 0:
-        raise ValueError(f"{ETA_ENV}={raw!r}: TPO's temperature η must be > 0")
+    if not (math.isfinite(eta) and eta > 0):
+        raise ValueError(f"{ETA_ENV}={raw!r}: TPO's temperature η must be finite and > 0")
     return eta
 
 
@@ -92,8 +121,8 @@ def compute_tpo_advantage(token_level_rewards: torch.Tensor, response_mask: torc
         raise ValueError(
             f"adv_estimator=tpo needs each prompt's responses as one contiguous block of K >= 2 rows (got block sizes "
             f"{sizes[:8].tolist()}{'...' if len(sizes) > 8 else ''} over {n} rows, {len(set(index.tolist()))} groups). "
-            f"Something reordered the batch: set trainer.balance_batch=False and use the legacy trainer "
-            f"(trainer.use_v1=False)."
+            f"Something reordered the batch: use trainer.v1.trainer_mode=tpo_sync (current trainer) or "
+            f"trainer.balance_batch=False (legacy trainer)."
         )
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1).view(-1, k)
@@ -152,8 +181,9 @@ def compute_policy_loss_tpo(
         raise ValueError(
             f"policy_loss.loss_mode=tpo needs whole groups: rows [jK, (j+1)K) of every micro-batch must be one "
             f"prompt's K = {k} responses with adv_estimator=tpo scores, but {problems[0]}. The batch was shuffled or "
-            f"split below group level: use trainer.use_v1=False, trainer.balance_batch=False, actor.shuffle=False, "
-            f"actor.use_dynamic_bsz=False and micro/mini-batches that are multiples of K."
+            f"split below group level: use trainer.v1.trainer_mode=tpo_sync (or trainer.balance_batch=False on the "
+            f"legacy trainer), actor.shuffle=False, actor.use_dynamic_bsz=False and micro/mini-batches that are "
+            f"multiples of K."
         )
     loss, metrics = tpo_group_loss(log_prob, old_log_prob, u, mask, k,
                                    seq_logp=SEQ_LOGP_BY_LOSS_AGG[loss_agg_mode], eta=tpo_eta_from_env())
@@ -183,6 +213,12 @@ def _register() -> None:
             raise ValueError(f"verl already has an advantage estimator named {NAME!r}: {prev.__module__}.{prev.__qualname__}")
         del estimators[NAME]  # this module imported again (reload): replace our own earlier registration
     core_algos.register_adv_est(NAME)(compute_tpo_advantage)
+    # The group-keeping trainer (trainer.v1.trainer_mode=tpo_sync) needs verl's v1 trainer, which needs
+    # TransferQueue; without it verl cannot run its current trainer at all, so there is nothing to register.
+    if importlib.util.find_spec("transfer_queue") is not None:
+        from targetpo.integrations.verl_trainer import register_tpo_trainer
+
+        register_tpo_trainer()
 
 
 def verify_registration() -> None:

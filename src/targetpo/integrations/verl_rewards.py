@@ -1,58 +1,110 @@
-"""Reasoning Gym graph coloring for verl: dataset rows and the custom reward function (the paper's App. G task).
+"""The paper's App. G tasks for verl: dataset rows in verl's RL parquet layout and one custom reward function.
 
-The score is reasoning-gym's own ``GraphColorDataset.score_answer`` on the last ``<answer>…</answer>`` of the
-response: 1.0 for a valid coloring given as a JSON map, 0.01 for parseable JSON that is not a valid coloring,
-0.0 otherwise (quasi-binary, as in the paper). Everything is generated offline by reasoning-gym.
+Tasks (``data_source`` → score of the response's last ``<answer>…</answer>``):
 
-verl usage::
+- ``openai/gsm8k``: 1.0 when math-verify finds the answer equal to the final answer after ``#### `` (exact
+  match, :func:`targetpo.llm.rewards.score_gsm8k`), else 0. Rows come from the ``train.jsonl``/``test.jsonl``
+  files (``{"question", "answer"}`` per line) of the GSM8K release.
+- ``reasoning_gym/graph_color``: reasoning-gym's own ``score_answer``: 1.0 for a valid coloring given as a JSON
+  map, 0.01 for parseable JSON that is not a valid coloring, 0.0 otherwise (quasi-binary, as in the paper).
+- ``reasoning_gym/knights_knaves``: reasoning-gym's own ``score_answer``: 1.0 all right, 0.3 + 0.7 · (fraction
+  right) when every inhabitant is named, 0 otherwise (partial credit, as in the paper).
 
-    reward.custom_reward_function.path=examples/verl/graph_color_reward.py
+Every row is ``{data_source, prompt (chat messages: reasoning-gym's default system prompt + the question),
+ability, reward_model {style: "rule", ground_truth}, extra_info {split, index}}``, the columns verl's
+``RLHFDataset`` and reward loop read; ``ground_truth`` holds all the scorer needs, so scoring needs only the row.
+
+verl usage (``examples/verl/*_reward.py`` re-export :func:`compute_score`)::
+
+    reward.custom_reward_function.path=examples/verl/app_g_reward.py
     reward.custom_reward_function.name=compute_score
-
-where ``examples/verl/graph_color_reward.py`` re-exports :func:`compute_score`. Rows carry the puzzle as JSON in
-``reward_model.ground_truth``, so the score needs nothing but the row.
 """
 
 from __future__ import annotations
 
 import json
 from functools import lru_cache
+from pathlib import Path
 
-DATA_SOURCE = "reasoning_gym/graph_color"
+from targetpo.llm.rewards import gsm8k_gold, score_gsm8k, score_reasoning_gym
+from targetpo.llm.templates import extract_tagged_answer, system_prompt
+
+GSM8K = "openai/gsm8k"
+GRAPH_COLOR = "reasoning_gym/graph_color"
+KNIGHTS_KNAVES = "reasoning_gym/knights_knaves"
+DATA_SOURCE = GRAPH_COLOR  # kept for callers of the graph-coloring-only version
+DATA_SOURCES = (GSM8K, GRAPH_COLOR, KNIGHTS_KNAVES)
+SPLITS = ("train", "test")
 
 
-@lru_cache(maxsize=1)
-def _scorer():
-    import reasoning_gym as rg
+def _row(data_source: str, question: str, ability: str, ground_truth: str, split: str, index: int) -> dict:
+    return {
+        "data_source": data_source,
+        "prompt": [{"role": "system", "content": system_prompt()}, {"role": "user", "content": question}],
+        "ability": ability,
+        "reward_model": {"style": "rule", "ground_truth": ground_truth},
+        "extra_info": {"split": split, "index": index},
+    }
 
-    return rg.create_dataset("graph_color", size=1, seed=0)  # score_answer reads only the entry passed to it
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
 
 
-def graph_color_rows(size: int, seed: int, split: str, **dataset_config) -> list[dict]:
-    """`size` graph-coloring prompts as verl RL rows (chat prompt, data_source, reward_model.ground_truth)."""
-    import reasoning_gym as rg
-    from reasoning_gym.utils import SYSTEM_PROMPTS
-
-    ds = rg.create_dataset("graph_color", size=size, seed=seed, **dataset_config)
+def gsm8k_rows(data_dir: str | Path, split: str, limit: int | None = None) -> list[dict]:
+    """GSM8K's `split` file (``DIR/train.jsonl`` or ``DIR/test.jsonl``) as verl rows; the first `limit` lines."""
+    _check_split(split)
+    path = Path(data_dir).expanduser() / f"{split}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"GSM8K file {path} not found (data_dir must hold train.jsonl and test.jsonl)")
     rows = []
-    for i in range(size):
-        entry = ds[i]
-        rows.append({
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "system", "content": SYSTEM_PROMPTS["default"]},
-                       {"role": "user", "content": entry["question"]}],
-            "ability": "graph_coloring",
-            "reward_model": {"style": "rule", "ground_truth": json.dumps(entry["metadata"]["puzzle"])},
-            "extra_info": {"split": split, "index": i},
-        })
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if limit is not None and len(rows) >= limit:
+                break
+            if line.strip():
+                r = json.loads(line)
+                rows.append(_row(GSM8K, r["question"], "math", gsm8k_gold(r["answer"]), split, len(rows)))
     return rows
 
 
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
-    """verl custom reward: reasoning-gym's graph-coloring score of the response's last <answer> block."""
-    from reasoning_gym.utils import extract_answer
+def reasoning_gym_rows(name: str, size: int, seed: int, split: str, **dataset_config) -> list[dict]:
+    """`size` prompts of reasoning-gym's `name` (graph_color or knights_knaves) as verl rows, generated offline."""
+    import reasoning_gym as rg
 
-    if data_source != DATA_SOURCE:
-        raise ValueError(f"compute_score scores {DATA_SOURCE!r} rows only, got data_source={data_source!r}")
-    entry = {"metadata": {"puzzle": json.loads(ground_truth)}}
-    return float(_scorer().score_answer(extract_answer(solution_str), entry=entry))
+    _check_split(split)
+    if f"reasoning_gym/{name}" not in DATA_SOURCES:
+        raise ValueError(f"name must be graph_color or knights_knaves, got {name!r}")
+    ds = rg.create_dataset(name, size=size, seed=seed, **dataset_config)
+    rows = []
+    for i in range(size):
+        e = ds[i]
+        # graph_color's answer is None (many colorings are right): the scorer reads the puzzle from the metadata.
+        truth = json.dumps(e["metadata"]["puzzle"]) if name == "graph_color" else e["answer"]
+        rows.append(_row(f"reasoning_gym/{name}", e["question"], name, truth, split, i))
+    return rows
+
+
+def graph_color_rows(size: int, seed: int, split: str, **dataset_config) -> list[dict]:
+    """`size` graph-coloring prompts as verl rows."""
+    return reasoning_gym_rows("graph_color", size, seed, split, **dataset_config)
+
+
+@lru_cache(maxsize=None)
+def _scorer(name: str):
+    import reasoning_gym as rg
+
+    return rg.create_dataset(name, size=1, seed=0)  # score_answer reads only the entry passed to it
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
+    """verl custom reward: the task's score of the response's last ``<answer>`` block (0 without one)."""
+    answer = extract_tagged_answer(solution_str)
+    if data_source == GSM8K:
+        return score_gsm8k(ground_truth, answer)
+    if data_source == GRAPH_COLOR:
+        return score_reasoning_gym(_scorer("graph_color"), {"metadata": {"puzzle": json.loads(ground_truth)}}, answer)
+    if data_source == KNIGHTS_KNAVES:
+        return score_reasoning_gym(_scorer("knights_knaves"), {"answer": ground_truth}, answer)
+    raise ValueError(f"compute_score scores {DATA_SOURCES} rows only, got data_source={data_source!r}")

@@ -1,0 +1,235 @@
+r"""TPO on verl 0.9.1's current trainer: a group-keeping ``tpo_sync`` trainer, the ``tpo`` config section, checks.
+
+verl's current (v1) trainer balances every batch across data-parallel ranks *per sequence*
+(``PPOTrainer._balance_batch``: Karmarkar–Karp over single rows), which scatters a prompt's K responses over
+several GPUs; TPO's loss is one cross-entropy per group, so that split is fatal (docs/verl.md). This module adds:
+
+- :func:`whole_group_order`: the same balancing over *whole groups* (verl's own
+  ``get_group_balanced_partitions``), refusing a batch whose groups are not contiguous blocks of one size K.
+- ``trainer.v1.trainer_mode=tpo_sync``: verl's synchronous trainer with ``_balance_batch`` replaced by the
+  group-level one, and every TPO setting validated when it is constructed (step 0). It is registered with
+  verl's ``register_trainer`` by the plugin wherever verl's v1 trainer can be imported.
+- :func:`tpo_settings` / :func:`layout_problems`: the ``tpo`` section of verl's Hydra config
+  (``+tpo.eta=0.5``; verl's ``AlgoConfig`` and ``PolicyLossConfig`` are closed dataclasses that reject new keys,
+  so TPO's settings live in their own top-level section) and the verl settings that would split a group.
+- :func:`main` (``python -m targetpo.integrations.verl_trainer``): verl's ``main_ppo`` after validating all of the
+  above and handing η to every Ray worker (the loss runs in the workers, which see only ``actor_rollout_ref``).
+
+Everything that runs without a GPU is tested on CPU (tests/integrations/test_verl_trainer.py); the trainer
+class itself needs verl's TransferQueue and GPUs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import math
+
+import numpy as np
+
+from targetpo.integrations.verl_plugin import ETA_ENV, NAME, SEQ_LOGP_BY_LOSS_AGG
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TRAINER_MODE", "TPO_DEFAULTS", "tpo_settings", "uses_tpo", "layout_problems", "check_config",
+           "whole_group_order", "register_tpo_trainer", "export_eta"]
+
+TRAINER_MODE = "tpo_sync"
+TPO_DEFAULTS = {"eta": 1.0}  # the `tpo` section of verl's config: key -> default
+
+
+def tpo_settings(config) -> dict:
+    """The validated ``tpo`` section of a verl config (defaults for missing keys).
+
+    Unknown keys are errors naming the nearest valid key; η must be a finite float > 0.
+    """
+    section = config.get("tpo", None) if hasattr(config, "get") else None
+    section = dict(section or {})
+    for key in section:
+        if key not in TPO_DEFAULTS:
+            near = difflib.get_close_matches(key, list(TPO_DEFAULTS), n=1, cutoff=0.0)
+            raise ValueError(f"tpo.{key} is not a TPO setting; did you mean tpo.{near[0]}? "
+                             f"Valid keys: {sorted(TPO_DEFAULTS)}")
+    out = {**TPO_DEFAULTS, **section}
+    try:
+        eta = float(out["eta"])
+    except (TypeError, ValueError):
+        raise ValueError(f"tpo.eta={out['eta']!r} is not a number; TPO's temperature η must be a float > 0") from None
+    if not (math.isfinite(eta) and eta > 0):
+        raise ValueError(f"tpo.eta={out['eta']!r}: TPO's temperature η must be finite and > 0")
+    out["eta"] = eta
+    return out
+
+
+def uses_tpo(config) -> bool:
+    """Whether a verl config selects TPO's advantage estimator or policy loss."""
+    loss_mode = config.actor_rollout_ref.actor.policy_loss.get("loss_mode", "vanilla")
+    return config.algorithm.adv_estimator == NAME or loss_mode == NAME
+
+
+def layout_problems(config) -> list[str]:
+    """Each verl setting that would run TPO on split groups, as ``"key=value: why; set key=..."`` (empty: fine)."""
+    actor = config.actor_rollout_ref.actor
+    k = int(config.actor_rollout_ref.rollout.n)
+    loss_mode = actor.policy_loss.get("loss_mode", "vanilla")
+    problems = []
+
+    def bad(msg):
+        problems.append(msg)
+
+    if loss_mode == NAME and config.algorithm.adv_estimator != NAME:
+        bad(f"algorithm.adv_estimator={config.algorithm.adv_estimator}: the tpo loss needs the tpo estimator's "
+            f"z-scores; set algorithm.adv_estimator=tpo")
+    if k < 2:
+        bad(f"actor_rollout_ref.rollout.n={k}: TPO needs K >= 2 responses per prompt")
+    if loss_mode == NAME and actor.loss_agg_mode not in SEQ_LOGP_BY_LOSS_AGG:
+        bad(f"actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode}: no TPO meaning; set it to one of "
+            f"{sorted(SEQ_LOGP_BY_LOSS_AGG)}")
+    trainer = config.trainer
+    if trainer.get("use_v1", True):
+        mode = trainer.v1.trainer_mode
+        if mode != TRAINER_MODE:
+            bad(f"trainer.v1.trainer_mode={mode}: verl's {mode!r} trainer balances rows across GPUs one sequence "
+                f"at a time and splits groups; set trainer.v1.trainer_mode={TRAINER_MODE}")
+    elif trainer.get("balance_batch", True):
+        bad("trainer.balance_batch=True: the legacy trainer's balancing reorders single rows across GPUs; set "
+            "trainer.balance_batch=False (or use the current trainer with trainer.v1.trainer_mode=tpo_sync)")
+    if actor.get("use_dynamic_bsz", False):
+        bad("actor_rollout_ref.actor.use_dynamic_bsz=True: token-packed micro-batches split groups; set it to False")
+    if actor.get("shuffle", False):
+        bad("actor_rollout_ref.actor.shuffle=True: shuffles single rows inside a mini-batch; set it to False")
+    mbs = actor.get("ppo_micro_batch_size_per_gpu", None)
+    if mbs is None or int(mbs) % k:
+        bad(f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={mbs}: must be a multiple of K = rollout.n = {k}")
+    dp = int(trainer.nnodes) * int(trainer.n_gpus_per_node) // int(actor.get("ulysses_sequence_parallel_size", 1) or 1)
+    mini = int(actor.ppo_mini_batch_size)
+    if mini % dp:
+        bad(f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} prompts: must be a multiple of the {dp} "
+            f"data-parallel ranks so each rank's share of a mini-batch is whole groups")
+    prompts = int(config.data.train_batch_size)
+    if prompts % mini:
+        bad(f"data.train_batch_size={prompts}: must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size="
+            f"{mini} (verl would pad the batch with filler rows that form no group)")
+    rc = config.algorithm.get("rollout_correction", None) or {}
+    if loss_mode == NAME and rc.get("rollout_is", None):
+        bad(f"algorithm.rollout_correction.rollout_is={rc.get('rollout_is')}: importance weights are not part of "
+            f"TPO; set it to null")
+    return problems
+
+
+def check_config(config) -> dict:
+    """Raise ValueError listing every problem of a TPO verl config; return the ``tpo`` settings."""
+    settings = tpo_settings(config)
+    if uses_tpo(config):
+        problems = layout_problems(config)
+        if problems:
+            raise ValueError("TPO cannot train on split groups; change these verl settings:\n  - "
+                             + "\n  - ".join(problems))
+    return settings
+
+
+def whole_group_order(uids, seq_lens, dp_size: int) -> list[list[int]]:
+    """Row indices per data-parallel rank, balancing tokens over *whole groups* (verl's group partitioner).
+
+    ``uids`` must come as contiguous blocks of one size K >= 2 (how verl's rollout writes a prompt's K responses);
+    the number of groups must be a multiple of ``dp_size``. Each rank gets the same number of whole groups, each
+    group's rows contiguous and in their original order.
+    """
+    from verl.utils.seqlen_balancing import get_group_balanced_partitions
+
+    uids = np.asarray(uids, dtype=object)
+    n = len(uids)
+    if len(seq_lens) != n:
+        raise ValueError(f"seq_lens has {len(seq_lens)} entries but uids has {n}")
+    starts = np.flatnonzero(np.r_[True, uids[1:] != uids[:-1]]) if n else np.array([], dtype=int)
+    sizes = np.diff(np.r_[starts, n])
+    if n == 0 or sizes[0] < 2 or (sizes != sizes[0]).any() or len(set(uids[starts].tolist())) != len(starts):
+        raise ValueError(f"TPO needs each prompt's responses as one contiguous block of K >= 2 rows; got block sizes "
+                         f"{sizes[:8].tolist()} over {n} rows")
+    if len(starts) % dp_size:
+        raise ValueError(f"{len(starts)} groups cannot be split evenly over dp_size={dp_size} ranks; make "
+                         f"data.train_batch_size a multiple of the data-parallel size")
+    parts = get_group_balanced_partitions(seqlen_list=[int(s) for s in seq_lens], uid_list=uids.tolist(),
+                                          k_partitions=dp_size)
+    for part in parts:  # verl's function assumes contiguity; prove what the TPO loss relies on
+        ids = uids[part]
+        if len(part) != n // dp_size or any(len(set(ids[i:i + sizes[0]].tolist())) != 1
+                                            for i in range(0, len(part), sizes[0])):
+            raise RuntimeError("verl's group partitioner split a group; refusing to train TPO on it")
+    return [list(map(int, p)) for p in parts]
+
+
+def export_eta(config) -> float:
+    """Validate the config and put η into Ray's runtime_env so the loss in every worker reads it."""
+    from omegaconf import OmegaConf
+
+    eta = check_config(config)["eta"]
+    OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{ETA_ENV}", repr(eta), force_add=True)
+    return eta
+
+
+def register_tpo_trainer():
+    """Register ``trainer.v1.trainer_mode=tpo_sync`` with verl (needs verl's v1 trainer and TransferQueue)."""
+    import os
+
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY, register_trainer
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+    from verl.utils.seqlen_balancing import log_seqlen_unbalance
+
+    if TRAINER_MODE in TRAINER_REGISTRY:
+        return TRAINER_REGISTRY[TRAINER_MODE]
+
+    class TPOTrainerSync(PPOTrainerSync):
+        """verl's synchronous trainer; batches are balanced over whole groups, TPO settings checked at step 0."""
+
+        def __init__(self, config):
+            eta = check_config(config)["eta"]
+            exported = os.environ.get(ETA_ENV)  # this Ray actor shares the workers' runtime_env
+            if uses_tpo(config) and (exported is None or float(exported) != eta):
+                raise ValueError(f"tpo.eta={eta} but the Ray workers' {ETA_ENV}={exported}; launch with "
+                                 f"python -m targetpo.integrations.verl_trainer so the loss gets tpo.eta")
+            super().__init__(config)
+
+        def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+            worker_group = self.actor_rollout_wg
+            if "actor" not in worker_group._dispatch_info:
+                worker_group._dispatch_info["actor"] = worker_group._query_dispatch_info("actor")
+            dp_size = max(worker_group._dispatch_info["actor"]) + 1
+            multiple = self._get_required_batch_multiple(dp_size)
+            if len(batch) % multiple:
+                raise ValueError(f"batch of {len(batch)} rows is not a multiple of {multiple}: verl would pad it with "
+                                 f"filler rows that form no TPO group; make data.train_batch_size a multiple of "
+                                 f"actor.ppo_mini_batch_size and of the data-parallel size")
+            fields = [key.rsplit("_", 2) for key in batch.keys]  # {uid}_{session}_{output index}
+            if any(len(f) != 3 or f[2] != "0" for f in fields):
+                raise ValueError("TPO scores one response per rollout session; multi-output agent loops are not "
+                                 "supported")
+            seq_lens = [int(tag["seq_len"]) for tag in batch.tags]
+            parts = whole_group_order([f[0] for f in fields], seq_lens, dp_size)
+            batch.reorder([j for part in parts for j in part])
+            metrics.update(log_seqlen_unbalance(seqlen_list=seq_lens, partitions=parts, prefix=logging_prefix))
+            return batch
+
+    return register_trainer(TRAINER_MODE)(TPOTrainerSync)
+
+
+def main() -> None:
+    """verl's ``main_ppo`` entry point, after validating the TPO settings and exporting η to the workers."""
+    import os
+
+    import hydra
+    import verl.trainer.main_ppo as verl_main
+
+    config_dir = os.path.join(os.path.dirname(verl_main.__file__), "config")
+
+    @hydra.main(config_path=config_dir, config_name="ppo_trainer", version_base=None)
+    def _run(config):
+        eta = export_eta(config)
+        os.environ[ETA_ENV] = repr(eta)
+        verl_main.main.__wrapped__(config)
+
+    _run()
+
+
+if __name__ == "__main__":
+    main()

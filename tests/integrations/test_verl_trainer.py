@@ -1,0 +1,290 @@
+"""verl 0.9.1's current trainer with TPO, on CPU: whole-group balancing on a real DataProto (and verl's per-row
+balancing splitting the same batch), the `tpo` config section and layout checks through Hydra, how
+loss_agg_mode scales verl's KL and entropy terms (verl's own ppo_loss / agg_loss), and the App. G recipes:
+data preparation into verl's parquet layout and every launch script's overrides composing with verl's config."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("verl", reason="the verl integration tests need verl==0.9.1 (pip install 'targetpo[verl]')")
+
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+from hydra import compose, initialize_config_module  # noqa: E402
+from verl import DataProto  # noqa: E402
+from verl.trainer.ppo import core_algos  # noqa: E402
+from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
+from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions  # noqa: E402
+
+from targetpo.integrations import verl_plugin, verl_trainer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = ROOT / "examples" / "verl"
+SCRIPTS = ("run_gsm8k.sh", "run_graph_color.sh", "run_knights_knaves.sh")
+
+
+def compose_verl(overrides):
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        return compose(config_name="ppo_trainer", overrides=list(overrides))
+
+
+TPO_LAYOUT = ["algorithm.adv_estimator=tpo", "actor_rollout_ref.actor.policy_loss.loss_mode=tpo",
+              "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum", "actor_rollout_ref.rollout.n=4",
+              "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.shuffle=False",
+              "trainer.n_gpus_per_node=2", "trainer.v1.trainer_mode=tpo_sync"]
+
+
+def grouped_batch(groups=8, k=4, seed=0):
+    """A rollout batch as verl lays it out: each uid's k responses contiguous, varying lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    n, width = groups * k, 64
+    lengths = torch.randint(4, width + 1, (n,), generator=gen)
+    lengths[::k] = width  # one long response per group makes per-row balancing pull groups apart
+    mask = (torch.arange(width)[None] < lengths[:, None]).long()
+    uid = np.repeat(np.array([f"u{g}" for g in range(groups)], dtype=object), k)
+    return DataProto.from_dict(tensors={"attention_mask": mask, "row": torch.arange(n)},
+                               non_tensors={"uid": uid})
+
+
+def rank_groups(data, dp):
+    """{uid: set of ranks} after verl's dispatch splits the batch into dp equal contiguous chunks."""
+    uids, size = data.non_tensor_batch["uid"], len(data) // dp
+    out = {}
+    for i, u in enumerate(uids):
+        out.setdefault(u, set()).add(i // size)
+    return out
+
+
+def test_verls_per_row_balancing_splits_groups_and_whole_group_order_keeps_them(one_torch_thread):
+    dp, k = 2, 4
+    naive, ours = grouped_batch(k=k), grouped_batch(k=k)
+    seqlens = naive.batch["attention_mask"].sum(-1)
+    parts = get_seqlen_balanced_partitions(calculate_workload(seqlens), k_partitions=dp, equal_size=True)
+    naive.reorder(torch.tensor([j for p in parts for j in p]))  # what verl's _balance_batch does
+    assert any(len(ranks) > 1 for ranks in rank_groups(naive, dp).values()), "per-row balancing kept groups"
+
+    parts = verl_trainer.whole_group_order(ours.non_tensor_batch["uid"], seqlens.tolist(), dp)
+    ours.reorder(torch.tensor([j for p in parts for j in p]))
+    assert all(len(ranks) == 1 for ranks in rank_groups(ours, dp).values())
+    uids = ours.non_tensor_batch["uid"]
+    blocks = [uids[i:i + k] for i in range(0, len(uids), k)]
+    assert all(len(set(b)) == 1 for b in blocks) and len({b[0] for b in blocks}) == 8  # contiguous, whole
+    assert sorted(ours.batch["row"].tolist()) == list(range(32))
+    loads = [int(calculate_workload(seqlens[p]).sum()) for p in parts]
+    assert max(loads) / min(loads) < 1.5  # still balanced across ranks
+    # The TPO estimator accepts the reordered batch (groups contiguous) ...
+    rewards = torch.zeros(32, 3)
+    rewards[:, -1] = torch.arange(32.0) % 3
+    core_algos.get_adv_estimator_fn("tpo")(token_level_rewards=rewards, response_mask=torch.ones(32, 3),
+                                           index=uids)
+    # ... and refuses the per-row-balanced one.
+    with pytest.raises(ValueError, match="contiguous block"):
+        core_algos.get_adv_estimator_fn("tpo")(token_level_rewards=rewards, response_mask=torch.ones(32, 3),
+                                               index=naive.non_tensor_batch["uid"])
+
+
+def test_whole_group_order_refuses_split_or_uneven_layouts():
+    with pytest.raises(ValueError, match="contiguous block"):
+        verl_trainer.whole_group_order(["a", "b", "a", "b"], [1, 2, 3, 4], 1)
+    with pytest.raises(ValueError, match="contiguous block"):
+        verl_trainer.whole_group_order(["a", "a", "a", "b", "b"], [1] * 5, 1)
+    with pytest.raises(ValueError, match="dp_size=2"):
+        verl_trainer.whole_group_order(["a"] * 4 + ["b"] * 4 + ["c"] * 4, [1] * 12, 2)
+
+
+def test_tpo_section_composes_through_hydra_and_is_validated():
+    cfg = compose_verl(TPO_LAYOUT + ["+tpo.eta=0.25"])
+    assert verl_trainer.check_config(cfg) == {"eta": 0.25}
+    omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)  # verl's own dataclass validation still passes
+    omega_conf_to_dataclass(cfg.algorithm)
+    assert verl_trainer.export_eta(cfg) == 0.25
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars[verl_plugin.ETA_ENV] == "0.25"
+    assert verl_trainer.check_config(compose_verl(TPO_LAYOUT)) == {"eta": 1.0}
+    with pytest.raises(ValueError, match=r"tpo\.etta is not a TPO setting; did you mean tpo\.eta"):
+        verl_trainer.check_config(compose_verl(TPO_LAYOUT + ["+tpo.etta=0.5"]))
+    for bad in ("0", "-1", "inf", "nan", "abc"):
+        with pytest.raises(ValueError, match="tpo.eta"):
+            verl_trainer.check_config(compose_verl(TPO_LAYOUT + [f"+tpo.eta={bad}"]))
+    # Where verl's dataclasses would put it, a TPO key is rejected by verl itself: hence the own section.
+    cfg = compose_verl(TPO_LAYOUT + ["+actor_rollout_ref.actor.policy_loss.tpo_eta=0.5"])
+    with pytest.raises(Exception, match="tpo_eta"):
+        omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+
+
+@pytest.mark.parametrize("override, names", [
+    ("trainer.v1.trainer_mode=sync", "trainer.v1.trainer_mode=tpo_sync"),
+    ("actor_rollout_ref.actor.use_dynamic_bsz=True", "use_dynamic_bsz"),
+    ("actor_rollout_ref.actor.shuffle=True", "actor_rollout_ref.actor.shuffle"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=6", "ppo_micro_batch_size_per_gpu"),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size=3", "ppo_mini_batch_size"),
+    ("actor_rollout_ref.actor.loss_agg_mode=token-mean", "loss_agg_mode"),
+    ("algorithm.adv_estimator=grpo", "algorithm.adv_estimator=tpo"),
+    ("algorithm.rollout_correction.rollout_is=token", "rollout_is"),
+])
+def test_every_setting_that_splits_a_group_is_refused_by_name(override, names):
+    cfg = compose_verl(TPO_LAYOUT + [override])
+    with pytest.raises(ValueError, match="split groups") as err:
+        verl_trainer.check_config(cfg)
+    assert names in str(err.value)
+
+
+def test_legacy_trainer_needs_balance_batch_off_and_grpo_needs_no_tpo_layout():
+    legacy = [o for o in TPO_LAYOUT if not o.startswith("trainer.v1")] + ["trainer.use_v1=False"]
+    with pytest.raises(ValueError, match="trainer.balance_batch=False"):
+        verl_trainer.check_config(compose_verl(legacy))
+    verl_trainer.check_config(compose_verl(legacy + ["trainer.balance_batch=False"]))
+    verl_trainer.check_config(compose_verl(["algorithm.adv_estimator=grpo"]))  # verl defaults are fine for GRPO
+
+
+def test_eta_environment_transport_is_strict(monkeypatch):
+    monkeypatch.delenv(verl_plugin.ETA_ENV, raising=False)
+    with pytest.raises(ValueError, match="tpo.eta"):
+        verl_plugin.tpo_eta_from_env()
+    monkeypatch.setenv(verl_plugin.ETA_ENV, "0.5")
+    assert verl_plugin.tpo_eta_from_env() == 0.5
+    monkeypatch.setenv("TARGETPO_TPO_ETTA", "0.5")
+    with pytest.raises(ValueError, match="TARGETPO_TPO_ETTA; did you mean TARGETPO_TPO_ETA"):
+        verl_plugin.tpo_eta_from_env()
+    monkeypatch.delenv("TARGETPO_TPO_ETTA")
+    for bad in ("nan", "0", "x"):
+        monkeypatch.setenv(verl_plugin.ETA_ENV, bad)
+        with pytest.raises(ValueError, match=verl_plugin.ETA_ENV):
+            verl_plugin.tpo_eta_from_env()
+
+
+@pytest.mark.parametrize("agg", sorted(verl_plugin.SEQ_LOGP_BY_LOSS_AGG))
+def test_loss_agg_mode_scales_verls_kl_and_entropy_terms_as_documented(agg, monkeypatch):
+    """verl's own ppo_loss: total = TPO loss - entropy_coeff * H + kl_loss_coef * KL, each aggregated by agg."""
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+    from verl.workers.utils.losses import ppo_loss
+
+    monkeypatch.setenv(verl_plugin.ETA_ENV, "1.0")
+    n, p_len, t, k = 8, 2, 5, 4
+    gen = torch.Generator().manual_seed(1)
+    resp_len = torch.tensor([1, 5, 3, 2, 5, 4, 1, 3])
+    resp_mask = (torch.arange(t)[None] < resp_len[:, None]).long()
+    token_rewards = torch.zeros(n, t)
+    token_rewards[torch.arange(n), resp_len - 1] = torch.tensor([1.0, 0, 0, 1, 1, 1, 0, 1])
+    adv = core_algos.get_adv_estimator_fn("tpo")(token_level_rewards=token_rewards, response_mask=resp_mask.float(),
+                                                 index=np.repeat(["a", "b"], k))[0]
+    full = -torch.rand(n, p_len + t, generator=gen)
+    ent_full = torch.rand(n, p_len + t, generator=gen)
+    old, ref = -torch.rand(n, t, generator=gen), -torch.rand(n, t, generator=gen)
+
+    def nested(x):
+        return torch.cat([x[i, : p_len + resp_len[i]] for i in range(n)])
+
+    def shifted(x):  # response token j sits at model position p_len - 1 + j
+        return torch.stack([torch.nn.functional.pad(x[i, p_len - 1: p_len - 1 + resp_len[i]], (0, t - resp_len[i]))
+                            for i in range(n)])
+
+    def run(use_kl, ent_coeff):
+        cfg = ActorConfig(strategy="fsdp", rollout_n=k, ppo_micro_batch_size_per_gpu=k, loss_agg_mode=agg,
+                          policy_loss=PolicyLossConfig(loss_mode="tpo"), use_kl_loss=use_kl, kl_loss_coef=0.3,
+                          kl_loss_type="low_var_kl", entropy_coeff=ent_coeff)
+        data = TensorDict({"prompts": torch.ones(n, p_len, dtype=torch.long),
+                           "responses": torch.ones(n, t, dtype=torch.long),
+                           "attention_mask": torch.cat([torch.ones(n, p_len, dtype=torch.long), resp_mask], 1),
+                           "response_mask": resp_mask, "old_log_probs": old, "advantages": adv,
+                           "ref_log_prob": ref}, batch_size=[n])
+        tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=int(resp_mask.sum()), global_batch_size=n)
+        out = {"log_probs": nested(full)}
+        if ent_coeff:
+            out["entropy"] = nested(ent_full)
+        return ppo_loss(cfg, out, data)[0]
+
+    m = resp_mask.float()
+    per_token = (lambda x: (x * m).sum(-1)) if agg == "seq-mean-token-sum" else (lambda x: (x * m).sum(-1) / m.sum(-1))
+    kl_tok = core_algos.kl_penalty(shifted(full), ref, "low_var_kl")
+    kl_expected = per_token(kl_tok).mean()  # mean over the 8 responses of the per-response sum / mean
+    ent_expected = per_token(shifted(ent_full)).mean()
+    for name, value in (("kl", kl_expected), ("entropy", ent_expected)):  # verl's agg_loss agrees
+        mat = kl_tok if name == "kl" else shifted(ent_full)
+        torch.testing.assert_close(core_algos.agg_loss(mat, m, agg, global_batch_size=n), value)
+    base = run(False, 0.0)
+    torch.testing.assert_close(run(True, 0.0) - base, 0.3 * kl_expected)
+    torch.testing.assert_close(run(False, 0.2) - base, -0.2 * ent_expected)
+    if agg == "seq-mean-token-sum":  # the sum grows with length: a long response weighs its whole KL
+        assert kl_expected > (kl_tok * m).sum() / m.sum()
+
+
+@pytest.mark.parametrize("task", ["gsm8k", "graph_color", "knights_knaves"])
+def test_prepare_data_writes_verls_parquet_layout(task, tmp_path):
+    from targetpo.integrations.verl_rewards import compute_score
+
+    shared = ROOT.parent / "shared" / "data" / "gsm8k"
+    args = [task, "--out", str(tmp_path), "--train", "3", "--test", "2"]
+    if task == "gsm8k":
+        if not (shared / "train.jsonl").is_file():
+            pytest.skip(f"GSM8K JSONL files not found under {shared}")
+        args += ["--gsm8k-dir", str(shared)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, str(RECIPES / "prepare_data.py"), *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for split, size in (("train", 3), ("test", 2)):
+        table = pd.read_parquet(tmp_path / f"{split}.parquet")
+        assert len(table) == size
+        assert {"data_source", "prompt", "ability", "reward_model", "extra_info"} <= set(table.columns)
+        row = table.iloc[0]
+        assert [m["role"] for m in row["prompt"]] == ["system", "user"]
+        assert row["reward_model"]["style"] == "rule" and row["extra_info"]["split"] == split
+        truth = row["reward_model"]["ground_truth"]
+        assert compute_score(row["data_source"], "no answer", truth) == 0.0
+        if task == "gsm8k":
+            assert compute_score(row["data_source"], f"<answer>{truth}</answer>", truth) == 1.0
+        if task == "knights_knaves":  # the gold answer scores 1
+            assert compute_score(row["data_source"], f"<answer>{truth}</answer>", truth) == 1.0
+
+
+def script_runs(script):
+    """The overrides of each verl run a launch script makes (its DRY_RUN output), one list per run."""
+    proc = subprocess.run(["bash", str(RECIPES / script)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "DRY_RUN": "1", "MODEL": "Qwen/Qwen3-1.7B", "DATA": "/data"})
+    assert proc.returncode == 0, proc.stderr
+    runs = [block.strip().splitlines() for block in proc.stdout.split("--- run") if block.strip()]
+    return runs
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_launch_scripts_compose_with_verls_config_and_pair_grpo_with_tpo(script):
+    runs = script_runs(script)
+    assert len(runs) == 2
+    grpo, tpo = (compose_verl(r) for r in runs)
+    for cfg in (grpo, tpo):
+        actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)  # verl's own validation
+        assert actor.optim.lr == 1e-5 and cfg.actor_rollout_ref.rollout.n == 16
+        assert cfg.data.train_batch_size == 16 and cfg.trainer.n_gpus_per_node == 4
+        assert cfg.trainer.get("use_v1") is True and cfg.trainer.v1.trainer_mode == "tpo_sync"
+        assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen3-1.7B"
+        verl_trainer.check_config(cfg)
+    assert grpo.algorithm.adv_estimator == "grpo" and tpo.algorithm.adv_estimator == "tpo"
+    assert tpo.actor_rollout_ref.actor.policy_loss.loss_mode == "tpo" and tpo.tpo.eta == 1.0
+    differ = {o.split("=", 1)[0] for o in set(runs[0]) ^ set(runs[1])}
+    assert differ == {"algorithm.adv_estimator", "actor_rollout_ref.actor.policy_loss.loss_mode", "+tpo.eta",
+                      "trainer.experiment_name"}
+    gsm8k = script == "run_gsm8k.sh"
+    assert tpo.actor_rollout_ref.model.lora_rank == (32 if gsm8k else 0)
+    assert tpo.actor_rollout_ref.actor.use_kl_loss is gsm8k
+    if gsm8k:
+        assert tpo.actor_rollout_ref.actor.kl_loss_coef == 1e-3
+    assert Path(ROOT / tpo.reward.custom_reward_function.path).is_file()
+
+
+def test_launcher_refuses_a_group_splitting_config_before_starting_anything():
+    """`python -m targetpo.integrations.verl_trainer` validates at step 0, before Ray or any model."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "targetpo.integrations.verl_trainer", *TPO_LAYOUT,
+                           "actor_rollout_ref.actor.shuffle=True", "trainer.v1.trainer_mode=sync"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode != 0
+    assert "trainer.v1.trainer_mode=tpo_sync" in proc.stderr and "actor_rollout_ref.actor.shuffle" in proc.stderr
+    assert "ray" not in proc.stderr.lower().split("valueerror")[0][-200:]  # failed in validation, not in Ray
