@@ -1,0 +1,136 @@
+"""GSM8K with TRL 1.16: TPO (``targetpo.integrations.trl.TargetPOTrainer``) and GRPO side by side, paired.
+
+The paper's App. G GSM8K setting on one node: Qwen3-1.7B, K = 16 completions per prompt, 16 prompts per optimizer
+step, AdamW lr 1e-5, LoRA rank 32, KL 1e-3 to the reference model, vLLM generation in colocate mode. Both runs
+use the same seed, data order, generation and batching; they differ only in the trainer (TPO's loss and its
+group-keeping batch shuffle vs GRPO's clipped surrogate). Needs a GPU and ``pip install 'trl[vllm]' peft``.
+
+    python examples/trl/train_gsm8k.py --model /path/to/Qwen3-1.7B --gsm8k-dir /path/to/gsm8k --out runs/trl
+
+vLLM's importance-sampling correction (TRL's ``vllm_importance_sampling_correction``) is switched off for both
+runs: TPO does not apply it (docs/verl.md, "TRL and vLLM"), and the pair must differ only in the loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+METHODS = ("tpo", "grpo")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="model directory (or hub name), e.g. a local Qwen3-1.7B")
+    p.add_argument("--gsm8k-dir", type=Path, required=True, help="directory holding GSM8K's train.jsonl")
+    p.add_argument("--out", type=Path, required=True, help="output directory (one subfolder per method)")
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    p.add_argument("--max-steps", type=int, default=300)
+    p.add_argument("--train-size", type=int, default=None, help="first N training problems (default: all)")
+    p.add_argument("--num-generations", type=int, default=16, help="K completions per prompt")
+    p.add_argument("--prompts-per-step", type=int, default=16)
+    p.add_argument("--per-device-batch", type=int, default=16, help="completions per micro-batch (multiple of K)")
+    p.add_argument("--max-completion-length", type=int, default=1024)
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--beta", type=float, default=1e-3, help="KL coefficient to the reference model")
+    p.add_argument("--lora-rank", type=int, default=32, help="0 trains every weight")
+    p.add_argument("--eta", type=float, default=1.0, help="TPO's temperature η")
+    p.add_argument("--seq-logp", choices=("sum", "mean"), default="sum", help="TPO's sequence log-score")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-vllm", action="store_true", help="generate with transformers instead of vLLM")
+    p.add_argument("--cpu", action="store_true", help="float32 on the CPU (for smoke tests with a tiny model)")
+    return p.parse_args(argv)
+
+
+def gsm8k_dataset(gsm8k_dir: Path, limit: int | None):
+    """GSM8K's training problems as TRL conversational prompts with the gold answer in column ``gold``."""
+    from datasets import Dataset
+
+    from targetpo.llm.rewards import gsm8k_gold
+    from targetpo.llm.templates import system_prompt
+
+    rows = []
+    with (Path(gsm8k_dir) / "train.jsonl").open(encoding="utf-8") as f:
+        for line in f:
+            if limit is not None and len(rows) >= limit:
+                break
+            if line.strip():
+                r = json.loads(line)
+                rows.append({"prompt": [{"role": "system", "content": system_prompt()},
+                                        {"role": "user", "content": r["question"]}],
+                             "gold": gsm8k_gold(r["answer"])})
+    return Dataset.from_list(rows)
+
+
+def gsm8k_reward(completions, gold, **kwargs) -> list[float]:
+    """Exact match (math-verify) of the last ``<answer>`` block with the gold final answer."""
+    from targetpo.llm.rewards import score_gsm8k
+    from targetpo.llm.templates import extract_tagged_answer
+
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [score_gsm8k(g, extract_tagged_answer(t)) for t, g in zip(texts, gold)]
+
+
+def config_kwargs(method: str, args: argparse.Namespace) -> dict:
+    """The keyword arguments of `method`'s config: the shared settings, plus η and the log-score for TPO."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    k = args.num_generations
+    generation_batch = args.prompts_per_step * k
+    if generation_batch % args.per_device_batch:
+        raise ValueError(f"--per-device-batch={args.per_device_batch} must divide prompts-per-step x K = "
+                         f"{generation_batch}")
+    common = dict(
+        output_dir=str(args.out / method), seed=args.seed, max_steps=args.max_steps, learning_rate=args.lr,
+        optim="adamw_torch", num_generations=k, per_device_train_batch_size=args.per_device_batch,
+        gradient_accumulation_steps=generation_batch // args.per_device_batch,
+        max_completion_length=args.max_completion_length, beta=args.beta, logging_steps=1, save_strategy="no",
+        report_to="none", use_cpu=args.cpu, bf16=not args.cpu,
+        use_vllm=not args.no_vllm, vllm_mode="colocate", vllm_importance_sampling_correction=False,
+    )
+    return {**common, "tpo_eta": args.eta, "seq_logp": args.seq_logp} if method == "tpo" else common
+
+
+def build_config(method: str, args: argparse.Namespace):
+    """TargetPOConfig (tpo) or GRPOConfig (grpo), validated by the config classes (bf16 needs a GPU)."""
+    from trl import GRPOConfig
+
+    from targetpo.integrations.trl import TargetPOConfig
+
+    return (TargetPOConfig if method == "tpo" else GRPOConfig)(**config_kwargs(method, args))
+
+
+def build_trainer(method: str, args: argparse.Namespace, train_dataset=None, reward_funcs=gsm8k_reward):
+    """The trainer for `method` (model loaded from ``--model``; LoRA adapters when ``--lora-rank > 0``)."""
+    from trl import GRPOTrainer
+
+    from targetpo.integrations.trl import TargetPOTrainer
+    from targetpo.llm.models import load_model
+
+    config = build_config(method, args)
+    model, tokenizer = load_model(args.model, dtype="float32" if args.cpu else "bfloat16")
+    peft_config = None
+    if args.lora_rank:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules="all-linear",
+                                 task_type="CAUSAL_LM")
+    cls = TargetPOTrainer if method == "tpo" else GRPOTrainer
+    return cls(model=model, reward_funcs=reward_funcs, args=config, processing_class=tokenizer,
+               train_dataset=train_dataset if train_dataset is not None else gsm8k_dataset(args.gsm8k_dir,
+                                                                                            args.train_size),
+               peft_config=peft_config)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    dataset = gsm8k_dataset(args.gsm8k_dir, args.train_size)
+    for method in args.methods:
+        trainer = build_trainer(method, args, dataset)
+        trainer.train()
+        trainer.save_model(str(args.out / method / "final"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""The TRL GSM8K recipe (examples/trl/train_gsm8k.py) on CPU: its configs carry the paper's settings and both
+trainers (TPO and GRPO) build and run one step on a tiny local model and real GSM8K rows (no vLLM)."""
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl", reason="the TRL recipe needs trl==1.16.0 (pip install 'targetpo[trl]')")
+pytest.importorskip("peft", reason="the TRL recipe trains LoRA adapters with peft")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from targetpo.integrations.trl import TargetPOConfig, TargetPOTrainer  # noqa: E402
+from targetpo.llm.models import save_tiny_model  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
+
+
+def recipe():
+    spec = importlib.util.spec_from_file_location("train_gsm8k", ROOT / "examples" / "trl" / "train_gsm8k.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_default_configs_are_the_papers_gsm8k_settings_with_vllm_colocate(tmp_path):
+    r = recipe()
+    args = r.parse_args(["--model", "/models/Qwen3-1.7B", "--gsm8k-dir", str(tmp_path), "--out", str(tmp_path)])
+    tpo, grpo = r.config_kwargs("tpo", args), r.config_kwargs("grpo", args)  # GPU settings (bf16): not built here
+    for cfg in (tpo, grpo):
+        assert cfg["num_generations"] == 16 and cfg["learning_rate"] == 1e-5 and cfg["beta"] == 1e-3
+        assert cfg["per_device_train_batch_size"] * cfg["gradient_accumulation_steps"] == 16 * 16  # 16 prompts x K
+        assert cfg["use_vllm"] and cfg["vllm_mode"] == "colocate" and not cfg["vllm_importance_sampling_correction"]
+        assert cfg["bf16"] and not cfg["use_cpu"]
+    assert {k: v for k, v in tpo.items() if k not in ("tpo_eta", "seq_logp", "output_dir")} == \
+        {k: v for k, v in grpo.items() if k != "output_dir"}  # paired: only the method differs
+    assert args.lora_rank == 32 and tpo["tpo_eta"] == 1.0 and tpo["seq_logp"] == "sum"
+    with pytest.raises(ValueError, match="--per-device-batch"):
+        r.config_kwargs("tpo", r.parse_args(["--model", "m", "--gsm8k-dir", "d", "--out", "o",
+                                             "--per-device-batch", "48"]))
+    # TPO refuses vLLM's importance-sampling correction by name.
+    cpu = r.parse_args(["--model", "m", "--gsm8k-dir", "d", "--out", str(tmp_path), "--cpu"])
+    with pytest.raises(ValueError, match="vllm_importance_sampling_correction"):
+        TargetPOConfig(**{**r.config_kwargs("tpo", cpu), "vllm_importance_sampling_correction": True})
+
+
+@pytest.mark.skipif(not (GSM8K / "train.jsonl").is_file(), reason=f"GSM8K JSONL files not found under {GSM8K}")
+@pytest.mark.parametrize("method", ["tpo", "grpo"])
+def test_one_step_of_each_trainer_on_a_tiny_model_with_lora(method, tmp_path):
+    r = recipe()
+    model_dir = save_tiny_model(tmp_path / "tiny", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                                intermediate_size=64, max_positions=2048)
+    args = r.parse_args(["--model", str(model_dir), "--gsm8k-dir", str(GSM8K), "--out", str(tmp_path / "out"),
+                         "--cpu", "--no-vllm", "--max-steps", "1", "--train-size", "4", "--num-generations", "4",
+                         "--prompts-per-step", "2", "--per-device-batch", "4", "--max-completion-length", "12",
+                         "--lora-rank", "4", "--methods", method])
+    dataset = r.gsm8k_dataset(args.gsm8k_dir, args.train_size)
+    assert len(dataset) == 4 and dataset[0]["prompt"][-1]["role"] == "user"
+    assert r.gsm8k_reward([[{"content": f"<answer>{dataset[0]['gold']}</answer>"}], [{"content": "no"}]],
+                          [dataset[0]["gold"]] * 2) == [1.0, 0.0]
+    # A random tiny model never solves GSM8K (every group would have zero variance and no gradient): score
+    # the number of digits instead, which varies within a group.
+    trainer = r.build_trainer(method, args, dataset,
+                              reward_funcs=lambda completions, **kw: [float(sum(ch.isdigit() for ch in c[-1]["content"]))
+                                                                      for c in completions])
+    assert isinstance(trainer, TargetPOTrainer) is (method == "tpo")
+    lora = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert lora and all("lora" in n for n in lora)  # only the adapters train
+    trainer.train()
+    assert trainer.state.global_step == 1
+    changed = [not torch.equal(p, dict(trainer.model.named_parameters())[n]) for n, p in lora.items()]
+    assert any(changed)
