@@ -8,7 +8,7 @@ group-keeping batch shuffle vs GRPO's clipped surrogate). Needs a GPU and ``pip 
     python examples/trl/train_gsm8k.py --model /path/to/Qwen3-1.7B --gsm8k-dir /path/to/gsm8k --out runs/trl
 
 vLLM's importance-sampling correction (TRL's ``vllm_importance_sampling_correction``) is switched off for both
-runs: TPO does not apply it (docs/verl.md, "TRL and vLLM"), and the pair must differ only in the loss.
+runs: TPO does not apply it (docs/verl.md §6), and the pair must differ only in the loss.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ trainer with ``trainer.v1.trainer_mode=tpo_sync`` (:mod:`targetpo.integrations.v
 GPUs over whole groups and refuses at step 0 any setting that splits one), or the legacy trainer with
 ``trainer.balance_batch=False``. The advantage estimator already refuses a batch whose groups are not contiguous.
 
-Settings (docs/verl.md):
+Settings (docs/verl.md §3, §4):
 
 - ``actor.loss_agg_mode`` picks the sequence log-score: ``seq-mean-token-sum`` → sum of token log-probs (the
   paper), ``seq-mean-token-mean`` → their mean (length-normalised). Token-level modes (``token-mean``,

@@ -2,7 +2,7 @@ r"""TPO on verl 0.9.1's current trainer: a group-keeping ``tpo_sync`` trainer, t
 
 verl's current (v1) trainer balances every batch across data-parallel ranks *per sequence*
 (``PPOTrainer._balance_batch``: Karmarkar–Karp over single rows), which scatters a prompt's K responses over
-several GPUs; TPO's loss is one cross-entropy per group, so that split is fatal (docs/verl.md). This module adds:
+several GPUs; TPO's loss is one cross-entropy per group, so that split is fatal (docs/verl.md §2). This module adds:
 
 - :func:`whole_group_order`: the same balancing over *whole groups* (verl's own
   ``get_group_balanced_partitions``), refusing a batch whose groups are not contiguous blocks of one size K.
