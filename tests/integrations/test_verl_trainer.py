@@ -89,13 +89,48 @@ def test_verls_per_row_balancing_splits_groups_and_whole_group_order_keeps_them(
                                                index=naive.non_tensor_batch["uid"])
 
 
-def test_whole_group_order_refuses_split_or_uneven_layouts():
-    with pytest.raises(ValueError, match="contiguous block"):
-        verl_trainer.whole_group_order(["a", "b", "a", "b"], [1, 2, 3, 4], 1)
-    with pytest.raises(ValueError, match="contiguous block"):
+def test_whole_group_order_gathers_interleaved_groups_and_refuses_uneven_ones():
+    # The replay buffer may hand rows over in completion order: a group's rows are gathered, in arrival order.
+    uids = ["a", "b", "a", "c", "b", "d", "c", "d"]
+    parts = verl_trainer.whole_group_order(uids, [5, 1, 6, 2, 2, 3, 1, 4], 2)
+    assert sorted(i for p in parts for i in p) == list(range(8)) and [len(p) for p in parts] == [4, 4]
+    for part in parts:
+        for block in (part[:2], part[2:]):
+            assert uids[block[0]] == uids[block[1]] and block[0] < block[1]
+    with pytest.raises(ValueError, match="group sizes"):
         verl_trainer.whole_group_order(["a", "a", "a", "b", "b"], [1] * 5, 1)
+    with pytest.raises(ValueError, match="group sizes"):
+        verl_trainer.whole_group_order(["a", "b"], [1, 1], 1)  # K = 1
     with pytest.raises(ValueError, match="dp_size=2"):
         verl_trainer.whole_group_order(["a"] * 4 + ["b"] * 4 + ["c"] * 4, [1] * 12, 2)
+
+
+class FakeKVBatch:
+    """The part of verl's KVBatchMeta the v1 trainer's _balance_batch touches: keys, tags, reorder, len."""
+
+    def __init__(self, keys, seq_lens):
+        self.keys, self.tags = list(keys), [{"seq_len": s} for s in seq_lens]
+
+    def __len__(self):
+        return len(self.keys)
+
+    def reorder(self, order):
+        self.keys, self.tags = [self.keys[i] for i in order], [self.tags[i] for i in order]
+
+
+def test_balance_whole_groups_reorders_a_v1_batch_into_whole_groups_per_rank():
+    k, dp = 4, 2
+    keys = [f"uid{g}_{s}_0" for s in range(k) for g in range(4)]  # interleaved: arrival order across groups
+    batch = FakeKVBatch(keys, seq_lens=[10 + 7 * i for i in range(16)])
+    verl_trainer.balance_whole_groups(batch, dp, required_multiple=8)
+    uids = [key.split("_")[0] for key in batch.keys]
+    assert all(len(set(uids[i:i + k])) == 1 for i in range(0, 16, k))  # contiguous whole groups
+    assert set(uids[:8]).isdisjoint(uids[8:])  # each rank's half holds its own groups
+    assert sorted(batch.keys) == sorted(keys)
+    with pytest.raises(ValueError, match="filler rows"):
+        verl_trainer.balance_whole_groups(FakeKVBatch(keys, [1] * 16), dp, required_multiple=32)
+    with pytest.raises(ValueError, match="multi-output"):
+        verl_trainer.balance_whole_groups(FakeKVBatch([key[:-1] + "1" for key in keys], [1] * 16), dp, 8)
 
 
 def test_tpo_section_composes_through_hydra_and_is_validated():

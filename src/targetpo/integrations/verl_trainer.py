@@ -4,8 +4,8 @@ verl's current (v1) trainer balances every batch across data-parallel ranks *per
 (``PPOTrainer._balance_batch``: Karmarkar–Karp over single rows), which scatters a prompt's K responses over
 several GPUs; TPO's loss is one cross-entropy per group, so that split is fatal (docs/verl.md §2). This module adds:
 
-- :func:`whole_group_order`: the same balancing over *whole groups* (verl's own
-  ``get_group_balanced_partitions``), refusing a batch whose groups are not contiguous blocks of one size K.
+- :func:`whole_group_order`: the same balancing over *whole groups* (verl's own Karmarkar–Karp partitioner on
+  each group's workload), each group one contiguous block; a batch with groups of unequal size is refused.
 - ``trainer.v1.trainer_mode=tpo_sync``: verl's synchronous trainer with ``_balance_batch`` replaced by the
   group-level one, and every TPO setting validated when it is constructed (step 0). It is registered with
   verl's ``register_trainer`` by the plugin wherever verl's v1 trainer can be imported.
@@ -32,7 +32,7 @@ from targetpo.integrations.verl_plugin import ETA_ENV, NAME, SEQ_LOGP_BY_LOSS_AG
 logger = logging.getLogger(__name__)
 
 __all__ = ["TRAINER_MODE", "TPO_DEFAULTS", "tpo_settings", "uses_tpo", "layout_problems", "check_config",
-           "whole_group_order", "register_tpo_trainer", "export_eta"]
+           "whole_group_order", "balance_whole_groups", "register_tpo_trainer", "export_eta"]
 
 TRAINER_MODE = "tpo_sync"
 TPO_DEFAULTS = {"eta": 1.0}  # the `tpo` section of verl's config: key -> default
@@ -129,34 +129,52 @@ def check_config(config) -> dict:
 
 
 def whole_group_order(uids, seq_lens, dp_size: int) -> list[list[int]]:
-    """Row indices per data-parallel rank, balancing tokens over *whole groups* (verl's group partitioner).
+    """Row indices per data-parallel rank, balancing tokens over *whole groups*.
 
-    ``uids`` must come as contiguous blocks of one size K >= 2 (how verl's rollout writes a prompt's K responses);
-    the number of groups must be a multiple of ``dp_size``. Each rank gets the same number of whole groups, each
-    group's rows contiguous and in their original order.
+    Rows are gathered by ``uid`` (verl's replay buffer need not return a group's rows adjacent), each group's
+    rows kept in their order of arrival; every group must have the same size K >= 2 and the number of groups
+    must be a multiple of ``dp_size``. Groups are assigned to ranks by verl's own Karmarkar–Karp partitioner
+    (``get_seqlen_balanced_partitions``, equal group counts per rank) on the group's summed workload, as verl's
+    group-level balancing for PrefixGrouper does; each rank's rows are its groups, one contiguous block each.
     """
-    from verl.utils.seqlen_balancing import get_group_balanced_partitions
+    import torch
+    from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions
 
-    uids = np.asarray(uids, dtype=object)
-    n = len(uids)
-    if len(seq_lens) != n:
-        raise ValueError(f"seq_lens has {len(seq_lens)} entries but uids has {n}")
-    starts = np.flatnonzero(np.r_[True, uids[1:] != uids[:-1]]) if n else np.array([], dtype=int)
-    sizes = np.diff(np.r_[starts, n])
-    if n == 0 or sizes[0] < 2 or (sizes != sizes[0]).any() or len(set(uids[starts].tolist())) != len(starts):
-        raise ValueError(f"TPO needs each prompt's responses as one contiguous block of K >= 2 rows; got block sizes "
-                         f"{sizes[:8].tolist()} over {n} rows")
-    if len(starts) % dp_size:
-        raise ValueError(f"{len(starts)} groups cannot be split evenly over dp_size={dp_size} ranks; make "
+    if len(seq_lens) != len(uids):
+        raise ValueError(f"seq_lens has {len(seq_lens)} entries but uids has {len(uids)}")
+    rows: dict = {}
+    for i, uid in enumerate(uids):
+        rows.setdefault(uid, []).append(i)
+    groups = list(rows.values())
+    sizes = sorted({len(g) for g in groups})
+    if not groups or len(sizes) != 1 or sizes[0] < 2:
+        raise ValueError(f"TPO needs every prompt's K >= 2 responses, the same K for all; got group sizes {sizes} "
+                         f"over {len(uids)} rows (a filtered or partial group?)")
+    if len(groups) % dp_size:
+        raise ValueError(f"{len(groups)} groups cannot be split evenly over dp_size={dp_size} ranks; make "
                          f"data.train_batch_size a multiple of the data-parallel size")
-    parts = get_group_balanced_partitions(seqlen_list=[int(s) for s in seq_lens], uid_list=uids.tolist(),
-                                          k_partitions=dp_size)
-    for part in parts:  # verl's function assumes contiguity; prove what the TPO loss relies on
-        ids = uids[part]
-        if len(part) != n // dp_size or any(len(set(ids[i:i + sizes[0]].tolist())) != 1
-                                            for i in range(0, len(part), sizes[0])):
-            raise RuntimeError("verl's group partitioner split a group; refusing to train TPO on it")
-    return [list(map(int, p)) for p in parts]
+    work = [int(calculate_workload(torch.tensor([int(seq_lens[i]) for i in g])).sum()) for g in groups]
+    parts = get_seqlen_balanced_partitions(work, k_partitions=dp_size, equal_size=True)
+    return [[i for g in sorted(part) for i in groups[g]] for part in parts]
+
+
+def balance_whole_groups(batch, dp_size: int, required_multiple: int) -> list[list[int]]:
+    """Reorder a v1 trainer batch (verl's ``KVBatchMeta``: ``keys``, ``tags``, ``reorder``) over whole groups.
+
+    Replaces verl's per-row ``PPOTrainer._balance_batch``. A batch verl would pad with filler rows (its size not
+    a multiple of `required_multiple`) is refused, and so is a multi-output agent loop (a key's output index
+    other than 0). Returns the partitions (indices into the batch before the reorder).
+    """
+    if len(batch) % required_multiple:
+        raise ValueError(f"batch of {len(batch)} rows is not a multiple of {required_multiple}: verl would pad it "
+                         f"with filler rows that form no TPO group; make data.train_batch_size a multiple of "
+                         f"actor.ppo_mini_batch_size and of the data-parallel size")
+    fields = [key.rsplit("_", 2) for key in batch.keys]  # verl's keys: {uid}_{session}_{output index}
+    if any(len(f) != 3 or f[2] != "0" for f in fields):
+        raise ValueError("TPO scores one response per rollout session; multi-output agent loops are not supported")
+    parts = whole_group_order([f[0] for f in fields], [int(tag["seq_len"]) for tag in batch.tags], dp_size)
+    batch.reorder([j for part in parts for j in part])
+    return parts
 
 
 def export_eta(config) -> float:
@@ -195,18 +213,8 @@ def register_tpo_trainer():
             if "actor" not in worker_group._dispatch_info:
                 worker_group._dispatch_info["actor"] = worker_group._query_dispatch_info("actor")
             dp_size = max(worker_group._dispatch_info["actor"]) + 1
-            multiple = self._get_required_batch_multiple(dp_size)
-            if len(batch) % multiple:
-                raise ValueError(f"batch of {len(batch)} rows is not a multiple of {multiple}: verl would pad it with "
-                                 f"filler rows that form no TPO group; make data.train_batch_size a multiple of "
-                                 f"actor.ppo_mini_batch_size and of the data-parallel size")
-            fields = [key.rsplit("_", 2) for key in batch.keys]  # {uid}_{session}_{output index}
-            if any(len(f) != 3 or f[2] != "0" for f in fields):
-                raise ValueError("TPO scores one response per rollout session; multi-output agent loops are not "
-                                 "supported")
-            seq_lens = [int(tag["seq_len"]) for tag in batch.tags]
-            parts = whole_group_order([f[0] for f in fields], seq_lens, dp_size)
-            batch.reorder([j for part in parts for j in part])
+            seq_lens = [int(tag["seq_len"]) for tag in batch.tags]  # before the reorder, as `parts` indexes them
+            parts = balance_whole_groups(batch, dp_size, self._get_required_batch_multiple(dp_size))
             metrics.update(log_seqlen_unbalance(seqlen_list=seq_lens, partitions=parts, prefix=logging_prefix))
             return batch
 
