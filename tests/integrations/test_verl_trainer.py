@@ -314,12 +314,30 @@ def test_launch_scripts_compose_with_verls_config_and_pair_grpo_with_tpo(script)
     assert Path(ROOT / tpo.reward.custom_reward_function.path).is_file()
 
 
-def test_launcher_refuses_a_group_splitting_config_before_starting_anything():
+def test_launcher_refuses_a_group_splitting_config_before_starting_anything(tmp_path):
     """`python -m targetpo.integrations.verl_trainer` validates at step 0, before Ray or any model."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.run([sys.executable, "-m", "targetpo.integrations.verl_trainer", *TPO_LAYOUT,
                            "actor_rollout_ref.actor.shuffle=True", "trainer.v1.trainer_mode=sync"],
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)  # hydra's outputs/
     assert proc.returncode != 0
     assert "trainer.v1.trainer_mode=tpo_sync" in proc.stderr and "actor_rollout_ref.actor.shuffle" in proc.stderr
     assert "ray" not in proc.stderr.lower().split("valueerror")[0][-200:]  # failed in validation, not in Ray
+
+
+def test_launcher_hands_a_valid_config_with_eta_to_verls_main(tmp_path, monkeypatch):
+    import verl.trainer.main_ppo as verl_main
+
+    seen = {}
+
+    def fake_main(config):  # stands in for verl's main_ppo body (Ray, GPUs)
+        seen["config"], seen["env"] = config, os.environ.get(verl_plugin.ETA_ENV)
+
+    monkeypatch.setattr(verl_main.main, "__wrapped__", fake_main)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(verl_plugin.ETA_ENV, raising=False)
+    monkeypatch.setattr(sys, "argv", ["verl_trainer", *TPO_LAYOUT, "+tpo.eta=0.3"])
+    verl_trainer.main()
+    cfg = seen["config"]
+    assert seen["env"] == "0.3" and cfg.ray_kwargs.ray_init.runtime_env.env_vars[verl_plugin.ETA_ENV] == "0.3"
+    assert cfg.trainer.v1.trainer_mode == "tpo_sync" and cfg.tpo.eta == 0.3
