@@ -143,6 +143,8 @@ def test_tpo_section_composes_through_hydra_and_is_validated():
     assert verl_trainer.check_config(compose_verl(TPO_LAYOUT)) == {"eta": 1.0}
     with pytest.raises(ValueError, match=r"tpo\.etta is not a TPO setting; did you mean tpo\.eta"):
         verl_trainer.check_config(compose_verl(TPO_LAYOUT + ["+tpo.etta=0.5"]))
+    with pytest.raises(ValueError, match=r"tpo_eta is not a verl or TPO setting.*did you mean tpo\.eta"):
+        verl_trainer.check_config(compose_verl(TPO_LAYOUT + ["+tpo_eta=0.5"]))
     for bad in ("0", "-1", "inf", "nan", "abc"):
         with pytest.raises(ValueError, match="tpo.eta"):
             verl_trainer.check_config(compose_verl(TPO_LAYOUT + [f"+tpo.eta={bad}"]))

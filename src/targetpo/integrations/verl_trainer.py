@@ -43,8 +43,12 @@ def tpo_settings(config) -> dict:
 
     Unknown keys are errors naming the nearest valid key; η must be a finite float > 0.
     """
-    section = config.get("tpo", None) if hasattr(config, "get") else None
-    section = dict(section or {})
+    stray = [key for key in config.keys() if str(key).lower().startswith("tpo") and key != "tpo"]
+    if stray:
+        near = difflib.get_close_matches(str(stray[0])[4:], list(TPO_DEFAULTS), n=1, cutoff=0.0)[0]
+        raise ValueError(f"{stray[0]} is not a verl or TPO setting; TPO's settings live under tpo "
+                         f"(did you mean tpo.{near}?)")
+    section = dict(config.get("tpo", None) or {})
     for key in section:
         if key not in TPO_DEFAULTS:
             near = difflib.get_close_matches(key, list(TPO_DEFAULTS), n=1, cutoff=0.0)
