@@ -336,10 +336,12 @@ def test_launcher_hands_a_valid_config_with_eta_to_verls_main(tmp_path, monkeypa
         seen["config"], seen["env"] = config, os.environ.get(verl_plugin.ETA_ENV)
 
     monkeypatch.setattr(verl_main.main, "__wrapped__", fake_main)
+    registered = []  # the real one needs verl's TransferQueue, not installed for the CPU tests
+    monkeypatch.setattr(verl_trainer, "register_tpo_trainer", lambda: registered.append(True))
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(verl_plugin.ETA_ENV, raising=False)
     monkeypatch.setattr(sys, "argv", ["verl_trainer", *TPO_LAYOUT, "+tpo.eta=0.3"])
     verl_trainer.main()
     cfg = seen["config"]
     assert seen["env"] == "0.3" and cfg.ray_kwargs.ray_init.runtime_env.env_vars[verl_plugin.ETA_ENV] == "0.3"
-    assert cfg.trainer.v1.trainer_mode == "tpo_sync" and cfg.tpo.eta == 0.3
+    assert cfg.trainer.v1.trainer_mode == "tpo_sync" and cfg.tpo.eta == 0.3 and registered == [True]

@@ -215,10 +215,15 @@ def _register() -> None:
     core_algos.register_adv_est(NAME)(compute_tpo_advantage)
     # The group-keeping trainer (trainer.v1.trainer_mode=tpo_sync) needs verl's v1 trainer, which needs
     # TransferQueue; without it verl cannot run its current trainer at all, so there is nothing to register.
+    # A failure here must not unregister the loss in the workers; the launcher registers the trainer again
+    # in the driver and raises there, and verl's get_trainer_cls names the trainers it has.
     if importlib.util.find_spec("transfer_queue") is not None:
-        from targetpo.integrations.verl_trainer import register_tpo_trainer
+        try:
+            from targetpo.integrations.verl_trainer import register_tpo_trainer
 
-        register_tpo_trainer()
+            register_tpo_trainer()
+        except Exception as exc:
+            logger.warning("targetpo could not register verl's trainer.v1.trainer_mode=tpo_sync: %r", exc)
 
 
 def verify_registration() -> None:

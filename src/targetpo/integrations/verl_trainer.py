@@ -238,6 +238,8 @@ def main() -> None:
     def _run(config):
         eta = export_eta(config)
         os.environ[ETA_ENV] = repr(eta)
+        if config.trainer.get("use_v1", True) and config.trainer.v1.trainer_mode == TRAINER_MODE:
+            register_tpo_trainer()  # raises here, before Ray, if verl's v1 trainer cannot be imported
         verl_main.main.__wrapped__(config)
 
     _run()
