@@ -12,6 +12,7 @@
 # batching (whole groups per GPU, trainer.v1.trainer_mode=tpo_sync for both) and KL. DRY_RUN=1 prints each
 # command's overrides, one per line, instead of running it.
 set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 MODEL=${MODEL:-Qwen/Qwen3-1.7B}            # or deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B
 DATA=${DATA:-$HOME/data/verl/knights_knaves}
 GPUS=${GPUS:-4}
@@ -48,7 +49,7 @@ COMMON=(
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16
   actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16
   algorithm.use_kl_in_reward=False
-  reward.custom_reward_function.path=examples/verl/app_g_reward.py
+  reward.custom_reward_function.path="$HERE/app_g_reward.py"
   reward.custom_reward_function.name=compute_score
   trainer.v1.trainer_mode=tpo_sync
   trainer.n_gpus_per_node="$GPUS"

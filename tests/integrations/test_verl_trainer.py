@@ -313,7 +313,7 @@ def test_launch_scripts_compose_with_verls_config_and_pair_grpo_with_tpo(script)
     assert tpo.actor_rollout_ref.actor.use_kl_loss is gsm8k
     if gsm8k:
         assert tpo.actor_rollout_ref.actor.kl_loss_coef == 1e-3
-    assert Path(ROOT / tpo.reward.custom_reward_function.path).is_file()
+    assert Path(tpo.reward.custom_reward_function.path) == RECIPES / "app_g_reward.py"
 
 
 def test_launcher_refuses_a_group_splitting_config_before_starting_anything(tmp_path):
