@@ -57,7 +57,7 @@ COMMON=(
   trainer.total_training_steps="$STEPS"
   trainer.test_freq=10
   trainer.save_freq=-1
-  trainer.logger=[console]
+  'trainer.logger=[console]'
   trainer.project_name=targetpo_app_g
 )
 GRPO=(algorithm.adv_estimator=grpo actor_rollout_ref.actor.policy_loss.loss_mode=vanilla

@@ -22,14 +22,9 @@ class itself needs verl's TransferQueue and GPUs.
 from __future__ import annotations
 
 import difflib
-import logging
 import math
 
-import numpy as np
-
 from targetpo.integrations.verl_plugin import ETA_ENV, NAME, SEQ_LOGP_BY_LOSS_AGG
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["TRAINER_MODE", "TPO_DEFAULTS", "tpo_settings", "uses_tpo", "layout_problems", "check_config",
            "whole_group_order", "balance_whole_groups", "register_tpo_trainer", "export_eta"]
