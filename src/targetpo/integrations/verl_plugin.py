@@ -62,8 +62,8 @@ except Exception as exc:  # verl swallows plugin import errors at DEBUG level: m
                    "registered. targetpo needs verl==0.9.1.", exc)
     raise
 
-__all__ = ["NAME", "ETA_ENV", "KNOWN_ENV", "SEQ_LOGP_BY_LOSS_AGG", "compute_tpo_advantage", "compute_policy_loss_tpo",
-           "verify_registration", "tpo_eta_from_env"]
+__all__ = ["NAME", "ETA_ENV", "KNOWN_ENV", "SEQ_LOGP_BY_LOSS_AGG", "compute_tpo_advantage",
+           "compute_policy_loss_tpo", "verify_registration", "tpo_eta_from_env"]
 
 NAME = "tpo"
 ETA_ENV = "TARGETPO_TPO_ETA"
