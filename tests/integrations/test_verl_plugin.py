@@ -19,7 +19,7 @@ from verl.workers.config.actor import ActorConfig, PolicyLossConfig
 from targetpo.integrations import verl_plugin
 from targetpo.objectives import tpo_sequence_loss
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "verl" / "tpo_qwen3_1.7b_graph_color.yaml"
 
 

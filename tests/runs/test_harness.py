@@ -17,7 +17,7 @@ from targetpo.tabular.multi import PRESETS
 from targetpo.report import write_report
 from targetpo.runs.store import Run, read_metrics
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _lines(path: Path) -> list[str]:
