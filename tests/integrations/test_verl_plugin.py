@@ -12,6 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
+pytestmark = [pytest.mark.integration, pytest.mark.llm]
+pytest.importorskip("verl", reason="needs the verl extra: pip install -e '.[verl]'")
+
 from omegaconf import OmegaConf
 from verl.trainer.ppo import core_algos  # `import verl` loads the plugin through the entry point
 from verl.workers.config.actor import ActorConfig, PolicyLossConfig

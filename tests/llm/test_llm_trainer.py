@@ -9,6 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+pytestmark = pytest.mark.llm
+pytest.importorskip("transformers", reason="needs the llm extra: pip install -e '.[llm]'")
+pytest.importorskip("reasoning_gym", reason="needs the llm extra: pip install -e '.[llm]'")
+
+from safetensors.torch import load_file
+
 from targetpo.experiments import run_experiment
 from targetpo.llm import trainer as trainer_mod
 from targetpo.llm.data import load_task, parse_options, train_and_heldout
@@ -17,7 +23,6 @@ from targetpo.llm.templates import Template
 from targetpo.llm.models import build_char_tokenizer, build_tiny_model
 from targetpo.llm.trainer import RLVRTrainer, TrainerConfig, add_lora, micro_batch_loss
 from targetpo.runs.store import read_metrics
-from safetensors.torch import load_file
 
 K, B = 4, 3
 
