@@ -25,9 +25,10 @@ def data_dir(env_var: str, default: Path, needed: tuple[str, ...], what: str) ->
     otherwise the test is skipped with how to provide the data."""
     directory = Path(os.environ[env_var]).expanduser() if os.environ.get(env_var) else default
     missing = [f for f in needed if not (directory / f).is_file() and not (directory / f"{f}.gz").is_file()]
+    if missing and os.environ.get(env_var):
+        pytest.skip(f"{what} not found: {env_var}={directory} lacks {', '.join(missing)}")
     if missing:
-        pytest.skip(f"{what} not found: set {env_var}=DIR or put them in {default} "
-                    f"({directory} lacks {', '.join(missing)})")
+        pytest.skip(f"{what} not found: set {env_var}=DIR or put them in {default} (lacks {', '.join(missing)})")
     return directory
 
 
@@ -55,6 +56,7 @@ def pytest_collection_modifyitems(items):
 def _skip_is_failure(report) -> None:
     if require_all() and report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
         report.outcome = "failed"
         report.longrepr = f"TARGETPO_REQUIRE_ALL=1 (or CI=true): every test must run, but this one skipped: {reason}"
 
