@@ -212,7 +212,10 @@ def test_example_config_keys_exist_in_verls_defaults_and_build_the_actor_config(
     loss, _ = core_algos.get_policy_loss_fn(actor.policy_loss.loss_mode)(
         old_log_prob=b["old"], log_prob=b["logp"], advantages=adv, response_mask=b["mask"],
         loss_agg_mode=actor.loss_agg_mode, config=actor)
-    assert torch.isfinite(loss)
+    seq_logp = {"seq-mean-token-sum": "sum", "seq-mean-token-mean": "mean"}[actor.loss_agg_mode]
+    ref = tpo_sequence_loss(b["logp"].view(2, k, -1), b["old"].view(2, k, -1), b["rewards"].view(2, k),
+                            token_mask=b["mask"].bool().view(2, k, -1), seq_logp=seq_logp)
+    torch.testing.assert_close(loss, ref.loss)
 
 
 def test_graph_color_reward_uses_reasoning_gyms_scorer():
