@@ -56,6 +56,7 @@ def tpo_advantages(b):
     return adv
 
 
+@pytest.mark.slow  # a fresh interpreter imports verl (and ray)
 def test_entry_point_is_discoverable_and_import_verl_registers_tpo_lazily():
     eps = [ep for ep in entry_points(group="verl.plugins") if ep.value == "targetpo.integrations.verl_plugin"]
     assert len(eps) == 1, "reinstall with `make install` so the verl.plugins entry point is in the metadata"
