@@ -1,0 +1,15 @@
+"""The config every token experiment extends: the run's seeds and methods plus every :class:`TrialConfig` field,
+each declared once (help and bounds) in :mod:`targetpo.tokens.engine`. An experiment module adds only its sweep
+fields and the defaults in which it differs; a field it sweeps per unit is marked ``default(..., swept_by=...)``."""
+
+from __future__ import annotations
+
+from targetpo.runs.config import RunConfig, config, default
+from targetpo.tokens.engine import METHODS, TrialConfig
+
+
+@config
+class TokenConfig(TrialConfig, RunConfig):
+    seeds = default(20, help="independent seeds, vectorised as one batch inside each unit; seed s alone fixes "
+                             "its initial model and prompts")
+    methods = default(tuple(METHODS), choices=tuple(METHODS))
