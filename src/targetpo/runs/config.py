@@ -266,6 +266,8 @@ def show(value: Any) -> str:
 
 def bounds(f: dataclasses.Field) -> str:
     rule = allowed(f.metadata)
+    if rule and f.type in ("float", float) and f.metadata.get("finite", True):
+        rule += " and finite"
     if f.metadata.get("swept_by"):
         rule = f"swept by {f.metadata['swept_by']}"
     return rule
