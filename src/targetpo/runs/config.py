@@ -129,9 +129,9 @@ def allowed(meta: typing.Mapping) -> str:
     return " and ".join(parts)
 
 
-def _check_item(name: str, shown: Any, x: Any, tp: Any, meta: typing.Mapping, each: str) -> None:
+def _check_item(name: str, shown: Any, x: Any, tp: Any, meta: typing.Mapping, which: str) -> None:
     if not _is(x, tp):
-        raise ValueError(f"{name}={shown!r}: {each}expected {_TYPE_NAMES.get(tp, tp.__name__)}, got {x!r}")
+        raise ValueError(f"{name}={shown!r}: {which}expected {_TYPE_NAMES.get(tp, tp.__name__)}")
     rule = allowed(meta)
     finite = tp is float and meta.get("finite", True)
     ok = not (finite and not math.isfinite(x))
@@ -142,7 +142,7 @@ def _check_item(name: str, shown: Any, x: Any, tp: Any, meta: typing.Mapping, ea
         ok = False
     if not ok:
         rule = " and ".join(p for p in (rule, "finite" if finite else "") if p)
-        raise ValueError(f"{name}={shown!r}: {each}must be {rule}")
+        raise ValueError(f"{name}={shown!r}: {which}must be {rule}")
 
 
 def validate(cfg: Any) -> None:
@@ -167,7 +167,7 @@ def validate(cfg: Any) -> None:
         if meta.get("nonempty", True) and not value:
             raise ValueError(f"{f.name}=(): must not be empty" + (f"; allowed items: {allowed(meta)}" if allowed(meta) else ""))
         for x in value:
-            _check_item(f.name, value, x, item, meta, "every item ")
+            _check_item(f.name, value, x, item, meta, f"item {x!r} ")
         if meta.get("unique") and len(set(value)) != len(value):
             raise ValueError(f"{f.name}={value!r}: items must be distinct")
 
@@ -299,8 +299,9 @@ def field_table(exp: ModuleType) -> str:
 
 def steps_label(cfg: Any) -> str:
     """"S seeds × N steps" of a preset (episodes for the token experiments)."""
+    fields = config_fields(type(cfg))
     for name in ("steps", "episodes"):
-        if hasattr(cfg, name):
+        if name in fields and not fields[name].metadata.get("swept_by"):
             return f"{cfg.seeds} seeds × {getattr(cfg, name):,} {name}"
     return f"{cfg.seeds} seeds"
 

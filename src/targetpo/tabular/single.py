@@ -51,6 +51,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "paper"
+RUNTIME = "~2 s"  # the reproduce preset on 2 shared cores (BENCHMARKS.md); README table
 
 
 def direction(method: str, logits: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, cfg: Config) -> torch.Tensor:

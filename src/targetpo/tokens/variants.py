@@ -67,6 +67,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "cpu"
+RUNTIME = "reverse copy, bag + sequential, ~8.5 min"  # the reproduce preset on 2 shared cores (BENCHMARKS.md); README table
 
 
 def effective_match(cfg) -> str:
