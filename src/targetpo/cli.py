@@ -15,7 +15,8 @@ def _experiment_epilog() -> str:
     lines = ["experiments (config fields can be overridden as key=value; defaults of the cpu preset, [allowed]):"]
     for name in EXPERIMENTS:
         exp = load(name)
-        lines.append(f"\n  {name}: {exp.TITLE}  [presets: {', '.join(exp.PRESETS)}; reproduce uses {exp.REPRODUCE_PRESET}]")
+        lines.append(f"\n  {name}: {exp.TITLE}  [presets: {', '.join(exp.PRESETS)}; "
+                     f"reproduce uses {exp.REPRODUCE_PRESET}]")
         lines += field_lines(exp.PRESETS.get("cpu", next(iter(exp.PRESETS.values()))), indent="      ")
     return "\n".join(lines)
 

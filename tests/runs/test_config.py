@@ -110,7 +110,8 @@ def test_inherited_default_keeps_help_and_bounds():
 
 
 def test_overrides_parse_types():
-    cfg = apply_overrides(load("mnist").PRESETS["smoke"], ["download=yes", "data_dir=none", "lr=2e-3", "methods=tpo,pg"])
+    cfg = apply_overrides(load("mnist").PRESETS["smoke"],
+                          ["download=yes", "data_dir=none", "lr=2e-3", "methods=tpo,pg"])
     assert (cfg.download, cfg.data_dir, cfg.lr, cfg.methods) == (True, None, 2e-3, ("tpo", "pg"))
     with pytest.raises(ValueError, match="download='maybe': expected true or false"):
         apply_overrides(cfg, ["download=maybe"])

@@ -44,7 +44,8 @@ def add_rlvr_parser(subparsers) -> argparse.ArgumentParser:
     from targetpo.llm import experiment as rlvr
     from targetpo.runs.config import field_lines
 
-    lines = ["config fields (key=value; defaults of the cpu preset, [allowed]):", *field_lines(rlvr.PRESETS["cpu"], width=34)]
+    lines = ["config fields (key=value; defaults of the cpu preset, [allowed]):",
+             *field_lines(rlvr.PRESETS["cpu"], width=34)]
     epilog = "\n".join([
         "examples:",
         "  targetpo rlvr --preset cpu                      # TPO (sum, mean) vs GRPO on a tiny model, ~10 min on 2 cores",

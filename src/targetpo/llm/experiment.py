@@ -111,7 +111,7 @@ PRESETS = {
                     max_new_tokens=1024, eval_every=10, eval_batch=64, checkpoint_every=10),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "tiny offline Qwen2 on two-digit addition: warm start, then TPO sum / TPO mean / GRPO, ~6 min"  # the reproduce preset on 2 shared cores (BENCHMARKS.md); README table
+RUNTIME = "tiny offline Qwen2 on two-digit addition: warm start, then TPO sum / TPO mean / GRPO, ~6 min"
 
 
 # ----------------------------------------------------------------------------- units

@@ -58,7 +58,7 @@ PRESETS = {
     "paper": Config(seeds=20, steps=10_000),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "~1.5 min; reads the label-2,000 checkpoint"  # the reproduce preset on 2 shared cores (BENCHMARKS.md); README table
+RUNTIME = "~1.5 min; reads the label-2,000 checkpoint"
 
 
 # ----------------------------------------------------------------------------- diagnostics

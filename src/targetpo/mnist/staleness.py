@@ -61,7 +61,7 @@ PRESETS = {
     "paper": Config(seeds=20, steps=10_000),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "8 delays × 5 methods, ~5.5 min"  # the reproduce preset on 2 shared cores (BENCHMARKS.md); README table
+RUNTIME = "8 delays × 5 methods, ~5.5 min"
 
 
 UNIT = "stale"  # one unit: every (delay, method, seed) network is stacked into one batched network

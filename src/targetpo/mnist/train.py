@@ -52,7 +52,7 @@ PRESETS = {
     "paper": Config(seeds=20, steps=10_000),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "6 methods, ~2 min"  # the reproduce preset on 2 shared cores (BENCHMARKS.md); README table
+RUNTIME = "6 methods, ~2 min"
 
 
 # ----------------------------------------------------------------------------- data

@@ -25,6 +25,7 @@ import typing
 from types import ModuleType
 from typing import Any
 
+
 # ----------------------------------------------------------------------------- declaring fields
 
 def param(default: Any, help: str, *, gt: float | None = None, ge: float | None = None, lt: float | None = None,
@@ -119,29 +120,29 @@ def _is(value: Any, tp: Any) -> bool:
 
 
 def allowed(meta: typing.Mapping) -> str:
-    """What a field's bounds allow, in words: "> 0 and finite", "one of (a, b)", "in [0, 1)"."""
-    parts = []
-    lo = f"> {meta['gt']:g}" if meta.get("gt") is not None else f">= {meta['ge']:g}" if meta.get("ge") is not None else None
-    hi = f"< {meta['lt']:g}" if meta.get("lt") is not None else f"<= {meta['le']:g}" if meta.get("le") is not None else None
-    parts += [p for p in (lo, hi) if p]
+    """What a field's bounds allow, in words: "> 0", ">= 1 and <= 10", "one of (a, b)"."""
+    rules = [f"{op} {meta[key]:g}" for key, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+             if meta.get(key) is not None]
     if meta.get("choices"):
-        parts.append(f"one of ({', '.join(map(str, meta['choices']))})")
-    return " and ".join(parts)
+        rules.append(f"one of ({', '.join(map(str, meta['choices']))})")
+    return " and ".join(rules)
+
+
+def _within(x: Any, meta: typing.Mapping) -> bool:
+    return ((meta.get("gt") is None or x > meta["gt"]) and (meta.get("ge") is None or x >= meta["ge"])
+            and (meta.get("lt") is None or x < meta["lt"]) and (meta.get("le") is None or x <= meta["le"]))
 
 
 def _check_item(name: str, shown: Any, x: Any, tp: Any, meta: typing.Mapping, which: str) -> None:
+    """`x` (the value of field `name`, or the item `which` of its tuple `shown`) against the declaration."""
     if not _is(x, tp):
         raise ValueError(f"{name}={shown!r}: {which}expected {_TYPE_NAMES.get(tp, tp.__name__)}")
-    rule = allowed(meta)
     finite = tp is float and meta.get("finite", True)
-    ok = not (finite and not math.isfinite(x))
-    if tp in (int, float) and ok:
-        ok = ((meta.get("gt") is None or x > meta["gt"]) and (meta.get("ge") is None or x >= meta["ge"])
-              and (meta.get("lt") is None or x < meta["lt"]) and (meta.get("le") is None or x <= meta["le"]))
+    ok = (not finite or math.isfinite(x)) and (tp not in (int, float) or _within(x, meta))
     if meta.get("choices") and x not in meta["choices"]:
         ok = False
     if not ok:
-        rule = " and ".join(p for p in (rule, "finite" if finite else "") if p)
+        rule = " and ".join(r for r in (allowed(meta), "finite" if finite else "") if r)
         raise ValueError(f"{name}={shown!r}: {which}must be {rule}")
 
 
@@ -165,7 +166,8 @@ def validate(cfg: Any) -> None:
         if not isinstance(value, tuple):
             raise ValueError(f"{f.name}={value!r}: expected a tuple of {_TYPE_NAMES.get(item, item.__name__)}s")
         if meta.get("nonempty", True) and not value:
-            raise ValueError(f"{f.name}=(): must not be empty" + (f"; allowed items: {allowed(meta)}" if allowed(meta) else ""))
+            items = f"; allowed items: {allowed(meta)}" if allowed(meta) else ""
+            raise ValueError(f"{f.name}=(): must not be empty{items}")
         for x in value:
             _check_item(f.name, value, x, item, meta, f"item {x!r} ")
         if meta.get("unique") and len(set(value)) != len(value):
@@ -222,8 +224,8 @@ def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
     return dataclasses.replace(cfg, **changes)
 
 
-def check(cfg: Any) -> Any:
-    """Validate `cfg` (its own `validate` if it has one, else the field declarations); returns it."""
+def validated(cfg: Any) -> Any:
+    """`cfg` after checking it (its own `validate` if it has one, else the field declarations)."""
     if hasattr(cfg, "validate"):
         cfg.validate()
     else:
@@ -238,7 +240,7 @@ def make_config(exp: ModuleType, preset: str, seeds: int | None = None, override
     cfg = exp.PRESETS[preset]
     if seeds is not None:
         cfg = dataclasses.replace(cfg, seeds=seeds)
-    return check(apply_overrides(cfg, overrides or []))
+    return validated(apply_overrides(cfg, overrides or []))
 
 
 def config_from_dict(exp: ModuleType, data: dict) -> Any:

@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from targetpo.runs.store import METRICS_FILE, RUN_FILE, MetricsWriter, read_metrics, record_key, versions, write_run_json
-from targetpo.runs.config import check, config_from_dict, make_config
+from targetpo.runs.config import config_from_dict, make_config, validated
 
 
 class RunContext:
@@ -104,7 +104,7 @@ def run_experiment(
         meta = json.loads(meta_path.read_text())
         if meta["experiment"] != name:
             raise ValueError(f"{run_dir} holds a {meta['experiment']} run, not {name}")
-        cfg = check(config_from_dict(exp, meta["config"]))
+        cfg = validated(config_from_dict(exp, meta["config"]))
         if overrides or seeds is not None:
             requested = dataclasses.asdict(make_config(exp, meta["preset"], seeds, overrides))
             if requested != dataclasses.asdict(cfg):

@@ -40,7 +40,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "paper"
-RUNTIME = "~6–7 s"  # the reproduce preset on 2 shared cores (BENCHMARKS.md); README table
+RUNTIME = "~6–7 s"
 
 
 def softmax(logits: torch.Tensor) -> torch.Tensor:

@@ -51,7 +51,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "paper"
-RUNTIME = "~2 s"  # the reproduce preset on 2 shared cores (BENCHMARKS.md); README table
+RUNTIME = "~2 s"
 
 
 def direction(method: str, logits: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, cfg: Config) -> torch.Tensor:

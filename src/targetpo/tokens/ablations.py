@@ -50,7 +50,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "terminal reward, H = 5, B = 64, ~4 min"  # the reproduce preset on 2 shared cores (BENCHMARKS.md); README table
+RUNTIME = "terminal reward, H = 5, B = 64, ~4 min"
 
 
 def units(cfg: Config) -> list[str]:

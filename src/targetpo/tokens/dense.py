@@ -43,7 +43,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "V ∈ {2, 4}, ~6 min"  # the reproduce preset on 2 shared cores (BENCHMARKS.md); README table
+RUNTIME = "V ∈ {2, 4}, ~6 min"
 
 
 def units(cfg: Config) -> list[str]:

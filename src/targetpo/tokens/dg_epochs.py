@@ -79,7 +79,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "DG 1 vs 4 epochs: terminal H = 5 and the 8 variants at H = 6, ~7 min"  # the reproduce preset on 2 shared cores (BENCHMARKS.md); README table
+RUNTIME = "DG 1 vs 4 epochs: terminal H = 5 and the 8 variants at H = 6, ~7 min"
 
 
 def units(cfg: Config) -> list[str]:

@@ -59,7 +59,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "H = 6, K = 8, B = 64, ~4.5 min"  # the reproduce preset on 2 shared cores (BENCHMARKS.md); README table
+RUNTIME = "H = 6, K = 8, B = 64, ~4.5 min"
 
 
 def run_unit(cfg: Config, unit: str, ctx) -> None:

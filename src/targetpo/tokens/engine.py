@@ -58,9 +58,9 @@ pair once over its cached keys/values (exact: identical inputs, identical log-pr
 reads all H states' next-token distributions from that one pass over the behaviour trajectory (causal masking
 makes it identical to the authors' one pass per prefix state, H× cheaper).
 
-Building an experiment on it: see ``token_dense.py`` / ``token_terminal.py``. A module's ``Config`` carries the
-TrialConfig fields it needs by name (declared once, with help and bounds, in :class:`TrialConfig` and ``tokens.config.TokenConfig``), its units name a
-(configuration, method) pair, and ``run_unit`` is one call:
+Building an experiment on it: see ``dense.py`` / ``terminal.py``. A module's ``Config`` extends
+``tokens.config.TokenConfig`` (every :class:`TrialConfig` field, declared once with help and bounds, plus seeds
+and methods) with its sweep fields; its units name a (configuration, method) pair, and ``run_unit`` is one call:
 ``run_trial(trial_config(cfg, vocab=v), method, seed_list(cfg), ctx.device, ctx.log, ctx.advance)``.
 ``token_common`` also has the report helpers (steps-to-x, final and tail-mean errors, "ours (paper)" cells,
 fastest-method claims, curve grids with ± s.e. bands). Lower-level pieces are public for diagnostics work:

@@ -66,7 +66,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "H = 5, K ∈ {4, 8, 16}, E ∈ {1, 2, 4}, masking, ~4 min"  # the reproduce preset on 2 shared cores (BENCHMARKS.md); README table
+RUNTIME = "H = 5, K ∈ {4, 8, 16}, E ∈ {1, 2, 4}, masking, ~4 min"
 
 
 def configs(cfg: Config) -> dict[str, list[tuple[int, int, str]]]:

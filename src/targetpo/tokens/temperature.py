@@ -54,7 +54,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "η ∈ {0.25, …, 4}, ~3.5 min"  # the reproduce preset on 2 shared cores (BENCHMARKS.md); README table
+RUNTIME = "η ∈ {0.25, …, 4}, ~3.5 min"
 
 
 def units(cfg: Config) -> list[str]:

@@ -52,7 +52,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "H = 6, both matchings, ~7 min"  # the reproduce preset on 2 shared cores (BENCHMARKS.md); README table
+RUNTIME = "H = 6, both matchings, ~7 min"
 
 
 def _single(method: str) -> bool:

@@ -67,7 +67,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "reverse copy, bag + sequential, ~8.5 min"  # the reproduce preset on 2 shared cores (BENCHMARKS.md); README table
+RUNTIME = "reverse copy, bag + sequential, ~8.5 min"
 
 
 def effective_match(cfg) -> str:
