@@ -83,19 +83,17 @@ def cmd_reproduce(args) -> int:
     out = Path(args.out)
     missing = []
     # Every config is validated before the first run starts, so a refused one leaves nothing behind.
-    configs = {}
-    for name in names:
-        exp = load(name)
-        overrides = _data_overrides(args, exp, strict=False)
-        configs[name] = make_config(exp, args.preset or exp.REPRODUCE_PRESET, overrides=overrides)
+    plans = []
     for name in names:
         exp = load(name)
         preset = args.preset or exp.REPRODUCE_PRESET
-        run_dir = out / name
         overrides = _data_overrides(args, exp, strict=False)
+        plans.append((name, exp, preset, overrides, make_config(exp, preset, overrides=overrides)))
+    for name, exp, preset, overrides, cfg in plans:
+        run_dir = out / name
         try:
             if hasattr(exp, "check_data"):
-                exp.check_data(configs[name])
+                exp.check_data(cfg)
         except MissingDataError as exc:
             missing.append(name)
             cmd = f"targetpo run {name} --preset {preset} --data-dir DIR"
