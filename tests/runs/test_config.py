@@ -26,7 +26,7 @@ def _fields(name: str) -> dict[str, dataclasses.Field]:
 def _free(name: str, field: str) -> bool:
     """The experiment has `field` and lets it be set (not swept per unit)."""
     f = _fields(name).get(field)
-    return f is not None and not f.metadata.get("swept_by")
+    return f is not None and not f.metadata.get("fixed")
 
 
 @pytest.mark.parametrize("name,preset", PRESETS)
@@ -74,9 +74,17 @@ def test_non_integer_steps_are_refused(name):
 
 
 def test_swept_field_cannot_be_set():
-    with pytest.raises(ValueError, match="length=4: this experiment sweeps it with `lengths`"):
+    with pytest.raises(ValueError, match=r"length=4: fixed at 10 in this experiment \(swept by lengths\)"):
         make_config(load("token-terminal"), "smoke", overrides=["length=4"])
     assert make_config(load("token-terminal"), "smoke", overrides=["lengths=4,5"]).lengths == (4, 5)
+
+
+def test_unused_field_cannot_be_set():
+    """A knob none of the experiment's methods reads is refused rather than silently ignored."""
+    with pytest.raises(ValueError, match=r"dg_eta=2.0: fixed at 1.0 in this experiment \(unused: group methods only\)"):
+        make_config(load("token-ablations"), "smoke", overrides=["dg_eta=2"])
+    with pytest.raises(ValueError, match=r"clip_eps=0.1: fixed at 0.2 in this experiment \(unused: DG only\)"):
+        make_config(load("dg-epochs"), "smoke", overrides=["clip_eps=0.1"])
 
 
 def test_experiment_rules_across_fields_still_apply():
@@ -182,4 +190,4 @@ def test_help_lists_fields_with_bounds(capsys):
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     out = capsys.readouterr().out
-    assert "lr=0.001" in out and "[> 0 and finite]" in out and "[swept by lengths]" in out
+    assert "lr=0.001" in out and "[> 0 and finite]" in out and "[fixed (swept by lengths)]" in out

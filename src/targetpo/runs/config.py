@@ -9,6 +9,8 @@ A config is a frozen dataclass whose fields carry their help text and bounds as 
         steps: int = param(150, "normalized logit steps", ge=1)
         seeds = 100                              # a new default for an inherited field: same help, same bounds
         methods = default(METHODS, choices=METHODS)
+        length = swept("lengths")               # set per unit from another field: refused if set
+        dg_eta = unused("no DG method here")    # read by none of its methods: refused if set
 
 Plain dataclasses rather than a validation library: the configs are frozen dataclasses that run.json stores
 (``dataclasses.asdict``) and rebuilds (:func:`config_from_dict`), and the core library must install beside verl
@@ -30,12 +32,12 @@ from typing import Any
 
 def param(default: Any, help: str, *, gt: float | None = None, ge: float | None = None, lt: float | None = None,
           le: float | None = None, choices: tuple | None = None, finite: bool = True, nonempty: bool = True,
-          unique: bool = False, swept_by: str | None = None) -> Any:
+          unique: bool = False, fixed: str | None = None) -> Any:
     """A config field: its default, help text and what values are allowed. Bounds and `choices` apply to a
     number/string or to every item of a tuple; `nonempty` and `unique` to tuples; `finite` to floats.
-    `swept_by` names the field that sweeps this one (the experiment sets it per unit; it must keep its default)."""
+    `fixed` says why an experiment does not let it be set (see :func:`swept`, :func:`unused`)."""
     meta = {"help": help, "gt": gt, "ge": ge, "lt": lt, "le": le, "choices": tuple(choices) if choices else None,
-            "finite": finite, "nonempty": nonempty, "unique": unique, "swept_by": swept_by}
+            "finite": finite, "nonempty": nonempty, "unique": unique, "fixed": fixed}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -45,12 +47,27 @@ class _Default:
     changes: dict
 
 
+_INHERITED = object()  # keep the base's default
+
+
 def default(value: Any, *, note: str | None = None, **changes) -> Any:
     """A new default for an inherited field, keeping the base's help and bounds (`changes` replaces some of
     them, e.g. ``choices=``; `note` is appended to the help, e.g. "the paper: 2000"). Needs :func:`config`."""
     if note:
         changes["note"] = note
     return _Default(value, changes)
+
+
+def swept(by: str) -> Any:
+    """An inherited field this experiment sets per unit from field `by`: it keeps the base's default and refuses
+    another value (set `by` instead). Needs :func:`config`."""
+    return _Default(_INHERITED, {"fixed": f"swept by {by}"})
+
+
+def unused(why: str) -> Any:
+    """An inherited field no method of this experiment reads: it keeps the base's default and refuses another
+    value, so setting it is never silently ignored. Needs :func:`config`."""
+    return _Default(_INHERITED, {"fixed": f"unused: {why}"})
 
 
 def config(cls: type) -> type:
@@ -69,7 +86,8 @@ def config(cls: type) -> type:
         meta = dict(inherited[name].metadata) | changes
         if note:
             meta["help"] = f"{meta['help']} ({note})"
-        setattr(cls, name, dataclasses.field(default=new.value, metadata=meta))
+        value = inherited[name].default if new.value is _INHERITED else new.value
+        setattr(cls, name, dataclasses.field(default=value, metadata=meta))
         annotations[name] = typing.get_type_hints(_owner(cls, name))[name]
     cls.__annotations__ = annotations
     return dataclasses.dataclass(frozen=True)(cls)
@@ -157,9 +175,8 @@ def validate(cfg: Any) -> None:
         tp, optional, item = _base_type(hints[f.name])
         if value is None and optional:
             continue
-        if meta.get("swept_by") and value != f.default:
-            raise ValueError(f"{f.name}={value!r}: this experiment sweeps it with `{meta['swept_by']}`; "
-                             f"set {meta['swept_by']} instead (leave {f.name} at {f.default!r})")
+        if meta.get("fixed") and value != f.default:
+            raise ValueError(f"{f.name}={value!r}: fixed at {f.default!r} in this experiment ({meta['fixed']})")
         if item is None:
             _check_item(f.name, value, value, tp, meta, "")
             continue
@@ -270,8 +287,8 @@ def bounds(f: dataclasses.Field) -> str:
     rule = allowed(f.metadata)
     if rule and f.type in ("float", float) and f.metadata.get("finite", True):
         rule += " and finite"
-    if f.metadata.get("swept_by"):
-        rule = f"swept by {f.metadata['swept_by']}"
+    if f.metadata.get("fixed"):
+        rule = f"fixed ({f.metadata['fixed']})"
     return rule
 
 
@@ -303,7 +320,7 @@ def steps_label(cfg: Any) -> str:
     """"S seeds × N steps" of a preset (episodes for the token experiments)."""
     fields = config_fields(type(cfg))
     for name in ("steps", "episodes"):
-        if name in fields and not fields[name].metadata.get("swept_by"):
+        if name in fields and not fields[name].metadata.get("fixed"):
             return f"{cfg.seeds} seeds × {getattr(cfg, name):,} {name}"
     return f"{cfg.seeds} seeds"
 

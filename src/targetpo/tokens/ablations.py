@@ -18,7 +18,7 @@ from __future__ import annotations
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
-from targetpo.runs.config import config, default, param
+from targetpo.runs.config import config, default, param, swept, unused
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import trial_config
 
@@ -34,10 +34,14 @@ TIE = 0.01
 @config
 class Config(TokenConfig):
     lengths: tuple[int, ...] = param((7, 8, 10), "answer lengths H to sweep", ge=1)
-    length = default(10, swept_by="lengths")
+    length = swept("lengths")
     episodes = 2000
     reward = "terminal"
     methods = default(METHODS, choices=METHODS)
+    dg_epochs = unused("group methods only")
+    dg_eta = unused("group methods only")
+    match = unused("group methods only")
+    interaction_lr_scale = unused("group methods only")
 
     def check(self) -> None:
         for h in self.lengths:

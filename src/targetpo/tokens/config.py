@@ -1,6 +1,7 @@
 """The config every token experiment extends: the run's seeds and methods plus every :class:`TrialConfig` field,
 each declared once (help and bounds) in :mod:`targetpo.tokens.engine`. An experiment module adds only its sweep
-fields and the defaults in which it differs; a field it sweeps per unit is marked ``default(..., swept_by=...)``."""
+fields and the defaults in which it differs. A field it sweeps per unit is marked ``swept(...)`` and one that none
+of its methods reads ``unused(...)``: setting either is an error, never silently ignored."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from targetpo import paper
 from targetpo.tokens import common as tc
-from targetpo.runs.config import config, default, param
+from targetpo.runs.config import config, default, param, swept
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import run_trial, trial_config
 
@@ -27,7 +27,7 @@ TORCH_THREADS = tc.TORCH_THREADS
 @config
 class Config(TokenConfig):
     vocabs: tuple[int, ...] = param((2, 4, 8, 16), "vocabulary sizes V to sweep", ge=2)
-    vocab = default(2, swept_by="vocabs")
+    vocab = swept("vocabs")
     methods = default(METHODS, choices=("reinforce", "ppo", "dg", "tpo_token", "grpo_token", "grpo_token_no_kl"))
 
     def check(self) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
-from targetpo.runs.config import config, default, param
+from targetpo.runs.config import config, default, param, swept, unused
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import run_trial, trial_config
 from targetpo.tokens.variants import ALL_VARIANTS
@@ -55,11 +55,15 @@ class Config(TokenConfig):
                                       choices=ALL_VARIANTS)
     length = default(10, help="H of part (b, c) (the paper: 10)")
     batch = default(100, help="B of part (b, c) (the paper: 100)")
-    episodes = default(1000, swept_by="terminal_episodes and variant_episodes")
-    dg_epochs = default(1, swept_by="dg_epoch_counts")
-    task = default("reverse_copy", swept_by="parts and variants")
-    reward = default("bag", swept_by="parts and variants")
+    episodes = swept("terminal_episodes and variant_episodes")
+    dg_epochs = swept("dg_epoch_counts")
+    task = swept("parts and variants")
+    reward = swept("parts and variants")
     methods = default(("dg",), choices=("dg",))
+    epochs = unused("DG only; its steps per batch are dg_epoch_counts")
+    clip_eps = unused("DG only")
+    grpo_beta = unused("DG only")
+    tpo_eta = unused("DG only")
 
     def check(self) -> None:
         if "variants" in self.parts and self.variant_seeds > self.seeds:

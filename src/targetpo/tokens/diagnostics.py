@@ -23,7 +23,7 @@ import numpy as np
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
-from targetpo.runs.config import config, default, param
+from targetpo.runs.config import config, default
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import trial_config
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
-from targetpo.runs.config import config, default, param
+from targetpo.runs.config import config, default, param, unused
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import trial_config
 
@@ -55,6 +55,10 @@ class Config(TokenConfig):
     methods = default(METHODS, choices=("tpo", "grpo", "grpo_no_kl", "tpo_no_anchor", "group_pg"),
                       help="methods of the K and epoch sweeps (the masking sweep always runs tpo, grpo and "
                       "grpo_masked)")
+    dg_epochs = unused("group methods only")
+    dg_eta = unused("group methods only")
+    match = unused("group methods only")
+    interaction_lr_scale = unused("group methods only")
 
     def check(self) -> None:
         trial_config(self)

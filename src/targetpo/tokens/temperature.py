@@ -20,7 +20,7 @@ from __future__ import annotations
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
-from targetpo.runs.config import config, default, param
+from targetpo.runs.config import config, default, param, swept, unused
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import trial_config
 
@@ -37,8 +37,14 @@ class Config(TokenConfig):
     level: str = param("token", "token (TPO_token over K next-token candidates per state; default, the authors' "
                        "closest command) or sequence (TPO over K full answers scored by fraction correct); the "
                        "paper does not say which", choices=tuple(LEVELS))
-    tpo_eta = default(1.0, swept_by="etas")
-    methods = default(tuple(LEVELS.values()), swept_by="level")
+    tpo_eta = swept("etas")
+    methods = default(tuple(LEVELS.values()), fixed="set by level")
+    clip_eps = unused("TPO only")
+    grpo_beta = unused("TPO only")
+    dg_epochs = unused("TPO only")
+    dg_eta = unused("TPO only")
+    match = unused("TPO only")
+    interaction_lr_scale = unused("TPO only")
     seeds = 10
 
     def check(self) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from targetpo import paper
 from targetpo.tokens import common as tc
-from targetpo.runs.config import config, default, param
+from targetpo.runs.config import config, default, param, swept
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import MATCHES, METHODS as ENGINE_METHODS, run_trial, trial_config
 
@@ -32,8 +32,8 @@ class Config(TokenConfig):
     lengths: tuple[int, ...] = param((7, 8, 9, 10), "answer lengths H to sweep", ge=1)
     matches: tuple[str, ...] = param(MATCHES, "prompts and/or interactions (grouped methods are the same in both "
                                      "and run once)", choices=MATCHES)
-    length = default(10, swept_by="lengths")
-    match = default("prompts", swept_by="matches")
+    length = swept("lengths")
+    match = swept("matches")
     episodes = 2000
     reward = "terminal"
     methods = default(METHODS, choices=("reinforce", "ppo", "dg", "tpo", "tpo_no_anchor", "group_pg", "grpo",

@@ -27,7 +27,7 @@ from __future__ import annotations
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
-from targetpo.runs.config import config, default, param
+from targetpo.runs.config import config, default, param, swept
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import MATCHES, trial_config
 from targetpo.tokens.tasks import TASKS
@@ -47,8 +47,8 @@ TORCH_THREADS = tc.TORCH_THREADS
 class Config(TokenConfig):
     variants: tuple[str, ...] = param(ALL_VARIANTS, "reward/task pairs to run (the paper: all 8 of "
                                       "bag|sequential × copy|flip|reverse_copy|reverse_flip)", choices=ALL_VARIANTS)
-    task = default("reverse_copy", swept_by="variants")
-    reward = default("bag", swept_by="variants")
+    task = swept("variants")
+    reward = swept("variants")
     match = default("prompts", help="prompts or interactions; interactions only changes PPO/DG (B·K prompts, "
                     "lr·√K) when a sequence-level group method (tpo, grpo, grpo_no_kl) is in methods, as in the "
                     "authors' code; with token-level methods it is a no-op")
