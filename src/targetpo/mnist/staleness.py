@@ -23,6 +23,7 @@ At D = 0 REINFORCE, PG (IS) and PPO are the same update (ρ = 1), as in the slid
 from __future__ import annotations
 
 from collections import deque
+
 import numpy as np
 import torch
 

@@ -29,7 +29,7 @@ from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
 from targetpo.runs.config import config, default, param, swept
 from targetpo.tokens.config import TokenConfig
-from targetpo.tokens.engine import MATCHES, trial_config
+from targetpo.tokens.engine import trial_config
 from targetpo.tokens.tasks import TASKS
 
 NAME = "token-variants"
