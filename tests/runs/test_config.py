@@ -116,6 +116,13 @@ def test_inherited_default_keeps_help_and_bounds():
         Small(seeds=0).validate()
     assert Small.__dataclass_params__.frozen
 
+    @config
+    class Leaf(Small):
+        seeds = 7
+
+    leaf = {f.name: f for f in dataclasses.fields(Leaf)}
+    assert Leaf().seeds == 7 and leaf["methods"].metadata == f["methods"].metadata  # the nearest base's declaration
+
 
 def test_overrides_parse_types():
     cfg = apply_overrides(load("mnist").PRESETS["smoke"],

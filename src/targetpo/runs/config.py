@@ -73,8 +73,8 @@ def unused(why: str) -> Any:
 def config(cls: type) -> type:
     """`@dataclass(frozen=True)`, after turning each unannotated `name = value` (or `name = default(...)`) that
     names an inherited field into that field with a new default and the base's metadata."""
-    inherited = {f.name: f for base in cls.__mro__[1:] if dataclasses.is_dataclass(base)
-                 for f in dataclasses.fields(base)}
+    inherited = {f.name: f for base in reversed(cls.__mro__[1:]) if dataclasses.is_dataclass(base)
+                 for f in dataclasses.fields(base)}  # the nearest base wins, as in dataclasses
     own = cls.__dict__.get("__annotations__", {})
     annotations = dict(own)
     for name, value in list(cls.__dict__.items()):

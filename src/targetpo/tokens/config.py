@@ -11,6 +11,7 @@ from targetpo.tokens.engine import METHODS, TrialConfig
 
 @config
 class TokenConfig(TrialConfig, RunConfig):
-    seeds = default(20, help="independent seeds, vectorised as one batch inside each unit; seed s alone fixes "
-                             "its initial model and prompts")
+    seeds = 20
+    seed = default(0, help="first seed (seeds are seed, seed+1, ...); seed s alone fixes its initial model and "
+                           "prompts")
     methods = default(tuple(METHODS), choices=tuple(METHODS))
