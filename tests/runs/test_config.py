@@ -118,10 +118,10 @@ def test_inherited_default_keeps_help_and_bounds():
 
     @config
     class Leaf(Small):
-        seeds = 7
+        methods = ("b",)
 
     leaf = {f.name: f for f in dataclasses.fields(Leaf)}
-    assert Leaf().seeds == 7 and leaf["methods"].metadata == f["methods"].metadata  # the nearest base's declaration
+    assert Leaf().methods == ("b",) and leaf["methods"].metadata == f["methods"].metadata  # Small's, not RunConfig's
 
 
 def test_overrides_parse_types():
