@@ -8,21 +8,16 @@ import sys
 from pathlib import Path
 
 from targetpo.experiments import EXPERIMENTS, load
-from targetpo.runs.config import config_class, field_help
+from targetpo.runs.config import config_class, field_lines
 
 
 def _experiment_epilog() -> str:
-    lines = ["experiments (config fields can be overridden as key=value):"]
+    lines = ["experiments (config fields can be overridden as key=value; defaults of the cpu preset, [allowed]):"]
     for name in EXPERIMENTS:
         exp = load(name)
-        cls = config_class(exp)
-        helps = field_help(cls)
-        lines.append(f"\n  {name}: {exp.TITLE}  [presets: {', '.join(exp.PRESETS)}; reproduce uses {exp.REPRODUCE_PRESET}]")
-        for f in dataclasses.fields(cls):
-            default = getattr(exp.PRESETS.get("cpu", next(iter(exp.PRESETS.values()))), f.name)
-            if isinstance(default, (tuple, list)):
-                default = ",".join(map(str, default))
-            lines.append(f"      {f'{f.name}={default}':<28} {helps.get(f.name, '')}")
+        lines.append(f"\n  {name}: {exp.TITLE}  [presets: {', '.join(exp.PRESETS)}; "
+                     f"reproduce uses {exp.REPRODUCE_PRESET}]")
+        lines += field_lines(exp.PRESETS.get("cpu", next(iter(exp.PRESETS.values()))), indent="      ")
     return "\n".join(lines)
 
 
@@ -87,14 +82,18 @@ def cmd_reproduce(args) -> int:
     names = args.only or list(EXPERIMENTS)
     out = Path(args.out)
     missing = []
+    # Every config is validated before the first run starts, so a refused one leaves nothing behind.
+    plans = []
     for name in names:
         exp = load(name)
         preset = args.preset or exp.REPRODUCE_PRESET
-        run_dir = out / name
         overrides = _data_overrides(args, exp, strict=False)
+        plans.append((name, exp, preset, overrides, make_config(exp, preset, overrides=overrides)))
+    for name, exp, preset, overrides, cfg in plans:
+        run_dir = out / name
         try:
             if hasattr(exp, "check_data"):
-                exp.check_data(make_config(exp, preset, overrides=overrides))
+                exp.check_data(cfg)
         except MissingDataError as exc:
             missing.append(name)
             cmd = f"targetpo run {name} --preset {preset} --data-dir DIR"

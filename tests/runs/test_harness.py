@@ -90,9 +90,9 @@ def test_overrides_are_typed_and_unknown_fields_rejected():
     assert cfg.steps == 7 and cfg.lr == 0.5 and cfg.methods == ("tpo", "ce")
     with pytest.raises(ValueError, match="valid fields"):
         apply_overrides(PRESETS["smoke"], ["stepz=7"])
-    with pytest.raises(ValueError, match="expected int"):
+    with pytest.raises(ValueError, match="expected an integer"):
         apply_overrides(PRESETS["smoke"], ["steps=seven"])
-    with pytest.raises(ValueError, match="not in"):
+    with pytest.raises(ValueError, match="must be one of"):
         run_experiment("tabular-multi", "smoke", out="/nonexistent/never", overrides=["methods=tpo,magic"])
 
 

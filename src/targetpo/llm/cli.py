@@ -42,16 +42,10 @@ def rlvr_overrides(args) -> list[str]:
 
 def add_rlvr_parser(subparsers) -> argparse.ArgumentParser:
     from targetpo.llm import experiment as rlvr
-    from targetpo.runs.config import field_help
+    from targetpo.runs.config import field_lines
 
-    lines = ["config fields (key=value; defaults of the cpu preset):"]
-    helps = field_help(rlvr.Config)
-    cpu = rlvr.PRESETS["cpu"]
-    for name in rlvr.Config.__dataclass_fields__:
-        default = getattr(cpu, name)
-        if isinstance(default, tuple):
-            default = ",".join(map(str, default))
-        lines.append(f"  {f'{name}={default}':<34} {helps.get(name, '')}")
+    lines = ["config fields (key=value; defaults of the cpu preset, [allowed]):",
+             *field_lines(rlvr.PRESETS["cpu"], width=34)]
     epilog = "\n".join([
         "examples:",
         "  targetpo rlvr --preset cpu                      # TPO (sum, mean) vs GRPO on a tiny model, ~10 min on 2 cores",

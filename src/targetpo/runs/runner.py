@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from targetpo.runs.store import METRICS_FILE, RUN_FILE, MetricsWriter, read_metrics, record_key, versions, write_run_json
-from targetpo.runs.config import config_from_dict, make_config
+from targetpo.runs.config import config_from_dict, make_config, validated
 
 
 class RunContext:
@@ -104,17 +104,17 @@ def run_experiment(
         meta = json.loads(meta_path.read_text())
         if meta["experiment"] != name:
             raise ValueError(f"{run_dir} holds a {meta['experiment']} run, not {name}")
-        cfg = config_from_dict(exp, meta["config"])
+        cfg = validated(config_from_dict(exp, meta["config"]))
         if overrides or seeds is not None:
             requested = dataclasses.asdict(make_config(exp, meta["preset"], seeds, overrides))
             if requested != dataclasses.asdict(cfg):
                 raise ValueError(f"--resume continues the config stored in {meta_path}; drop the overrides or use a new --out")
     else:
+        cfg = make_config(exp, preset, seeds, overrides)  # validated before anything on disk is touched
         if meta_path.exists() or (run_dir / METRICS_FILE).exists():
             if not force:
                 raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or --force to replace it")
             shutil.rmtree(run_dir)
-        cfg = make_config(exp, preset, seeds, overrides)
         meta = {"experiment": name, "title": exp.TITLE, "paper_ref": exp.PAPER_REF, "preset": preset,
                 "config": dataclasses.asdict(cfg), "seeds": list(range(getattr(cfg, "seed", 0),
                                                                       getattr(cfg, "seed", 0) + cfg.seeds)),

@@ -16,13 +16,12 @@ recorded *before* the step; misalignment is 1 − cos(g, g*_PG) with g*_PG = π(
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from targetpo import paper
-from targetpo.runs.config import check_config
+from targetpo.runs.config import config, default, param
+from targetpo.tabular.config import TabularConfig
 from targetpo.objectives import dg_loss, reinforce_loss, tpo_loss
 from targetpo.runs import plots
 from targetpo.runs.stats import curves, first_below, fmt, ours_vs_paper
@@ -35,32 +34,15 @@ METHODS = ("pg", "dg", "tpo", "grpo")
 TORCH_THREADS = 1
 
 
-@dataclass(frozen=True)
-class Config:
-    """seeds: independent runs, vectorised as one batch
-    steps: normalized logit steps
-    actions: A, the number of actions (action 0 is correct)
-    batch: B, actions sampled per step
-    lr: α, the length of every logit step
-    eta: DG gate temperature
-    baseline: the constant baseline of PG, DG and TPO's per-action scores (the authors' code uses 0.5)
-    methods: which of pg, dg, tpo, grpo to run
-    seed: base seed of the shared generator"""
-
-    seeds: int = 100
-    steps: int = 150
-    actions: int = 100
-    batch: int = 100
-    lr: float = 0.1
-    eta: float = 1.0
-    baseline: float = 0.5
-    methods: tuple[str, ...] = METHODS
-    seed: int = 0
-
-    def validate(self) -> None:
-        check_config(self, METHODS, ("seeds", "steps", "batch"))
-        if self.actions < 2:
-            raise ValueError(f"actions must be >= 2, got {self.actions}")
+@config
+class Config(TabularConfig):
+    steps = 150
+    actions = 100
+    batch: int = param(100, "B, actions sampled per step", ge=1)
+    baseline: float = param(0.5, "the constant baseline of PG, DG and TPO's per-action scores (the authors' code "
+                            "uses 0.5)")
+    eta = default(1.0, help="DG gate temperature")
+    methods = default(METHODS, choices=METHODS)
 
 
 PRESETS = {
@@ -69,6 +51,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "paper"
+RUNTIME = "~2 s"
 
 
 def direction(method: str, logits: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, cfg: Config) -> torch.Tensor:

@@ -59,9 +59,9 @@ pair once over its cached keys/values (exact: identical inputs, identical log-pr
 reads all H states' next-token distributions from that one pass over the behaviour trajectory (causal masking
 makes it identical to the authors' one pass per prefix state, H× cheaper).
 
-Building an experiment on it: see ``tokens/dense.py`` / ``tokens/terminal.py``. A module's ``Config`` carries the
-TrialConfig fields it needs by name (documented once in ``tokens.common.COMMON_FIELDS_DOC``), its units name a
-(configuration, method) pair, and ``run_unit`` is one call:
+Building an experiment on it: see ``dense.py`` / ``terminal.py``. A module's ``Config`` extends
+``tokens.config.TokenConfig`` (every :class:`TrialConfig` field, declared once with help and bounds, plus seeds
+and methods) with its sweep fields; its units name a (configuration, method) pair, and ``run_unit`` is one call:
 ``run_trial(trial_config(cfg, vocab=v), method, seed_list(cfg), ctx.device, ctx.log, ctx.advance)``.
 ``tokens.common`` also has the report helpers (steps-to-x, final and tail-mean errors, "ours (paper)" cells,
 fastest-method claims, curve grids with ± s.e. bands). Lower-level pieces are public for diagnostics work:
@@ -89,6 +89,7 @@ from targetpo import objectives as obj
 from targetpo.tokens import transformer as tfm
 from targetpo.optim import OPTIMIZERS, make_optimizer
 from targetpo.tokens import tasks
+from targetpo.runs.config import param, validate
 
 
 @dataclass(frozen=True)
@@ -115,68 +116,42 @@ METHODS: dict[str, Method] = {
 MATCHES = ("prompts", "interactions")
 METRICS = ("error", "grad_norm", "frac_success", "all_fail", "frac_zero_var", "weight_winners", "weight_losers")
 
-TRIAL_FIELDS_DOC = """task: target of the answer: copy, flip, reverse_copy or reverse_flip
-reward: bag (per-token), sequential (up to the first mistake) or terminal (exact match)
-length: H, prompt length = answer length
-vocab: V, token vocabulary size
-batch: B, prompts per episode
-k: K, candidates per group (full rollouts for sequence-level methods, next tokens for token-level)
-episodes: episodes (one rollout batch + its update each)
-epochs: optimizer steps per episode on the same batch (all methods but DG)
-dg_epochs: DG's optimizer steps per episode (the authors' code: 1; App. E: 4)
-lr: effective learning rate of Muon and AdamW (the code's 10 × 1e-4)
-clip_eps: PPO/GRPO clip range ε
-grpo_beta: GRPO's k3-KL weight β (to the rollout policy)
-dg_eta: DG gate temperature η
-tpo_eta: TPO target temperature η
-match: prompts (every method sees B prompts) or interactions (single-sample methods see B·K prompts)
-interaction_lr_scale: in interaction-matched runs, multiply single-sample methods' lr by √K (the code)
-heads: attention heads (2 = the authors' code, which reproduces the paper's numbers; the text says 4)
-optimizer: optax (the paper's Muon + Nesterov-AdamW partition) or torch (torch.optim.Muon + AdamW)"""
-
-
 @dataclass(frozen=True)
 class TrialConfig:
-    __doc__ = TRIAL_FIELDS_DOC
+    """Every knob of one trial; :func:`trial_config` builds one from an experiment's config."""
 
-    task: str = "reverse_copy"
-    reward: str = "bag"
-    length: int = 10
-    vocab: int = 2
-    batch: int = 100
-    k: int = 8
-    episodes: int = 1000
-    epochs: int = 4
-    dg_epochs: int = 1
-    lr: float = 1e-3
-    clip_eps: float = 0.2
-    grpo_beta: float = 0.04
-    dg_eta: float = 1.0
-    tpo_eta: float = 1.0
-    match: str = "prompts"
-    interaction_lr_scale: bool = True
-    heads: int = 2
-    optimizer: str = "optax"
+    task: str = param("reverse_copy", "target of the answer", choices=tasks.TASKS)
+    reward: str = param("bag", "bag (per-token), sequential (up to the first mistake) or terminal (exact match)",
+                        choices=tasks.REWARDS)
+    length: int = param(10, "H, prompt length = answer length", ge=1)
+    vocab: int = param(2, "V, token vocabulary size", ge=2)
+    batch: int = param(100, "B, prompts per episode", ge=1)
+    k: int = param(8, "K, candidates per group (full rollouts for sequence-level methods, next tokens for "
+                   "token-level)", ge=2)
+    episodes: int = param(1000, "episodes (one rollout batch + its update each)", ge=1)
+    epochs: int = param(4, "optimizer steps per episode on the same batch (all methods but DG)", ge=1)
+    dg_epochs: int = param(1, "DG's optimizer steps per episode (the authors' code: 1; App. E: 4)", ge=1)
+    lr: float = param(1e-3, "effective learning rate of Muon and AdamW (the code's 10 × 1e-4)", gt=0)
+    clip_eps: float = param(0.2, "PPO/GRPO clip range ε", gt=0)
+    grpo_beta: float = param(0.04, "GRPO's k3-KL weight β (to the rollout policy)", ge=0)
+    dg_eta: float = param(1.0, "DG gate temperature η", gt=0)
+    tpo_eta: float = param(1.0, "TPO target temperature η", gt=0)
+    match: str = param("prompts", "prompts (every method sees B prompts) or interactions (single-sample methods "
+                       "see B·K prompts)", choices=MATCHES)
+    interaction_lr_scale: bool = param(True, "in interaction-matched runs, multiply single-sample methods' lr by "
+                                       "√K (the code)")
+    heads: int = param(2, "attention heads, a divisor of d_model = 64 (2 = the authors' code, which reproduces "
+                       "the paper's numbers; the text says 4)", ge=1)
+    optimizer: str = param("optax", "optax (the paper's Muon + Nesterov-AdamW partition) or torch "
+                           "(torch.optim.Muon + AdamW)", choices=OPTIMIZERS)
 
     def validate(self) -> None:
-        tasks.check_task(self.task, self.reward)
-        small = {f: getattr(self, f) for f in ("length", "batch", "episodes", "epochs", "dg_epochs", "heads")
-                 if getattr(self, f) < 1}
-        if small:
-            raise ValueError(f"these trial fields must be >= 1: {small}")
-        if self.vocab < 2 or self.k < 2:
-            raise ValueError(f"vocab and k must be >= 2, got vocab={self.vocab}, k={self.k}")
-        for f in ("lr", "clip_eps", "dg_eta", "tpo_eta"):
-            if not getattr(self, f) > 0:
-                raise ValueError(f"{f} must be > 0, got {getattr(self, f)}")
-        if self.grpo_beta < 0:
-            raise ValueError(f"grpo_beta must be >= 0, got {self.grpo_beta}")
-        if self.match not in MATCHES:
-            raise ValueError(f"match must be one of {MATCHES}, got {self.match!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        validate(self)
+        self.check()
+
+    def check(self) -> None:
         if 64 % self.heads:
-            raise ValueError(f"heads must divide d_model = 64, got {self.heads}")
+            raise ValueError(f"heads={self.heads}: must divide d_model = 64")
 
 
 def trial_config(cfg: Any, **overrides) -> TrialConfig:

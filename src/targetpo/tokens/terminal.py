@@ -14,10 +14,10 @@ mistake, before the update; the paper's "final error" is the seed mean at the la
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from targetpo import paper
 from targetpo.tokens import common as tc
+from targetpo.runs.config import config, default, param, swept
+from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import MATCHES, METHODS as ENGINE_METHODS, run_trial, trial_config
 
 NAME = "token-terminal"
@@ -27,47 +27,22 @@ METHODS = ("ppo", "dg", "tpo", "grpo", "grpo_no_kl")
 TORCH_THREADS = tc.TORCH_THREADS
 
 
-@dataclass(frozen=True)
-class Config:
-    seeds: int = 20
-    seed: int = 0
-    episodes: int = 2000
-    lengths: tuple[int, ...] = (7, 8, 9, 10)
-    matches: tuple[str, ...] = MATCHES
-    methods: tuple[str, ...] = METHODS
-    task: str = "reverse_copy"
-    reward: str = "terminal"
-    vocab: int = 2
-    batch: int = 100
-    k: int = 8
-    epochs: int = 4
-    dg_epochs: int = 1
-    lr: float = 1e-3
-    clip_eps: float = 0.2
-    grpo_beta: float = 0.04
-    dg_eta: float = 1.0
-    tpo_eta: float = 1.0
-    interaction_lr_scale: bool = True
-    heads: int = 2
-    optimizer: str = "optax"
-
-    def validate(self) -> None:
-        tc.check_methods(self.methods, ("reinforce", "ppo", "dg", "tpo", "tpo_no_anchor", "group_pg", "grpo",
+@config
+class Config(TokenConfig):
+    lengths: tuple[int, ...] = param((7, 8, 9, 10), "answer lengths H to sweep", ge=1)
+    matches: tuple[str, ...] = param(MATCHES, "prompts and/or interactions (grouped methods are the same in both "
+                                     "and run once)", choices=MATCHES)
+    length = swept("lengths")
+    match = swept("matches")
+    episodes = 2000
+    reward = "terminal"
+    methods = default(METHODS, choices=("reinforce", "ppo", "dg", "tpo", "tpo_no_anchor", "group_pg", "grpo",
                                         "grpo_no_kl", "grpo_masked"))
-        if self.seeds < 1:
-            raise ValueError(f"seeds must be >= 1, got {self.seeds}")
-        if not self.lengths or min(self.lengths) < 1:
-            raise ValueError(f"lengths must be a non-empty list of H >= 1, got {self.lengths}")
-        bad = [m for m in self.matches if m not in MATCHES]
-        if bad or not self.matches:
-            raise ValueError(f"matches must be a non-empty subset of {MATCHES}, got {self.matches}")
+
+    def check(self) -> None:
         for h in self.lengths:
             trial_config(self, length=h)
 
-
-Config.__doc__ = tc.config_doc("""episodes: episodes per unit (the paper: 2000)
-lengths: answer lengths H to sweep (the paper: 7, 8, 9, 10)
-matches: prompts and/or interactions (grouped methods are the same in both and run once)""")
 
 PRESETS = {
     "smoke": Config(seeds=2, episodes=3, lengths=(3,), batch=8, k=4),
@@ -77,6 +52,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "cpu"
+RUNTIME = "H = 6, both matchings, ~7 min"
 
 
 def _single(method: str) -> bool:
