@@ -12,7 +12,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from targetpo.objectives._checks import LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_same_shape
+from targetpo.objectives._checks import (
+    LossOutput,
+    as_float,
+    as_mask,
+    as_token_mask,
+    check_group_size,
+    check_same_shape,
+    check_token_mask,
+    group_layout,
+)
 from targetpo.objectives.aggregation import aggregate
 from targetpo.objectives.scores import ZERO_VARIANCE_STD, group_advantages, zero_variance_groups
 
@@ -57,6 +66,7 @@ def ppo_loss(
     old = as_float("old_logp", old_logp).detach()
     a = as_float("advantages", advantages).detach()
     check_same_shape(logp=lp, old_logp=old, advantages=a)
+    check_token_mask(token_mask, lp)
     hi = clip_eps if clip_eps_high is None else clip_eps_high
     ratio = torch.exp(lp - old)
     per = -clipped_surrogate(ratio, a, clip_eps, hi)
@@ -70,18 +80,6 @@ def ppo_loss(
             "ratio_mean": ratio.mean(),
         }
     return LossOutput(loss, metrics)
-
-
-def _layout(logp: Tensor, scores: Tensor) -> bool:
-    """True for per-token inputs [..., K, T], False for per-candidate [..., K]; anything else is an error."""
-    if logp.shape == scores.shape:
-        return False
-    if logp.dim() == scores.dim() + 1 and logp.shape[:-1] == scores.shape:
-        return True
-    raise ValueError(
-        f"logp has shape {tuple(logp.shape)} but scores has {tuple(scores.shape)}: logp must be [..., K] "
-        "(one log-prob per candidate) or [..., K, T] (per-token)"
-    )
 
 
 def grpo_loss(
@@ -127,7 +125,7 @@ def grpo_loss(
     s = as_float("scores", scores)
     check_same_shape(logp=lp, old_logp=old, ref_logp=ref_logp)
     check_group_size("scores", s)
-    per_token = _layout(lp, s)
+    per_token = group_layout(lp, s, token_mask)
     mask = as_mask("mask", mask, s)
     adv = group_advantages(s, mask, eps=adv_eps, scale=scale_advantages)
     valid = torch.ones_like(s, dtype=torch.bool) if mask is None else mask
@@ -191,8 +189,7 @@ def _per_token_inputs(logp, old_logp, scores, token_mask, mask):
     s = as_float("scores", scores)
     check_same_shape(logp=lp, old_logp=old)
     check_group_size("scores", s)
-    if not _layout(lp, s):
-        raise ValueError(f"expected per-token logp [G, K, T] for scores {tuple(s.shape)}; got {tuple(lp.shape)}")
+    group_layout(lp, s, token_mask, candidate=False)
     mask = as_mask("mask", mask, s)
     tm = as_token_mask("token_mask", token_mask, lp)
     if mask is not None:
