@@ -169,6 +169,7 @@ def dr_grpo_loss(logp: Tensor, old_logp: Tensor, scores: Tensor, *, beta: float 
     r"""Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): GRPO without the two biases —
     advantages s − s̄ (no std division) and per-sequence token *sums* divided by a constant length
     (`norm_len`, default the padded T) instead of each sequence's own length. Per-token inputs `[G, K, T]`."""
+    group_layout(logp, scores, kwargs.get("token_mask"), candidate=False)
     kwargs.setdefault("loss_agg", "seq-mean-token-sum-norm")
     return grpo_loss(logp, old_logp, scores, beta=beta, scale_advantages=False, norm_len=norm_len, **kwargs)
 
@@ -178,6 +179,7 @@ def dapo_loss(logp: Tensor, old_logp: Tensor, scores: Tensor, *, clip_eps: float
     r"""DAPO (Yu et al. 2025): GRPO with decoupled clip-higher (ε_low = 0.2, ε_high = 0.28), token-level
     aggregation ("token-mean": every token of the batch weighs the same) and no KL. Dynamic sampling (dropping
     zero-variance groups) is a data step; `mask_zero_var=True` gives its effect on a fixed batch."""
+    group_layout(logp, scores, kwargs.get("token_mask"), candidate=False)
     kwargs.setdefault("loss_agg", "token-mean")
     kwargs.setdefault("beta", 0.0)
     return grpo_loss(logp, old_logp, scores, clip_eps=clip_eps, clip_eps_high=clip_eps_high, **kwargs)

@@ -111,14 +111,14 @@ class Method:
     @property
     def epochs_field(self) -> str:
         """The TrialConfig field giving its optimizer steps per episode: `dg_epochs` for an objective that is not
-        multi-epoch safe (the paper's code: 1), `epochs` otherwise and for REINFORCE (see REUSED_ANYWAY)."""
+        multi-epoch safe (the paper's code: 1), `epochs` otherwise and for REUSED_ANYWAY."""
         o = obj.get(self.objective)
         return "epochs" if o.multi_epoch_safe or o.name in REUSED_ANYWAY else "dg_epochs"
 
 
-# The paper's code steps REINFORCE `epochs` times on each batch like the multi-epoch-safe methods, although its
-# surrogate has no ratio to correct for the drift; kept so the paper's numbers reproduce.
-REUSED_ANYWAY = ("reinforce",)
+# The paper's code steps REINFORCE and Group PG `epochs` times on each batch like the multi-epoch-safe methods,
+# although neither has a ratio or frozen target to correct for the drift; kept so the paper's numbers reproduce.
+REUSED_ANYWAY = ("reinforce", "group_pg")
 
 METHODS: dict[str, Method] = {
     "reinforce": Method("reinforce", "REINFORCE, per-position batch-mean baseline"),
