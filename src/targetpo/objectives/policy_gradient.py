@@ -9,17 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from targetpo.objectives._checks import (
-    LossOutput,
-    as_float,
-    as_mask,
-    as_token_mask,
-    check_group_size,
-    check_positive,
-    check_same_shape,
-    check_token_mask,
-    group_layout,
-)
+from targetpo.objectives._checks import (LossOutput, as_float, as_mask, as_token_mask, check_group_size,
+                                         check_positive, check_same_shape, check_token_mask, group_layout)
 from targetpo.objectives.aggregation import aggregate
 from targetpo.objectives.scores import rloo_advantages, standardize_scores
 
