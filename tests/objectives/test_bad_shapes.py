@@ -122,3 +122,15 @@ def test_objective_rejects_misaligned_inputs_naming_them(name):
 def test_rloo_no_longer_broadcasts_per_token_logp_over_groups():
     with pytest.raises(ValueError, match=r"logp has shape \(1, 4, 3\) but scores has shape \(2, 4\)"):
         obj.rloo_loss(torch.zeros(1, 4, 3), torch.zeros(2, 4))
+
+
+@pytest.mark.parametrize("name", [n for n in obj.available() if obj.get(n).per_token_fn is not None])
+def test_per_token_form_takes_an_llm_batch_and_rejects_misaligned_ones(name):
+    fn = obj.get(name).per_token_fn
+    good = good_inputs("sequence")
+    tm = torch.ones(G, K, T, dtype=torch.bool)
+    assert torch.isfinite(fn(good["logp"], good["old_logp"], good["scores"], token_mask=tm).loss)
+    with pytest.raises(ValueError, match=r"logp has shape \(1, 4, 3\) but scores has shape \(2, 4\)"):
+        fn(_randn(1, K, T), _randn(1, K, T), good["scores"])
+    with pytest.raises(ValueError, match="token_mask"):
+        fn(good["logp"], good["old_logp"], good["scores"], token_mask=tm[..., :-1])

@@ -26,11 +26,15 @@ class Objective:
     source: str               # where the equation comes from
     summary: str
     # The form that takes per-token log-probs logp/old_logp [G, K, T], scores [G, K] and token_mask=[G, K, T]
-    # (what an LLM trainer calls); None when the objective has no such form.
+    # (what an LLM trainer calls); a "sequence" objective is its own; None when the objective has no such form.
     per_token_fn: Callable | None = None
     # The per-token form's default loss is a mean over all valid tokens of the batch (DAPO's "token-mean"), not
     # over sequences or groups, so gradient accumulation must weight micro-batches by their token counts.
     token_mean: bool = False
+
+    def __post_init__(self):
+        if self.per_token_fn is None and self.level == "sequence":
+            object.__setattr__(self, "per_token_fn", self.fn)
 
 
 _REGISTRY: dict[str, Objective] = {}
@@ -50,7 +54,7 @@ _register(
     Objective("tpo_token", tpo.tpo_token_loss, True, True, "token-candidates", "Kaddour 2026 §3.4; spec §1.7",
               "TPO where each prefix state's group is K candidate next tokens"),
     Objective("tpo_sequence", tpo.tpo_sequence_loss, True, True, "sequence", "Kaddour 2026 §3.6/§3.8",
-              "TPO on per-token log-probs [G,K,T] reduced by sum or mean", per_token_fn=tpo.tpo_sequence_loss),
+              "TPO on per-token log-probs [G,K,T] reduced by sum or mean"),
     Objective("reinforce", policy_gradient.reinforce_loss, False, False, "single", "Williams 1992",
               "−A·log π with a caller-chosen baseline"),
     Objective("pg_is", policy_gradient.importance_weighted_pg_loss, False, True, "single", "Precup et al. 2000",
@@ -70,15 +74,15 @@ _register(
               "group", "Kaddour 2026 §4.2", "GRPO that drops zero-variance groups",
               per_token_fn=partial(clipped.grpo_loss, mask_zero_var=True)),
     Objective("dr_grpo", clipped.dr_grpo_loss, True, True, "sequence", "Liu et al. 2025",
-              "GRPO without std scaling and with constant-length token sums", per_token_fn=clipped.dr_grpo_loss),
+              "GRPO without std scaling and with constant-length token sums"),
     Objective("dapo", clipped.dapo_loss, True, True, "sequence", "Yu et al. 2025",
-              "clip-higher, token-mean aggregation, no KL", per_token_fn=clipped.dapo_loss, token_mean=True),
+              "clip-higher, token-mean aggregation, no KL", token_mean=True),
     Objective("gspo", clipped.gspo_loss, True, True, "sequence", "Zheng et al. 2025",
-              "sequence-level length-normalised ratio and clipping", per_token_fn=clipped.gspo_loss),
+              "sequence-level length-normalised ratio and clipping"),
     Objective("sapo", clipped.sapo_loss, True, True, "sequence", "Gao et al. 2025", "soft sigmoid gate instead of clip",
-              per_token_fn=clipped.sapo_loss, token_mean=True),
+              token_mean=True),
     Objective("cispo", clipped.cispo_loss, True, True, "sequence", "MiniMax 2025 (MiniMax-M1)",
-              "clipped, detached importance weight on every token's log-prob", per_token_fn=clipped.cispo_loss,
+              "clipped, detached importance weight on every token's log-prob",
               token_mean=True),
     Objective("dg", delightful.dg_loss, False, False, "single", "Osband 2026; spec §1.3",
               "policy gradient gated by σ(A·surprisal/η); one epoch"),
