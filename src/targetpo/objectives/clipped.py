@@ -177,7 +177,8 @@ def dapo_loss(logp: Tensor, old_logp: Tensor, scores: Tensor, *, clip_eps: float
     return grpo_loss(logp, old_logp, scores, clip_eps=clip_eps, clip_eps_high=clip_eps_high, **kwargs)
 
 
-def _per_token_inputs(logp, old_logp, scores, token_mask, mask):
+def _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps):
+    """Checked per-token inputs of GSPO/SAPO/CISPO: (logp, old_logp, valid-token mask, group advantages [G, K])."""
     lp = as_float("logp", logp)
     old = as_float("old_logp", old_logp).detach()
     s = as_float("scores", scores)
@@ -188,7 +189,7 @@ def _per_token_inputs(logp, old_logp, scores, token_mask, mask):
     tm = as_token_mask("token_mask", token_mask, lp)
     if mask is not None:
         tm = tm & mask.unsqueeze(-1)
-    return lp, old, s, tm, mask
+    return lp, old, tm, group_advantages(s, mask, eps=adv_eps)
 
 
 def gspo_loss(
@@ -206,8 +207,7 @@ def gspo_loss(
     s_i = exp(mean_t (log π_θ − log π_old)) per completion, clipped at the sequence level:
     L = −mean_i min(s_i A_i, clip(s_i, 1−ε_low, 1+ε_high) A_i), with GRPO's group advantages.
     The paper's clip range is tiny (3e-4, 4e-4) because s_i is a geometric mean of token ratios."""
-    lp, old, s, tm, mask = _per_token_inputs(logp, old_logp, scores, token_mask, mask)
-    adv = group_advantages(s, mask, eps=adv_eps)
+    lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps)
     n_tok = tm.sum(dim=-1).clamp_min(1).to(lp.dtype)
     mean_delta = torch.where(tm, lp - old, torch.zeros_like(lp)).sum(dim=-1) / n_tok
     ratio = torch.exp(mean_delta.clamp(-20.0, 20.0))
@@ -234,8 +234,8 @@ def sapo_loss(
     r"""SAPO (Gao et al. 2025, Soft Adaptive Policy Optimization, arXiv 2511.20347): hard clipping replaced by a
     smooth gate, L = −agg(f_τ(ρ)·A) with f_τ(ρ) = σ(τ(ρ − 1))·4/τ, τ = τ_pos if A > 0 else τ_neg.
     f'_τ(1) = 1, so on-policy it is exactly the policy gradient; far off-policy tokens are softly damped."""
-    lp, old, s, tm, mask = _per_token_inputs(logp, old_logp, scores, token_mask, mask)
-    adv = group_advantages(s, mask, eps=adv_eps).unsqueeze(-1)
+    lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps)
+    adv = adv.unsqueeze(-1)
     ratio = torch.exp((lp - old).clamp(-20.0, 20.0))
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
@@ -258,8 +258,8 @@ def cispo_loss(
     r"""CISPO (MiniMax 2025, MiniMax-M1): clip the importance *weight*, never the gradient of a token:
     L = −agg(sg[clip(ρ, ratio_min, ratio_max)]·A·log π_θ). Every token keeps a gradient, unlike PPO-style
     clipping which zeroes it outside the trust region. The default has no lower bound (as in MiniMax-M1)."""
-    lp, old, s, tm, mask = _per_token_inputs(logp, old_logp, scores, token_mask, mask)
-    adv = group_advantages(s, mask, eps=adv_eps).unsqueeze(-1)
+    lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps)
+    adv = adv.unsqueeze(-1)
     ratio = torch.exp((lp.detach() - old).clamp(-20.0, 20.0))
     w = ratio.clamp(ratio_min, ratio_max)
     loss = aggregate(-w * adv * lp, loss_agg, token_mask=tm, per_token=True)
