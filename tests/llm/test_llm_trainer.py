@@ -125,9 +125,9 @@ def test_layouts_that_would_split_a_group_are_rejected(setup):
         TrainerConfig(k=4, batch_prompts=3, micro_batch_size=6).validate()
     with pytest.raises(ValueError, match="updates_per_epoch"):
         TrainerConfig(k=4, batch_prompts=3, updates_per_epoch=2).validate()
-    with pytest.raises(ValueError, match="mixed"):
+    with pytest.raises(ValueError, match="mix groups"):
         check_whole_groups(torch.tensor([0, 0, 1, 1, 1, 1, 0, 0]), 4)
-    with pytest.raises(ValueError, match="split across"):
+    with pytest.raises(ValueError, match="spread over several blocks"):
         check_whole_groups(torch.tensor([0, 0, 1, 1, 0, 0]), 2)
     with pytest.raises(ValueError, match="multiple of K"):
         check_whole_groups(torch.tensor([0, 0, 0]), 2)

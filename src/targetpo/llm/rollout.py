@@ -3,7 +3,7 @@ one forward pass, and the masks that say which tokens belong to each completion.
 
 Layout. A batch of B prompts gives N = B·K rows; row ``g·K + i`` is candidate i of group (prompt) g, so a
 ``[N, T]`` tensor reshapes to ``[B, K, T]`` without copying. ``group_ids[n] = n // K`` travels with the rows and
-is checked wherever rows are split (see :func:`check_whole_groups`).
+is checked wherever rows are split (:func:`targetpo.objectives.groups.check_whole_groups`, re-exported here).
 
 Log-probs. The rollout's "old" log-probs come from :func:`token_logprobs` (a no-grad forward after generation),
 the same function the update differentiates, so in the first epoch the ratio π_θ/π_old is exactly 1 and TPO's
@@ -23,6 +23,10 @@ from targetpo.llm.logprobs import (
     chunked_model_token_logprobs,
     full_logits_token_logprobs,
 )
+from targetpo.objectives.groups import check_whole_groups
+
+__all__ = ["Rollout", "check_whole_groups", "group_micro_batches", "group_rows", "encode_prompts", "completion_mask",
+           "position_ids", "token_logprobs", "sample", "decode_completions"]
 
 
 @dataclass
@@ -52,24 +56,6 @@ class Rollout:
         return Rollout(**kw)
 
 
-def check_whole_groups(group_ids: Tensor, k: int) -> None:
-    """Raise ValueError unless the rows form whole groups: K consecutive rows with one group id each, and no
-    group id appearing in two blocks. Group objectives are wrong on a split group (the group softmax and the
-    z-scores would be taken over part of it), so a trainer calls this on every micro-batch."""
-    n = group_ids.numel()
-    if k < 2:
-        raise ValueError(f"K (completions per prompt) must be >= 2, got {k}")
-    if n % k:
-        raise ValueError(f"a micro-batch of {n} rows cannot hold whole groups of K={k}; its size must be a "
-                         f"multiple of K")
-    blocks = group_ids.reshape(-1, k)
-    if not (blocks == blocks[:, :1]).all():
-        raise ValueError(f"rows of different groups are mixed within a block of K={k} rows: group ids "
-                         f"{blocks.tolist()} (each block of K consecutive rows must be one whole group)")
-    if blocks[:, 0].unique().numel() != blocks.shape[0]:
-        raise ValueError(f"a group's rows are split across blocks: group ids {blocks[:, 0].tolist()}")
-
-
 def group_micro_batches(num_groups: int, k: int, micro_batch_size: int, order: Tensor | None = None) -> list[Tensor]:
     """Row indices of micro-batches that each hold whole groups, in `order` (a permutation of the groups).
 
@@ -80,7 +66,10 @@ def group_micro_batches(num_groups: int, k: int, micro_batch_size: int, order: T
         raise ValueError(f"micro_batch_size={micro_batch_size} would split groups of K={k} completions; it must "
                          f"be a positive multiple of K")
     order = torch.arange(num_groups) if order is None else order
-    return list(group_rows(order, k).split(micro_batch_size // k * k))
+    micro = list(group_rows(order, k).split(micro_batch_size // k * k))
+    for rows in micro:
+        check_whole_groups(rows // k, k)
+    return micro
 
 
 def group_rows(groups: Tensor, k: int) -> Tensor:

@@ -27,6 +27,7 @@ per step, so a run resumed from a checkpoint reproduces the uninterrupted run ex
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import os
 import random
@@ -41,28 +42,17 @@ import torch
 from torch import Tensor
 
 from targetpo import objectives as obj
+from targetpo.objectives.groups import check_whole_groups
 from targetpo.objectives.scores import zero_variance_groups
-from targetpo.llm.rollout import (
-    Rollout,
-    check_whole_groups,
-    decode_completions,
-    group_micro_batches,
-    group_rows,
-    sample,
-    token_logprobs,
-)
+from targetpo.llm.rollout import Rollout, decode_completions, group_micro_batches, group_rows, sample, token_logprobs
 
-# Objectives the trainer can call on per-token [G, K, T] inputs, and how each aggregates over a batch:
-# "rows" = a mean over sequences/groups, "tokens" = a mean over all valid tokens of the batch (DAPO-style).
-OBJECTIVES: dict[str, str] = {
-    "tpo": "rows", "tpo_no_anchor": "rows", "grpo": "rows", "dr_grpo": "rows", "gspo": "rows",
-    "dapo": "tokens", "sapo": "tokens", "cispo": "tokens",
-}
+# Objectives the trainer can call: the registry's group objectives with a per-token [G, K, T] form.
+OBJECTIVES = tuple(n for n in obj.available() if obj.get(n).needs_groups and obj.get(n).per_token_fn is not None)
 
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    """objective: tpo, tpo_no_anchor, grpo, dr_grpo, dapo, gspo, sapo or cispo (targetpo.objectives)
+    """objective: a group objective of targetpo.objectives with a per-token form (OBJECTIVES: tpo, tpo_no_anchor, grpo, dr_grpo, dapo, gspo, sapo, cispo, ...)
     seq_logp: TPO's sequence log-score: "sum" of token log-probs (the paper) or "mean" (length-normalised)
     eta: TPO's target temperature η
     objective_options: extra keyword arguments of the objective, e.g. {"clip_eps": 0.2}
@@ -107,6 +97,9 @@ class TrainerConfig:
     def validate(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(OBJECTIVES)}, got {self.objective!r}")
+        if self.epochs > 1 and not obj.get(self.objective).multi_epoch_safe:
+            raise ValueError(f"epochs={self.epochs}: {self.objective} is not sound on a re-used batch "
+                             f"(targetpo.objectives registry: multi_epoch_safe=False); use epochs=1")
         if self.seq_logp not in ("sum", "mean"):
             raise ValueError(f"seq_logp must be 'sum' or 'mean', got {self.seq_logp!r}")
         if self.k < 2:
@@ -140,22 +133,24 @@ def policy_loss(cfg: TrainerConfig, logp: Tensor, old_logp: Tensor, rewards: Ten
     g = rewards.shape[0] // k
     lp, old, tm = (x.reshape(g, k, -1) for x in (logp, old_logp, token_mask))
     r = rewards.reshape(g, k)
-    opts = dict(cfg.objective_options)
-    if cfg.objective in ("tpo", "tpo_no_anchor"):
-        return obj.tpo_sequence_loss(lp, old, r, token_mask=tm, seq_logp=cfg.seq_logp, eta=cfg.eta,
-                                     anchor=cfg.objective == "tpo", **opts)
-    if cfg.objective in ("grpo", "dr_grpo"):
-        opts.setdefault("beta", 0.0)  # the trainer's KL term replaces GRPO's own (same for every objective)
-    if cfg.objective == "dr_grpo":
-        opts.setdefault("norm_len", float(cfg.max_new_tokens))  # Dr. GRPO's constant: the generation budget
-    return obj.get(cfg.objective).fn(lp, old, r, token_mask=tm, **opts)
+    fn = obj.get(cfg.objective).per_token_fn
+    return fn(lp, old, r, token_mask=tm, **objective_options(cfg, fn))
+
+
+def objective_options(cfg: TrainerConfig, fn) -> dict:
+    """Keyword arguments for the objective's per-token form `fn`: the trainer's settings that `fn` takes (TPO's η
+    and sequence log-score; β = 0, as the trainer's KL term replaces an objective's own so it is the same for
+    every objective; Dr. GRPO's constant length = the generation budget), then `objective_options` on top."""
+    params = inspect.signature(fn).parameters
+    run = {"eta": cfg.eta, "seq_logp": cfg.seq_logp, "beta": 0.0, "norm_len": float(cfg.max_new_tokens)}
+    return {k: v for k, v in run.items() if k in params} | dict(cfg.objective_options)
 
 
 def micro_weight(cfg: TrainerConfig, micro: Rollout, mini_rows: int, mini_tokens: int) -> float:
     """Factor that makes Σ_micro weight·loss(micro) equal loss(mini-batch), so gradient accumulation is exact:
     the share of the mini-batch's sequences (objectives that average over sequences/groups) or of its valid
     tokens (token-mean objectives) held by this micro-batch."""
-    if OBJECTIVES[cfg.objective] == "tokens":
+    if obj.get(cfg.objective).token_mean:
         return float(micro.completion_mask.sum()) / mini_tokens
     return micro.rewards.shape[0] / mini_rows
 
