@@ -215,10 +215,12 @@ def test_rlvr_cli_documents_every_field_and_maps_flags(capsys):
         build_parser().parse_args(["rlvr", "--help"])
     lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
     helps = field_help(rlvr.Config)
-    fields = lines[lines.index("config fields (key=value; defaults of the cpu preset):") + 1:]
+    head = next(i for i, line in enumerate(lines) if line.startswith("config fields (key=value; defaults of the cpu"))
+    fields = lines[head + 1:]
     for name in rlvr.Config.__dataclass_fields__:
         documented = [line for line in fields if line.startswith(f"{name}=")]
-        assert helps.get(name) and len(documented) == 1 and documented[0].endswith(helps[name]), (name, documented)
+        assert helps.get(name) and len(documented) == 1, (name, documented)
+        assert documented[0].split(None, 1)[1].startswith(helps[name]), (name, documented)
     text = "\n".join(lines)
     for flag in ("--preset", "--model", "--task", "--objective", "--seq-logp", "--out", "--resume"):
         assert flag in text
