@@ -9,6 +9,7 @@ from pathlib import Path
 
 from targetpo.experiments import EXPERIMENTS, load
 from targetpo.runs.config import config_class, field_lines
+from targetpo.runs.runner import add_runner_arguments
 
 
 def _experiment_epilog() -> str:
@@ -168,13 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(the paper's exact protocol)")
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (overrides the preset)")
     p.add_argument("--out", default=None, help="run directory (default results/NAME-PRESET)")
-    p.add_argument("--resume", action="store_true", help="continue the run stored in --out: finished units are "
-                   "skipped, a partial unit is replayed without rewriting the lines already on disk")
-    p.add_argument("--force", action="store_true", help="delete an existing run in --out and start over")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the experiment's choice)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument("--no-report", action="store_true", help="do not write REPORT.md into the run directory")
+    add_runner_arguments(p)
     _add_data_flags(p)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. steps=500 "
                    "methods=tpo,grpo (fields listed below)")

@@ -23,7 +23,6 @@ from pathlib import Path
 from types import ModuleType
 
 from targetpo.runs import runner
-from targetpo.runs.config import config_class  # noqa: F401  (re-exported for callers of the list)
 
 # CLI name -> module. Imported lazily so `targetpo list` and `--help` stay fast.
 EXPERIMENTS: dict[str, str] = {

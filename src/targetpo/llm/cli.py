@@ -42,6 +42,7 @@ def rlvr_overrides(args) -> list[str]:
 
 def add_rlvr_parser(subparsers) -> argparse.ArgumentParser:
     from targetpo.llm import experiment as rlvr
+    from targetpo.runs.runner import add_runner_arguments
     from targetpo.runs.config import field_lines
 
     lines = ["config fields (key=value; defaults of the cpu preset, [allowed]):",
@@ -75,12 +76,6 @@ def add_rlvr_parser(subparsers) -> argparse.ArgumentParser:
                    help="TPO's sequence log-score: sum of token log-probs (the paper), mean (length-normalised) "
                         "or both (two TPO runs); default sum")
     p.add_argument("--out", default=None, help="run directory (default results/rlvr-PRESET)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out: finished methods are kept, "
-                   "a partial one continues from its last checkpoint")
-    p.add_argument("--force", action="store_true", help="delete an existing run in --out and start over")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument("--no-report", action="store_true", help="do not write REPORT.md")
+    add_runner_arguments(p, unit="methods (a partial one continues from its last checkpoint)", threads_default="1")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (fields below)")
     return p

@@ -6,7 +6,6 @@ constants (detached).
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from targetpo.objectives._checks import (LossOutput, as_float, as_mask, as_token_mask, check_group_size,

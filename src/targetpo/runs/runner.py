@@ -8,7 +8,6 @@ import json
 import shutil
 import sys
 import time
-import typing
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -163,3 +162,14 @@ def run_experiment(
             line += "\n  " + exp.summary(Run.load(run_dir))
         print(line)
     return run_dir
+
+
+def add_runner_arguments(parser, *, unit: str = "units", threads_default: str = "the experiment's choice") -> None:
+    """The command-line options of :func:`run_experiment` shared by `targetpo run` and `targetpo rlvr`."""
+    parser.add_argument("--resume", action="store_true", help=f"continue the run stored in --out: finished {unit} "
+                        "are skipped, a partial one is replayed without rewriting the lines already on disk")
+    parser.add_argument("--force", action="store_true", help="delete an existing run in --out and start over")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    parser.add_argument("--threads", type=int, default=None, help=f"torch CPU threads (default: {threads_default})")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--no-report", action="store_true", help="do not write REPORT.md into the run directory")

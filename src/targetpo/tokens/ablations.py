@@ -91,14 +91,11 @@ def summary(run) -> str:
 def report(run, section) -> None:
     cfg = run.config
     data = _data(run)
-    section.text(__doc__.split("\n\n", 1)[1])
-    if run.meta.get("preset") != "paper":
-        section.text(tr.horizon_note(run, "20 seeds × 2000 episodes, H ∈ {7, 8, 10}, B = 100, K = 8",
-                                     f"{cfg['seeds']} seeds × {cfg['episodes']} episodes, H ∈ "
-                                     f"{{{', '.join(map(str, cfg['lengths']))}}}, B = {cfg['batch']}, K = {cfg['k']}")
-                     + " Paper values appear only where the paper has the same H.")
-    if not data:
-        section.text("No metrics recorded yet.")
+    if not tc.intro(section, run, __doc__, data,
+                    tr.horizon_note(run, "20 seeds × 2000 episodes, H ∈ {7, 8, 10}, B = 100, K = 8",
+                                    f"{cfg['seeds']} seeds × {cfg['episodes']} episodes, H ∈ "
+                                    f"{{{', '.join(map(str, cfg['lengths']))}}}, B = {cfg['batch']}, K = {cfg['k']}")
+                    + " Paper values appear only where the paper has the same H."):
         return
     hs = list(data)
     methods = [m for m in cfg["methods"] if any(m in d for d in data.values())]

@@ -90,3 +90,15 @@ def pct(x: float | None) -> float | None:
 
 def finite(x) -> bool:
     return x is not None and np.isfinite(x)
+
+
+def intro(section, run, doc: str, data, preset_note: str) -> bool:
+    """A report's opening: the protocol (the experiment module's docstring after its title) and, for any preset
+    but `paper`, how this run's preset differs from the paper's protocol. False (and says so) when the run has
+    no metrics yet, so the caller stops there."""
+    section.text(doc.split("\n\n", 1)[1])
+    if run.meta.get("preset") != "paper":
+        section.text(preset_note)
+    if not data:
+        section.text("No metrics recorded yet.")
+    return bool(data)

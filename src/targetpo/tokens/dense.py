@@ -91,14 +91,11 @@ def summary(run) -> str:
 def report(run, section) -> None:
     cfg = run.config
     data = _by_vocab(run)
-    section.text(__doc__.split("\n\n", 1)[1])
-    if run.meta.get("preset") != "paper":
-        section.text(f"Preset `{run.meta.get('preset')}`: {cfg['seeds']} seeds × {cfg['episodes']} episodes, "
-                     f"V ∈ {{{', '.join(map(str, cfg['vocabs']))}}}, H = {cfg['length']}, B = {cfg['batch']} "
-                     f"(the paper: 20 seeds × 1000 episodes, V ∈ {{2, 4, 8, 16}}, H = 10, B = 100). A method that "
-                     f"reaches 1% after episode {cfg['episodes'] - 1} shows as '–' here.")
-    if not data:
-        section.text("No metrics recorded yet.")
+    if not tc.intro(section, run, __doc__, data,
+                    f"Preset `{run.meta.get('preset')}`: {cfg['seeds']} seeds × {cfg['episodes']} episodes, "
+                    f"V ∈ {{{', '.join(map(str, cfg['vocabs']))}}}, H = {cfg['length']}, B = {cfg['batch']} "
+                    f"(the paper: 20 seeds × 1000 episodes, V ∈ {{2, 4, 8, 16}}, H = 10, B = 100). A method that "
+                    f"reaches 1% after episode {cfg['episodes'] - 1} shows as '–' here."):
         return
     methods = [m for m in cfg["methods"] if any(m in by_m for by_m in data.values())]
     vs = list(data)

@@ -148,15 +148,12 @@ def summary(run) -> str:
 def report(run, section) -> None:
     cfg = run.config
     data = _data(run)
-    section.text(__doc__.split("\n\n", 1)[1])
-    if run.meta.get("preset") != "paper":
-        section.text(tr.horizon_note(
-            run, "(a) H = 5, 20 seeds × 2000 episodes; (b, c) H = 10, B = 100, 10 seeds × 1000 episodes",
-            f"(a) H = {cfg['terminal_length']}, B = {cfg['terminal_batch']}, {cfg['seeds']} seeds × "
-            f"{cfg['terminal_episodes']} episodes; (b, c) H = {cfg['length']}, B = {cfg['batch']}, "
-            f"{cfg['variant_seeds']} seeds × {cfg['variant_episodes']} episodes"))
-    if not data:
-        section.text("No metrics recorded yet.")
+    note = tr.horizon_note(
+        run, "(a) H = 5, 20 seeds × 2000 episodes; (b, c) H = 10, B = 100, 10 seeds × 1000 episodes",
+        f"(a) H = {cfg['terminal_length']}, B = {cfg['terminal_batch']}, {cfg['seeds']} seeds × "
+        f"{cfg['terminal_episodes']} episodes; (b, c) H = {cfg['length']}, B = {cfg['batch']}, "
+        f"{cfg['variant_seeds']} seeds × {cfg['variant_episodes']} episodes")
+    if not tc.intro(section, run, __doc__, data, note):
         return
     counts = sorted({e for by_e in data.values() for e in by_e})
     rows = []

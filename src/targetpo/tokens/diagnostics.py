@@ -93,17 +93,14 @@ def summary(run) -> str:
 
 def report(run, section) -> None:
     cfg = run.config
-    section.text(__doc__.split("\n\n", 1)[1])
-    if run.meta.get("preset") != "paper":
-        section.text(tr.horizon_note(run, "10 seeds × 2000 episodes, H = 8, B = 256, K = 32",
-                                     f"{cfg['seeds']} seeds × {cfg['episodes']} episodes, H = {cfg['length']}, "
-                                     f"B = {cfg['batch']}, K = {cfg['k']}")
-                     + " Episode counts of the paper (e.g. 'by episode 250') are compared after scaling by "
-                       "this run's horizon only where stated.")
     metrics = {k: tc.unit_curves(run, k) for k in PANELS}
     err = metrics["error"]
-    if not err:
-        section.text("No metrics recorded yet.")
+    if not tc.intro(section, run, __doc__, err,
+                    tr.horizon_note(run, "10 seeds × 2000 episodes, H = 8, B = 256, K = 32",
+                                    f"{cfg['seeds']} seeds × {cfg['episodes']} episodes, H = {cfg['length']}, "
+                                    f"B = {cfg['batch']}, K = {cfg['k']}")
+                    + " Episode counts of the paper (e.g. 'by episode 250') are compared after scaling by "
+                      "this run's horizon only where stated."):
         return
     w = _window(cfg)
     grid = {title: metrics[k] for k, title in PANELS.items() if metrics[k]}

@@ -136,14 +136,11 @@ def _paper_value(sweep: str, x: int, m: str) -> float | None:
 def report(run, section) -> None:
     cfg = run.config
     cur = _curves(run)
-    section.text(__doc__.split("\n\n", 1)[1])
-    if run.meta.get("preset") != "paper":
-        section.text(tr.horizon_note(run, "30 seeds × 2000 episodes, H = 8, B = 256, base K = 32, 4 epochs",
-                                     f"{cfg['seeds']} seeds × {cfg['episodes']} episodes, H = {cfg['length']}, "
-                                     f"B = {cfg['batch']}, base K = {cfg['k']}, {cfg['epochs']} epochs")
-                     + " Paper values are at H = 8 and 2000 episodes.")
-    if not cur:
-        section.text("No metrics recorded yet.")
+    if not tc.intro(section, run, __doc__, cur,
+                    tr.horizon_note(run, "30 seeds × 2000 episodes, H = 8, B = 256, base K = 32, 4 epochs",
+                                    f"{cfg['seeds']} seeds × {cfg['episodes']} episodes, H = {cfg['length']}, "
+                                    f"B = {cfg['batch']}, base K = {cfg['k']}, {cfg['epochs']} epochs")
+                    + " Paper values are at H = 8 and 2000 episodes."):
         return
     plan = configs(_cfg(cfg))
     grid = {}

@@ -120,17 +120,14 @@ def summary(run) -> str:
 def report(run, section) -> None:
     cfg = run.config
     data = _table(run)
-    section.text(__doc__.split("\n\n", 1)[1])
-    if run.meta.get("preset") != "paper":
-        section.text(f"Preset `{run.meta.get('preset')}`: {cfg['seeds']} seeds × {cfg['episodes']} episodes, "
-                     f"H ∈ {{{', '.join(map(str, cfg['lengths']))}}}, B = {cfg['batch']}, K = {cfg['k']} (the paper: "
-                     "20 seeds × 2000 episodes, H ∈ {7, 8, 9, 10}, B = 100, K = 8). Paper cells are shown only "
-                     "where the paper has the same H; claims compare methods within this run. At this horizon "
-                     "the slower baselines are still early in training (the paper's GRPO is at 84% error at "
-                     "episode 500 for H = 10), so their order among themselves can differ from Table 3's final "
-                     "one.")
-    if not data:
-        section.text("No metrics recorded yet.")
+    if not tc.intro(section, run, __doc__, data,
+                    f"Preset `{run.meta.get('preset')}`: {cfg['seeds']} seeds × {cfg['episodes']} episodes, "
+                    f"H ∈ {{{', '.join(map(str, cfg['lengths']))}}}, B = {cfg['batch']}, K = {cfg['k']} (the paper: "
+                    "20 seeds × 2000 episodes, H ∈ {7, 8, 9, 10}, B = 100, K = 8). Paper cells are shown only "
+                    "where the paper has the same H; claims compare methods within this run. At this horizon "
+                    "the slower baselines are still early in training (the paper's GRPO is at 84% error at "
+                    "episode 500 for H = 10), so their order among themselves can differ from Table 3's final "
+                    "one."):
         return
     cols = list(data)
     methods = [m for m in cfg["methods"] if any(m in d for d in data.values())]
@@ -157,7 +154,7 @@ def report(run, section) -> None:
     section.table(head, rows, "Episodes to 5% error (first episode with seed-mean error < 0.05; – = not reached)")
 
     ref_curve = paper.TERMINAL_H10_CURVE_PCT.values
-    refs = {f"prompt-matched, H = 10": {m: [(e, v / 100) for e, v in ref_curve[m].items()] for m in ref_curve}}
+    refs = {"prompt-matched, H = 10": {m: [(e, v / 100) for e, v in ref_curve[m].items()] for m in ref_curve}}
     panels = {(f"{'prompt' if mt == 'prompts' else 'interaction'}-matched, H = {h}"): data[(mt, h)] for mt, h in cols}
     tc.curve_grid(section, panels, "token_terminal",
                   "Exact-match error by episode, seed mean ± s.e. (circles: the authors' H = 10 curves, Fig. 1b)",
