@@ -5,11 +5,15 @@ must still compile and its `targetpo` imports must resolve. Bash blocks' `target
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shlex
 from pathlib import Path
 
 import pytest
+
+from targetpo.experiments import load
+from targetpo.runs.config import make_config
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 NOT_RUN = re.compile(r"<!-- readme: not run \((.+)\) -->")
@@ -71,8 +75,16 @@ def test_bash_block_commands_parse(line, lang, code, reason):
         cmd = cmd.split("#", 1)[0].strip()
         if not cmd.startswith("targetpo "):
             continue
-        argv = shlex.split(cmd)[1:]
+        argv = [os.path.expanduser(a) for a in shlex.split(cmd)[1:]]
         if argv[0] == "rlvr":
             pytest.importorskip("transformers", reason="targetpo rlvr needs the llm extra")
+        if "--help" in argv:
+            with pytest.raises(SystemExit) as exit_:
+                parser.parse_args(argv)
+            assert exit_.value.code == 0, cmd
+            continue
         args, extra = parser.parse_known_args(argv)
+        overrides = list(getattr(args, "overrides", None) or []) + extra
         assert all("=" in e for e in extra), f"README.md:{line}: `{cmd}` has unknown arguments {extra}"
+        if args.command == "run":  # the overrides must be fields of that experiment, with allowed values
+            make_config(load(args.name), args.preset, seeds=args.seeds, overrides=overrides)
