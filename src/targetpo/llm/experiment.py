@@ -76,6 +76,10 @@ class Config(RunConfig):
     updates_per_epoch: int = param(1, "AdamW steps per epoch (whole-group mini-batches)", ge=1)
     micro_batch_size: int = param(0, "rows per forward/backward, a multiple of k (0 = whole mini-batch); gradients "
                                   "accumulate", ge=0)
+    micro_batch_tokens: int = param(0, "instead of micro_batch_size: micro-batches of whole groups of at most this "
+                                    "many padded tokens, padding trimmed (0 = off)", ge=0)
+    gradient_checkpointing: bool = param(False, "recompute decoder-layer activations in backward (less memory, "
+                                         "~1 more forward)")
     lr: float = param(3e-4, "RL AdamW learning rate", gt=0)
     weight_decay: float = param(0.0, "AdamW weight decay", ge=0)
     max_grad_norm: float = param(1.0, "gradient clipping (0 = off)", ge=0)
@@ -107,7 +111,8 @@ PRESETS = {
     "paper": Config(methods=("tpo_sum", "tpo_mean", "grpo"), seeds=1, model="Qwen/Qwen3-1.7B", dtype="bfloat16",
                     task="gsm8k", task_options=(), compact=False, data_path="../shared/data/gsm8k", template="chat",
                     train_size=7473, eval_size=1319, warmstart_steps=0, steps=300, k=16, batch_prompts=16,
-                    micro_batch_size=32, lr=1e-5, max_grad_norm=1.0, kl_coef=1e-3, lora_r=32, lora_alpha=64.0,
+                    micro_batch_tokens=32768, gradient_checkpointing=True, lr=1e-5, max_grad_norm=1.0,
+                    kl_coef=1e-3, lora_r=32, lora_alpha=64.0,
                     max_new_tokens=1024, eval_every=10, eval_batch=64, checkpoint_every=10),
 }
 REPRODUCE_PRESET = "cpu"
@@ -150,7 +155,8 @@ def trainer_config(cfg: Config, method: str, s: int):
     objective, red = method_objective(method)
     return TrainerConfig(objective=objective, seq_logp=red, eta=cfg.eta, k=cfg.k, batch_prompts=cfg.batch_prompts,
                          epochs=cfg.epochs, updates_per_epoch=cfg.updates_per_epoch,
-                         micro_batch_size=cfg.micro_batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                         micro_batch_size=cfg.micro_batch_size, micro_batch_tokens=cfg.micro_batch_tokens,
+                         gradient_checkpointing=cfg.gradient_checkpointing, lr=cfg.lr, weight_decay=cfg.weight_decay,
                          max_grad_norm=cfg.max_grad_norm, kl_coef=cfg.kl_coef, temperature=cfg.temperature,
                          max_new_tokens=cfg.max_new_tokens, eval_every=cfg.eval_every, eval_batch=cfg.eval_batch,
                          checkpoint_every=cfg.checkpoint_every, seed=cfg.seed + s)
