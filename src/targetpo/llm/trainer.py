@@ -316,9 +316,20 @@ class RLVRTrainer:
 
     @torch.no_grad()
     def _logprobs(self, model, ids, mask, comp, cmask) -> Tensor:
-        rows = self.cfg.micro_batch_size or ids.shape[0]
-        return torch.cat([token_logprobs(model, ids[i:i + rows], mask[i:i + rows], comp[i:i + rows],
-                                         cmask[i:i + rows], self.cfg.temperature) for i in range(0, ids.shape[0], rows)])
+        """Rollout-time log-probs [N, C], in the update's micro-batches (same memory bound as the update)."""
+        cfg, n = self.cfg, ids.shape[0]
+        if cfg.micro_batch_tokens:
+            micros = token_micro_batches(mask, cmask, cfg.k, cfg.micro_batch_tokens)
+        else:
+            micros = torch.arange(n, device=ids.device).split(cfg.micro_batch_size or n)
+        out = torch.zeros(comp.shape, dtype=torch.float32, device=ids.device)
+        for rows in micros:
+            rows = rows.to(ids.device)
+            part = Rollout(ids[rows], mask[rows], comp[rows], cmask[rows], out[rows], out[rows, 0], rows, 1).trimmed()
+            lp = token_logprobs(model, part.prompt_ids, part.prompt_mask, part.completion_ids, part.completion_mask,
+                                cfg.temperature)
+            out[rows, :lp.shape[1]] = lp
+        return out
 
     def rollout(self, step: int) -> tuple[Rollout, list[str]]:
         cfg = self.cfg
