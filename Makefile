@@ -9,10 +9,12 @@ MNIST_DIR ?= ../shared/data/mnist
 
 .PHONY: reproduce test install bench clean
 
-$(VENV)/.installed: pyproject.toml
+# constraints.txt pins every package to the versions the tests run with (pyproject.toml keeps the ranges).
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@echo "installing targetpo with every extra into $(VENV) (first time ~3 min)…"
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[all]'
+	$(PY) -m pip install -c constraints.txt --upgrade pip
+	$(PY) -m pip install -c constraints.txt -e '.[all]'
 	touch $@
 
 install: $(VENV)/.installed

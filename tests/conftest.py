@@ -1,3 +1,11 @@
+"""Shared fixtures, the real data sets' locations, and one rule for skips.
+
+A test that needs something the machine may lack says so by skipping with the reason: the real data sets through
+the `mnist_dir` / `gsm8k_dir` fixtures (also marked `data`), the optional libraries through a module-level
+`pytest.importorskip`. With TARGETPO_REQUIRE_ALL=1 (or CI=true) every such skip is a failure instead: CI has the
+data and every extra, and a test that quietly stopped running there would go unnoticed.
+"""
+
 import os
 from pathlib import Path
 
@@ -5,7 +13,64 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("TARGETPO_SHARED_DATA", ROOT.parent / "shared" / "data"))
+SHARED_DATA = ROOT.parent / "shared" / "data"  # a checkout beside a `shared/data` folder finds the data by itself
+
+
+def require_all() -> bool:
+    return os.environ.get("TARGETPO_REQUIRE_ALL") == "1" or os.environ.get("CI", "").lower() == "true"
+
+
+def data_dir(env_var: str, default: Path, needed: tuple[str, ...], what: str) -> Path:
+    """`$env_var` if set, else `default`, provided it holds every file in `needed` (each possibly gzipped);
+    otherwise the test is skipped with how to provide the data."""
+    directory = Path(os.environ[env_var]).expanduser() if os.environ.get(env_var) else default
+    missing = [f for f in needed if not (directory / f).is_file() and not (directory / f"{f}.gz").is_file()]
+    if missing and os.environ.get(env_var):
+        pytest.skip(f"{what} not found: {env_var}={directory} lacks {', '.join(missing)}")
+    if missing:
+        pytest.skip(f"{what} not found: set {env_var}=DIR or put them in {default} (lacks {', '.join(missing)})")
+    return directory
+
+
+@pytest.fixture(scope="session")
+def mnist_dir() -> Path:
+    """The MNIST IDX files (the test split is enough: the experiments split it 8,000 / 2,000)."""
+    return data_dir("TARGETPO_MNIST_DIR", SHARED_DATA / "mnist",
+                    ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"), "MNIST IDX files")
+
+
+@pytest.fixture(scope="session")
+def gsm8k_dir() -> Path:
+    return data_dir("TARGETPO_GSM8K_DIR", SHARED_DATA / "gsm8k", ("train.jsonl", "test.jsonl"), "GSM8K JSONL files")
+
+
+DATA_FIXTURES = {"mnist_dir", "gsm8k_dir"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if DATA_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.data)
+
+
+def _skip_is_failure(report) -> None:
+    if require_all() and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        report.outcome = "failed"
+        report.longrepr = f"TARGETPO_REQUIRE_ALL=1 (or CI=true): every test must run, but this one skipped: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _skip_is_failure(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield  # a module-level importorskip skips at collection
+    _skip_is_failure(outcome.get_result())
 
 
 @pytest.fixture(autouse=True)
@@ -21,4 +86,3 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-

@@ -8,21 +8,17 @@ import sys
 from pathlib import Path
 
 from targetpo.experiments import EXPERIMENTS, load
-from targetpo.runs.config import config_class, field_help
+from targetpo.runs.config import config_class, field_lines
+from targetpo.runs.runner import add_runner_arguments
 
 
 def _experiment_epilog() -> str:
-    lines = ["experiments (config fields can be overridden as key=value):"]
+    lines = ["experiments (config fields can be overridden as key=value; defaults of the cpu preset, [allowed]):"]
     for name in EXPERIMENTS:
         exp = load(name)
-        cls = config_class(exp)
-        helps = field_help(cls)
-        lines.append(f"\n  {name}: {exp.TITLE}  [presets: {', '.join(exp.PRESETS)}; reproduce uses {exp.REPRODUCE_PRESET}]")
-        for f in dataclasses.fields(cls):
-            default = getattr(exp.PRESETS.get("cpu", next(iter(exp.PRESETS.values()))), f.name)
-            if isinstance(default, (tuple, list)):
-                default = ",".join(map(str, default))
-            lines.append(f"      {f'{f.name}={default}':<28} {helps.get(f.name, '')}")
+        lines.append(f"\n  {name}: {exp.TITLE}  [presets: {', '.join(exp.PRESETS)}; "
+                     f"reproduce uses {exp.REPRODUCE_PRESET}]")
+        lines += field_lines(exp.PRESETS.get("cpu", next(iter(exp.PRESETS.values()))), indent="      ")
     return "\n".join(lines)
 
 
@@ -87,14 +83,18 @@ def cmd_reproduce(args) -> int:
     names = args.only or list(EXPERIMENTS)
     out = Path(args.out)
     missing = []
+    # Every config is validated before the first run starts, so a refused one leaves nothing behind.
+    plans = []
     for name in names:
         exp = load(name)
         preset = args.preset or exp.REPRODUCE_PRESET
-        run_dir = out / name
         overrides = _data_overrides(args, exp, strict=False)
+        plans.append((name, exp, preset, overrides, make_config(exp, preset, overrides=overrides)))
+    for name, exp, preset, overrides, cfg in plans:
+        run_dir = out / name
         try:
             if hasattr(exp, "check_data"):
-                exp.check_data(make_config(exp, preset, overrides=overrides))
+                exp.check_data(cfg)
         except MissingDataError as exc:
             missing.append(name)
             cmd = f"targetpo run {name} --preset {preset} --data-dir DIR"
@@ -169,13 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(the paper's exact protocol)")
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (overrides the preset)")
     p.add_argument("--out", default=None, help="run directory (default results/NAME-PRESET)")
-    p.add_argument("--resume", action="store_true", help="continue the run stored in --out: finished units are "
-                   "skipped, a partial unit is replayed without rewriting the lines already on disk")
-    p.add_argument("--force", action="store_true", help="delete an existing run in --out and start over")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the experiment's choice)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument("--no-report", action="store_true", help="do not write REPORT.md into the run directory")
+    add_runner_arguments(p)
     _add_data_flags(p)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. steps=500 "
                    "methods=tpo,grpo (fields listed below)")

@@ -2,7 +2,9 @@
 
 An experiment module defines:
 - ``NAME`` (the CLI name), ``TITLE``, ``PAPER_REF`` (section / figure);
-- ``Config``: a dataclass with every hyperparameter (docstring lines ``field: help`` document each one);
+- ``Config``: a frozen dataclass with every hyperparameter, each declared once with its help and bounds
+  (:func:`targetpo.runs.config.param`; shared fields come from a base such as ``RunConfig`` or ``TokenConfig``);
+- optionally ``RUNTIME``: a note on the reproduce preset's wall time, for the README's experiment table;
 - ``PRESETS``: ``{"smoke": Config(...), "cpu": Config(...), "paper": Config(...)}``;
 - ``REPRODUCE_PRESET``: the preset ``targetpo reproduce`` uses;
 - optionally ``units(cfg) -> list[str]``: resumable pieces of work (default: one per entry of
@@ -21,7 +23,6 @@ from pathlib import Path
 from types import ModuleType
 
 from targetpo.runs import runner
-from targetpo.runs.config import config_class  # noqa: F401  (re-exported for callers of the list)
 
 # CLI name -> module. Imported lazily so `targetpo list` and `--help` stay fast.
 EXPERIMENTS: dict[str, str] = {

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("trl", reason="the TRL recipe needs trl==1.16.0 (pip install 'targetpo[trl]')")
-pytest.importorskip("peft", reason="the TRL recipe trains LoRA adapters with peft")
+pytestmark = [pytest.mark.integration, pytest.mark.llm]
+pytest.importorskip("trl", reason="needs the trl extra: pip install -e '.[trl]'")
+pytest.importorskip("peft", reason="the TRL recipe trains LoRA adapters with peft (the trl extra)")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -17,7 +18,6 @@ from targetpo.integrations.trl import TargetPOConfig, TargetPOTrainer  # noqa: E
 from targetpo.llm.models import save_tiny_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 
 
 def recipe():
@@ -48,13 +48,12 @@ def test_default_configs_are_the_papers_gsm8k_settings_with_vllm_colocate(tmp_pa
         TargetPOConfig(**{**r.config_kwargs("tpo", cpu), "vllm_importance_sampling_correction": True})
 
 
-@pytest.mark.skipif(not (GSM8K / "train.jsonl").is_file(), reason=f"GSM8K JSONL files not found under {GSM8K}")
 @pytest.mark.parametrize("method", ["tpo", "grpo"])
-def test_one_step_of_each_trainer_on_a_tiny_model_with_lora(method, tmp_path):
+def test_one_step_of_each_trainer_on_a_tiny_model_with_lora(method, tmp_path, gsm8k_dir):
     r = recipe()
     model_dir = save_tiny_model(tmp_path / "tiny", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                                 intermediate_size=64, max_positions=2048)
-    args = r.parse_args(["--model", str(model_dir), "--gsm8k-dir", str(GSM8K), "--out", str(tmp_path / "out"),
+    args = r.parse_args(["--model", str(model_dir), "--gsm8k-dir", str(gsm8k_dir), "--out", str(tmp_path / "out"),
                          "--cpu", "--no-vllm", "--max-steps", "1", "--train-size", "4", "--num-generations", "4",
                          "--prompts-per-step", "2", "--per-device-batch", "4", "--max-completion-length", "12",
                          "--lora-rank", "4", "--methods", method])

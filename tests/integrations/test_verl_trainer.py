@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("verl", reason="the verl integration tests need verl==0.9.1 (pip install 'targetpo[verl]')")
+pytestmark = [pytest.mark.integration, pytest.mark.llm]
+pytest.importorskip("verl", reason="needs the verl extra: pip install -e '.[verl]'")
 
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
@@ -185,10 +186,13 @@ def test_eta_environment_transport_is_strict(monkeypatch):
         verl_plugin.tpo_eta_from_env()
     monkeypatch.setenv(verl_plugin.ETA_ENV, "0.5")
     assert verl_plugin.tpo_eta_from_env() == 0.5
-    monkeypatch.setenv("TARGETPO_TPO_ETTA", "0.5")
-    with pytest.raises(ValueError, match="TARGETPO_TPO_ETTA; did you mean TARGETPO_TPO_ETA"):
-        verl_plugin.tpo_eta_from_env()
-    monkeypatch.delenv("TARGETPO_TPO_ETTA")
+    for typo in ("TARGETPO_TPO_ETTA", "TARGETPO_ETA", "TARGETPO_TP0_ETA"):
+        monkeypatch.setenv(typo, "0.5")
+        with pytest.raises(ValueError, match=f"{typo} is not read by targetpo; did you mean TARGETPO_TPO_ETA"):
+            verl_plugin.tpo_eta_from_env()
+        monkeypatch.delenv(typo)
+    monkeypatch.setenv("TARGETPO_GSM8K_DIR", "/data")  # the package's other variables are not typos of it
+    assert verl_plugin.tpo_eta_from_env() == 0.5
     for bad in ("nan", "0", "x"):
         monkeypatch.setenv(verl_plugin.ETA_ENV, bad)
         with pytest.raises(ValueError, match=verl_plugin.ETA_ENV):
@@ -254,15 +258,12 @@ def test_loss_agg_mode_scales_verls_kl_and_entropy_terms_as_documented(agg, monk
 
 
 @pytest.mark.parametrize("task", ["gsm8k", "graph_color", "knights_knaves"])
-def test_prepare_data_writes_verls_parquet_layout(task, tmp_path):
+def test_prepare_data_writes_verls_parquet_layout(task, tmp_path, request):
     from targetpo.integrations.verl_rewards import compute_score
 
-    shared = ROOT.parent / "shared" / "data" / "gsm8k"
     args = [task, "--out", str(tmp_path), "--train", "3", "--test", "2"]
     if task == "gsm8k":
-        if not (shared / "train.jsonl").is_file():
-            pytest.skip(f"GSM8K JSONL files not found under {shared}")
-        args += ["--gsm8k-dir", str(shared)]
+        args += ["--gsm8k-dir", str(request.getfixturevalue("gsm8k_dir"))]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.run([sys.executable, str(RECIPES / "prepare_data.py"), *args],
                           capture_output=True, text=True, env=env, timeout=300)

@@ -42,9 +42,12 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
+from targetpo.objectives import get
 from targetpo.objectives.groups import check_whole_groups, tpo_group_loss
 
 __all__ = ["TargetPOConfig", "TargetPOTrainer", "shuffle_whole_groups", "tpo_group_loss", "IGNORED_GRPO_SETTINGS"]
+
+TPO = get("tpo")  # the registry entry of the objective this adapter trains with
 
 # GRPO settings that only shape GRPO's clipped surrogate or its extras; TPO's loss does not read them, so a
 # non-default value would be silently ignored. Raise instead.
@@ -104,7 +107,10 @@ def validate_tpo_config(args) -> None:
     if args.seq_logp not in ("sum", "mean"):
         raise ValueError(f"seq_logp must be 'sum' or 'mean', got {args.seq_logp!r}")
     k = args.num_generations
-    if args.per_device_train_batch_size % k:
+    if args.num_iterations > 1 and not TPO.multi_epoch_safe:
+        raise ValueError(f"num_iterations={args.num_iterations} re-uses each generation batch, which {TPO.name} is not "
+                         f"sound for (multi_epoch_safe=False); set num_iterations=1")
+    if TPO.needs_groups and args.per_device_train_batch_size % k:
         raise ValueError(
             f"per_device_train_batch_size ({args.per_device_train_batch_size}) must be a multiple of num_generations "
             f"({k}): TPO's loss is a softmax over each prompt's K completions, so every micro-batch must hold whole "

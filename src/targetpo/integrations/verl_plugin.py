@@ -34,8 +34,8 @@ Settings (docs/verl.md §3, §4):
   are closed dataclasses, so TPO's settings have their own top-level section, validated by
   :func:`targetpo.integrations.verl_trainer.tpo_settings`). The loss runs in the Ray workers, which see only
   ``actor_rollout_ref``; ``python -m targetpo.integrations.verl_trainer`` validates ``tpo.eta`` and exports it
-  to every worker as ``TARGETPO_TPO_ETA``. The loss refuses to run without it (no default) and rejects any
-  ``TARGETPO_*`` variable it does not know, so a typo cannot silently train with η = 1.
+  to every worker as ``TARGETPO_TPO_ETA``. The loss refuses to run without it (no default) and rejects a
+  ``TARGETPO_*`` variable that looks like a misspelling of it, so a typo cannot silently train with η = 1.
 - Rollout-correction importance weights (``rollout_is_weights``) are not part of TPO and are rejected.
 """
 
@@ -62,29 +62,32 @@ except Exception as exc:  # verl swallows plugin import errors at DEBUG level: m
                    "registered. targetpo needs verl==0.9.1.", exc)
     raise
 
-__all__ = ["NAME", "ETA_ENV", "KNOWN_ENV", "SEQ_LOGP_BY_LOSS_AGG", "compute_tpo_advantage",
+__all__ = ["NAME", "ETA_ENV", "SEQ_LOGP_BY_LOSS_AGG", "compute_tpo_advantage",
            "compute_policy_loss_tpo", "verify_registration", "tpo_eta_from_env"]
 
 NAME = "tpo"
 ETA_ENV = "TARGETPO_TPO_ETA"
-# Every TARGETPO_* variable the package reads (MNIST's data folder, the test suite's data folder): any other one
-# near the loss is a misspelling.
-KNOWN_ENV = (ETA_ENV, "TARGETPO_MNIST_DIR", "TARGETPO_SHARED_DATA")
 SEQ_LOGP_BY_LOSS_AGG = {"seq-mean-token-sum": "sum", "seq-mean-token-mean": "mean"}
 _TOKEN_CONSTANT_ATOL = 1e-5
+
+
+def _looks_like_eta_env(key: str) -> bool:
+    """A misspelling of ETA_ENV: mentions TPO or ETA, or is within a few edits of it (other TARGETPO_* variables,
+    such as the data folders, are left alone)."""
+    rest = key.removeprefix("TARGETPO_")
+    return "TPO" in rest or "ETA" in rest or difflib.SequenceMatcher(None, key, ETA_ENV).ratio() >= 0.8
 
 
 def tpo_eta_from_env() -> float:
     """η as exported to this process by ``python -m targetpo.integrations.verl_trainer`` (from ``tpo.eta``).
 
-    Missing, non-numeric, non-finite or non-positive values are errors, and so is any other ``TARGETPO_*``
-    variable that targetpo does not read (a misspelling would otherwise be ignored).
+    Missing, non-numeric, non-finite or non-positive values are errors, and so is a ``TARGETPO_*`` variable
+    that looks like a misspelling of it (it would otherwise be ignored).
     """
-    strays = sorted(key for key in os.environ if key.startswith("TARGETPO_") and key not in KNOWN_ENV)
-    if strays:
-        near = difflib.get_close_matches(strays[0], KNOWN_ENV, n=1, cutoff=0.0)[0]
-        raise ValueError(f"unknown environment variable {strays[0]}; did you mean {near}? targetpo reads only "
-                         f"{', '.join(KNOWN_ENV)}")
+    for key in sorted(os.environ):
+        if key.startswith("TARGETPO_") and key != ETA_ENV and _looks_like_eta_env(key):
+            raise ValueError(f"environment variable {key} is not read by targetpo; did you mean {ETA_ENV}? "
+                             f"(set η as tpo.eta in the verl config)")
     raw = os.environ.get(ETA_ENV)
     if raw is None:
         raise ValueError(f"TPO's temperature η is not set in this process: set tpo.eta in the verl config and launch "

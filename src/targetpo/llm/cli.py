@@ -42,16 +42,11 @@ def rlvr_overrides(args) -> list[str]:
 
 def add_rlvr_parser(subparsers) -> argparse.ArgumentParser:
     from targetpo.llm import experiment as rlvr
-    from targetpo.runs.config import field_help
+    from targetpo.runs.runner import add_runner_arguments
+    from targetpo.runs.config import field_lines
 
-    lines = ["config fields (key=value; defaults of the cpu preset):"]
-    helps = field_help(rlvr.Config)
-    cpu = rlvr.PRESETS["cpu"]
-    for name in rlvr.Config.__dataclass_fields__:
-        default = getattr(cpu, name)
-        if isinstance(default, tuple):
-            default = ",".join(map(str, default))
-        lines.append(f"  {f'{name}={default}':<34} {helps.get(name, '')}")
+    lines = ["config fields (key=value; defaults of the cpu preset, [allowed]):",
+             *field_lines(rlvr.PRESETS["cpu"], width=34)]
     epilog = "\n".join([
         "examples:",
         "  targetpo rlvr --preset cpu                      # TPO (sum, mean) vs GRPO on a tiny model, ~10 min on 2 cores",
@@ -81,12 +76,6 @@ def add_rlvr_parser(subparsers) -> argparse.ArgumentParser:
                    help="TPO's sequence log-score: sum of token log-probs (the paper), mean (length-normalised) "
                         "or both (two TPO runs); default sum")
     p.add_argument("--out", default=None, help="run directory (default results/rlvr-PRESET)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out: finished methods are kept, "
-                   "a partial one continues from its last checkpoint")
-    p.add_argument("--force", action="store_true", help="delete an existing run in --out and start over")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument("--no-report", action="store_true", help="do not write REPORT.md")
+    add_runner_arguments(p, unit="methods (a partial one continues from its last checkpoint)", threads_default="1")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (fields below)")
     return p

@@ -17,7 +17,6 @@ preset holds the App. G settings for a real model on a GPU (not run here).
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ import numpy as np
 from targetpo import paper
 from targetpo.runs import plots
 from targetpo.runs.stats import fmt
-from targetpo.runs.config import check_config
+from targetpo.runs.config import RunConfig, config, default, param
 
 NAME = "rlvr"
 TITLE = "LLM RLVR: TPO vs GRPO on verifiable rewards (paper §3.8)"
@@ -36,95 +35,67 @@ BASE_OBJECTIVES = ("tpo", "tpo_no_anchor", "grpo", "dr_grpo", "dapo", "gspo", "s
 METHODS = tuple(f"{o}_{r}" for o in ("tpo", "tpo_no_anchor") for r in ("sum", "mean")) + BASE_OBJECTIVES[2:]
 
 
-@dataclass(frozen=True)
-class Config:
-    """methods: compared methods: tpo_sum, tpo_mean (TPO with the sum / mean sequence log-score), tpo_no_anchor_sum, tpo_no_anchor_mean, grpo, dr_grpo, dapo, gspo, sapo, cispo
-    seeds: paired seeds; seed s samples with seed + s for every method (all start from the one warm start)
-    seed: base seed (warm start, prompt draws, sampling)
-    model: "tiny" (a random character-level Qwen2 built offline from the tiny_* fields) or a Hugging Face model directory/name
-    tiny_hidden: tiny model hidden size
-    tiny_layers: tiny model decoder layers
-    tiny_heads: tiny model attention heads
-    tiny_kv_heads: tiny model key/value heads
-    tiny_intermediate: tiny model MLP width
-    dtype: model weights dtype: float32 or bfloat16 (losses are computed in float32)
-    task: gsm8k or a reasoning-gym dataset name (basic_arithmetic, chain_sum, graph_color, knights_knaves, ...)
-    task_options: reasoning-gym dataset options as key=value, e.g. min_terms=2,max_digits=2
-    compact: arithmetic tasks only: prompt with the bare expression "12 + 7 =" instead of the sentence
-    data_path: gsm8k only: directory holding train.jsonl and test.jsonl
-    template: plain (question, then the bare answer; tiny models) or chat (chat template + reasoning-gym system prompt, answer in <answer> tags)
-    train_size: training prompt pool size
-    eval_size: held-out problems (greedy decoding; never in the training pool)
-    warmstart_steps: supervised steps on the gold answers before RL (0 = start RL from the model as given)
-    warmstart_batch: warm-start batch size
-    warmstart_lr: warm-start AdamW learning rate
-    steps: RL steps per method (one rollout batch each)
-    k: completions per prompt (K)
-    batch_prompts: prompts per step (B)
-    epochs: μ, epochs over each rollout batch
-    updates_per_epoch: AdamW steps per epoch (whole-group mini-batches)
-    micro_batch_size: rows per forward/backward, a multiple of k (0 = whole mini-batch); gradients accumulate
-    lr: RL AdamW learning rate
-    weight_decay: AdamW weight decay
-    max_grad_norm: gradient clipping (0 = off)
-    kl_coef: β of the k3 KL to the frozen starting model (0 = off)
-    lora_r: LoRA rank (0 = full fine-tuning)
-    lora_alpha: LoRA alpha (0 = 2·rank)
-    eta: TPO target temperature η
-    temperature: sampling temperature
-    max_new_tokens: completion length limit
-    eval_every: held-out evaluation every N RL steps (and before and after training)
-    eval_batch: prompts per held-out generation batch
-    checkpoint_every: save a resumable trainer checkpoint every N steps (0 = never; a killed unit then restarts)"""
+@config
+class Config(RunConfig):
+    methods = default(("tpo_sum", "tpo_mean", "grpo"), choices=METHODS,
+                      help="compared methods: tpo_sum, tpo_mean (TPO with the sum / mean sequence log-score), "
+                      "tpo_no_anchor_sum, tpo_no_anchor_mean, grpo, dr_grpo, dapo, gspo, sapo, cispo")
+    seeds = default(3, help="paired seeds; seed s samples with seed + s for every method (all start from the one "
+                    "warm start)")
+    seed = default(0, help="base seed (warm start, prompt draws, sampling)")
+    model: str = param("tiny", "\"tiny\" (a random character-level Qwen2 built offline from the tiny_* fields) or a "
+                       "Hugging Face model directory/name")
+    tiny_hidden: int = param(64, "tiny model hidden size", ge=1)
+    tiny_layers: int = param(2, "tiny model decoder layers", ge=1)
+    tiny_heads: int = param(4, "tiny model attention heads", ge=1)
+    tiny_kv_heads: int = param(2, "tiny model key/value heads", ge=1)
+    tiny_intermediate: int = param(128, "tiny model MLP width", ge=1)
+    dtype: str = param("float32", "model weights dtype (losses are computed in float32)",
+                       choices=("float32", "bfloat16"))
+    task: str = param("basic_arithmetic", "gsm8k or a reasoning-gym dataset name (basic_arithmetic, chain_sum, "
+                      "graph_color, knights_knaves, ...)")
+    task_options: tuple[str, ...] = param(
+        ("operators=+", "min_terms=2", "max_terms=2", "min_digits=2", "max_digits=2", "allow_parentheses=false",
+         "allow_negation=false"), "reasoning-gym dataset options as key=value, e.g. min_terms=2,max_digits=2",
+        nonempty=False)
+    compact: bool = param(True, "arithmetic tasks only: prompt with the bare expression \"12 + 7 =\" instead of "
+                          "the sentence")
+    data_path: str = param("", "gsm8k only: directory holding train.jsonl and test.jsonl")
+    template: str = param("plain", "plain (question, then the bare answer; tiny models) or chat (chat template + "
+                          "reasoning-gym system prompt, answer in <answer> tags)", choices=("plain", "chat"))
+    train_size: int = param(6000, "training prompt pool size", ge=1)
+    eval_size: int = param(200, "held-out problems (greedy decoding; never in the training pool)", ge=1)
+    warmstart_steps: int = param(1000, "supervised steps on the gold answers before RL (0 = start RL from the "
+                                 "model as given)", ge=0)
+    warmstart_batch: int = param(64, "warm-start batch size", ge=1)
+    warmstart_lr: float = param(3e-3, "warm-start AdamW learning rate", gt=0)
+    steps: int = param(200, "RL steps per method (one rollout batch each)", ge=1)
+    k: int = param(8, "completions per prompt (K)", ge=2)
+    batch_prompts: int = param(16, "prompts per step (B)", ge=1)
+    epochs: int = param(1, "μ, epochs over each rollout batch", ge=1)
+    updates_per_epoch: int = param(1, "AdamW steps per epoch (whole-group mini-batches)", ge=1)
+    micro_batch_size: int = param(0, "rows per forward/backward, a multiple of k (0 = whole mini-batch); gradients "
+                                  "accumulate", ge=0)
+    micro_batch_tokens: int = param(0, "instead of micro_batch_size: micro-batches of whole groups of at most this "
+                                    "many padded tokens, padding trimmed (0 = off)", ge=0)
+    gradient_checkpointing: bool = param(False, "recompute decoder-layer activations in backward (less memory, "
+                                         "~1 more forward)")
+    lr: float = param(3e-4, "RL AdamW learning rate", gt=0)
+    weight_decay: float = param(0.0, "AdamW weight decay", ge=0)
+    max_grad_norm: float = param(1.0, "gradient clipping (0 = off)", ge=0)
+    kl_coef: float = param(0.0, "β of the k3 KL to the frozen starting model (0 = off)", ge=0)
+    lora_r: int = param(0, "LoRA rank (0 = full fine-tuning)", ge=0)
+    lora_alpha: float = param(0.0, "LoRA alpha (0 = 2·rank)", ge=0)
+    eta: float = param(1.0, "TPO target temperature η", gt=0)
+    temperature: float = param(1.0, "sampling temperature", gt=0)
+    max_new_tokens: int = param(5, "completion length limit", ge=1)
+    eval_every: int = param(10, "held-out evaluation every N RL steps (and before and after training; 0 = only "
+                            "then)", ge=0)
+    eval_batch: int = param(200, "prompts per held-out generation batch", ge=1)
+    checkpoint_every: int = param(25, "save a resumable trainer checkpoint every N steps (0 = never; a killed unit "
+                                  "then restarts)", ge=0)
 
-    methods: tuple[str, ...] = ("tpo_sum", "tpo_mean", "grpo")
-    seeds: int = 3
-    seed: int = 0
-    model: str = "tiny"
-    tiny_hidden: int = 64
-    tiny_layers: int = 2
-    tiny_heads: int = 4
-    tiny_kv_heads: int = 2
-    tiny_intermediate: int = 128
-    dtype: str = "float32"
-    task: str = "basic_arithmetic"
-    task_options: tuple[str, ...] = ("operators=+", "min_terms=2", "max_terms=2", "min_digits=2", "max_digits=2",
-                                     "allow_parentheses=false", "allow_negation=false")
-    compact: bool = True
-    data_path: str = ""
-    template: str = "plain"
-    train_size: int = 6000
-    eval_size: int = 200
-    warmstart_steps: int = 1000
-    warmstart_batch: int = 64
-    warmstart_lr: float = 3e-3
-    steps: int = 200
-    k: int = 8
-    batch_prompts: int = 16
-    epochs: int = 1
-    updates_per_epoch: int = 1
-    micro_batch_size: int = 0
-    lr: float = 3e-4
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    kl_coef: float = 0.0
-    lora_r: int = 0
-    lora_alpha: float = 0.0
-    eta: float = 1.0
-    temperature: float = 1.0
-    max_new_tokens: int = 5
-    eval_every: int = 10
-    eval_batch: int = 200
-    checkpoint_every: int = 25
-
-    def validate(self) -> None:
-        check_config(self, METHODS, ("seeds", "steps", "k", "batch_prompts", "train_size", "eval_size"))
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
-        if self.template not in ("plain", "chat"):
-            raise ValueError(f"template must be plain or chat, got {self.template!r}")
-        if self.warmstart_steps < 0 or self.lora_r < 0:
-            raise ValueError(f"warmstart_steps and lora_r must be >= 0; got {self.warmstart_steps}, {self.lora_r}")
+    def check(self) -> None:
         for m in self.methods:
             trainer_config(self, m, 0).validate()
 
@@ -140,10 +111,12 @@ PRESETS = {
     "paper": Config(methods=("tpo_sum", "tpo_mean", "grpo"), seeds=1, model="Qwen/Qwen3-1.7B", dtype="bfloat16",
                     task="gsm8k", task_options=(), compact=False, data_path="../shared/data/gsm8k", template="chat",
                     train_size=7473, eval_size=1319, warmstart_steps=0, steps=300, k=16, batch_prompts=16,
-                    micro_batch_size=32, lr=1e-5, max_grad_norm=1.0, kl_coef=1e-3, lora_r=32, lora_alpha=64.0,
+                    micro_batch_tokens=32768, gradient_checkpointing=True, lr=1e-5, max_grad_norm=1.0,
+                    kl_coef=1e-3, lora_r=32, lora_alpha=64.0,
                     max_new_tokens=1024, eval_every=10, eval_batch=64, checkpoint_every=10),
 }
 REPRODUCE_PRESET = "cpu"
+RUNTIME = "tiny offline Qwen2 on two-digit addition: warm start, then TPO sum / TPO mean / GRPO, ~6 min"
 
 
 # ----------------------------------------------------------------------------- units
@@ -182,7 +155,8 @@ def trainer_config(cfg: Config, method: str, s: int):
     objective, red = method_objective(method)
     return TrainerConfig(objective=objective, seq_logp=red, eta=cfg.eta, k=cfg.k, batch_prompts=cfg.batch_prompts,
                          epochs=cfg.epochs, updates_per_epoch=cfg.updates_per_epoch,
-                         micro_batch_size=cfg.micro_batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                         micro_batch_size=cfg.micro_batch_size, micro_batch_tokens=cfg.micro_batch_tokens,
+                         gradient_checkpointing=cfg.gradient_checkpointing, lr=cfg.lr, weight_decay=cfg.weight_decay,
                          max_grad_norm=cfg.max_grad_norm, kl_coef=cfg.kl_coef, temperature=cfg.temperature,
                          max_new_tokens=cfg.max_new_tokens, eval_every=cfg.eval_every, eval_batch=cfg.eval_batch,
                          checkpoint_every=cfg.checkpoint_every, seed=cfg.seed + s)

@@ -3,7 +3,7 @@ one forward pass, and the masks that say which tokens belong to each completion.
 
 Layout. A batch of B prompts gives N = B·K rows; row ``g·K + i`` is candidate i of group (prompt) g, so a
 ``[N, T]`` tensor reshapes to ``[B, K, T]`` without copying. ``group_ids[n] = n // K`` travels with the rows and
-is checked wherever rows are split (see :func:`check_whole_groups`).
+is checked wherever rows are split (:func:`targetpo.objectives.groups.check_whole_groups`, re-exported here).
 
 Log-probs. The rollout's "old" log-probs come from :func:`token_logprobs` (a no-grad forward after generation),
 the same function the update differentiates, so in the first epoch the ratio π_θ/π_old is exactly 1 and TPO's
@@ -23,6 +23,10 @@ from targetpo.llm.logprobs import (
     chunked_model_token_logprobs,
     full_logits_token_logprobs,
 )
+from targetpo.objectives.groups import check_whole_groups
+
+__all__ = ["Rollout", "check_whole_groups", "group_micro_batches", "token_micro_batches", "group_rows", "encode_prompts", "completion_mask",
+           "position_ids", "token_logprobs", "sample", "decode_completions"]
 
 
 @dataclass
@@ -43,6 +47,21 @@ class Rollout:
     def num_groups(self) -> int:
         return self.rewards.shape[0] // self.k
 
+    def trimmed(self) -> "Rollout":
+        """The same rows without the padding columns no row uses (left of the longest prompt, right of the longest
+        completion), so a micro-batch of short sequences costs what it holds. Exact: padding is masked out of
+        attention and positions, and causal attention never looks right."""
+        keep_p = self.prompt_mask.any(0).nonzero()
+        keep_c = self.completion_mask.any(0).nonzero()
+        p0 = int(keep_p[0]) if keep_p.numel() else self.prompt_mask.shape[1] - 1
+        c1 = int(keep_c[-1]) + 1 if keep_c.numel() else 1
+        kw = {f.name: getattr(self, f.name) for f in fields(self)}
+        kw["prompt_ids"], kw["prompt_mask"] = self.prompt_ids[:, p0:], self.prompt_mask[:, p0:]
+        for name in ("completion_ids", "completion_mask", "old_logp", "ref_logp"):
+            if kw[name] is not None:
+                kw[name] = kw[name][:, :c1]
+        return Rollout(**kw)
+
     def rows(self, index: Tensor) -> "Rollout":
         """The rows `index` (a 1-D long tensor) as a new Rollout; the caller keeps groups whole."""
         kw = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -50,24 +69,6 @@ class Rollout:
             if isinstance(v, Tensor):
                 kw[name] = v[index]
         return Rollout(**kw)
-
-
-def check_whole_groups(group_ids: Tensor, k: int) -> None:
-    """Raise ValueError unless the rows form whole groups: K consecutive rows with one group id each, and no
-    group id appearing in two blocks. Group objectives are wrong on a split group (the group softmax and the
-    z-scores would be taken over part of it), so a trainer calls this on every micro-batch."""
-    n = group_ids.numel()
-    if k < 2:
-        raise ValueError(f"K (completions per prompt) must be >= 2, got {k}")
-    if n % k:
-        raise ValueError(f"a micro-batch of {n} rows cannot hold whole groups of K={k}; its size must be a "
-                         f"multiple of K")
-    blocks = group_ids.reshape(-1, k)
-    if not (blocks == blocks[:, :1]).all():
-        raise ValueError(f"rows of different groups are mixed within a block of K={k} rows: group ids "
-                         f"{blocks.tolist()} (each block of K consecutive rows must be one whole group)")
-    if blocks[:, 0].unique().numel() != blocks.shape[0]:
-        raise ValueError(f"a group's rows are split across blocks: group ids {blocks[:, 0].tolist()}")
 
 
 def group_micro_batches(num_groups: int, k: int, micro_batch_size: int, order: Tensor | None = None) -> list[Tensor]:
@@ -80,7 +81,39 @@ def group_micro_batches(num_groups: int, k: int, micro_batch_size: int, order: T
         raise ValueError(f"micro_batch_size={micro_batch_size} would split groups of K={k} completions; it must "
                          f"be a positive multiple of K")
     order = torch.arange(num_groups) if order is None else order
-    return list(group_rows(order, k).split(micro_batch_size // k * k))
+    micro = list(group_rows(order, k).split(micro_batch_size // k * k))
+    for rows in micro:
+        check_whole_groups(rows // k, k)
+    return micro
+
+
+def token_micro_batches(prompt_mask: Tensor, completion_mask: Tensor, k: int, max_tokens: int,
+                        order: Tensor | None = None) -> list[Tensor]:
+    """Row indices of micro-batches of whole groups, taken in `order`, each as large as fits in `max_tokens`
+    padded tokens (rows × (longest prompt + longest completion) of the micro-batch, what a forward pass costs once
+    the micro-batch is :meth:`Rollout.trimmed`). A group larger than the budget alone gets a micro-batch of its
+    own. Long completions so get small micro-batches and short ones large, at a bounded activation memory."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens={max_tokens}: must be >= 1")
+    n = prompt_mask.shape[0]
+    if n % k:
+        raise ValueError(f"{n} rows cannot hold whole groups of K={k}")
+    p_len = prompt_mask.sum(1).reshape(-1, k).amax(1).tolist()
+    c_len = completion_mask.sum(1).reshape(-1, k).amax(1).tolist()
+    order = torch.arange(n // k) if order is None else order
+    out, current, p_max, c_max = [], [], 0, 0
+    for g in order.tolist():
+        p_new, c_new = max(p_max, p_len[g]), max(c_max, c_len[g])
+        if current and (len(current) + 1) * k * (p_new + c_new) > max_tokens:
+            out.append(current)
+            current, p_new, c_new = [], p_len[g], c_len[g]
+        current.append(g)
+        p_max, c_max = p_new, c_new
+    out.append(current)
+    batches = [group_rows(torch.tensor(gs), k) for gs in out]
+    for rows in batches:
+        check_whole_groups(rows // k, k)
+    return batches
 
 
 def group_rows(groups: Tensor, k: int) -> Tensor:

@@ -27,6 +27,7 @@ per step, so a run resumed from a checkpoint reproduces the uninterrupted run ex
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import os
 import random
@@ -41,28 +42,25 @@ import torch
 from torch import Tensor
 
 from targetpo import objectives as obj
+from targetpo.objectives.groups import check_whole_groups
 from targetpo.objectives.scores import zero_variance_groups
 from targetpo.llm.rollout import (
     Rollout,
-    check_whole_groups,
     decode_completions,
     group_micro_batches,
     group_rows,
     sample,
     token_logprobs,
+    token_micro_batches,
 )
 
-# Objectives the trainer can call on per-token [G, K, T] inputs, and how each aggregates over a batch:
-# "rows" = a mean over sequences/groups, "tokens" = a mean over all valid tokens of the batch (DAPO-style).
-OBJECTIVES: dict[str, str] = {
-    "tpo": "rows", "tpo_no_anchor": "rows", "grpo": "rows", "dr_grpo": "rows", "gspo": "rows",
-    "dapo": "tokens", "sapo": "tokens", "cispo": "tokens",
-}
+# Objectives the trainer can call: the registry's group objectives with a per-token [G, K, T] form.
+OBJECTIVES = tuple(n for n in obj.available() if obj.get(n).needs_groups and obj.get(n).per_token_fn is not None)
 
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    """objective: tpo, tpo_no_anchor, grpo, dr_grpo, dapo, gspo, sapo or cispo (targetpo.objectives)
+    """objective: a group objective of targetpo.objectives with a per-token form (OBJECTIVES: tpo, tpo_no_anchor, grpo, dr_grpo, dapo, gspo, sapo, cispo, ...)
     seq_logp: TPO's sequence log-score: "sum" of token log-probs (the paper) or "mean" (length-normalised)
     eta: TPO's target temperature η
     objective_options: extra keyword arguments of the objective, e.g. {"clip_eps": 0.2}
@@ -71,6 +69,10 @@ class TrainerConfig:
     epochs: μ, passes over each rollout batch (targets and old log-probs stay frozen)
     updates_per_epoch: optimizer steps per epoch (whole-group mini-batches; must divide B)
     micro_batch_size: rows per forward/backward (a multiple of K; 0 = a whole mini-batch); gradients accumulate
+    micro_batch_tokens: instead of a fixed row count, micro-batches of whole groups holding at most this many
+      padded tokens (rows × (prompt + completion) length, padding trimmed per micro-batch); 0 = off
+    gradient_checkpointing: recompute each decoder layer's activations in backward instead of keeping them
+      (transformers' gradient checkpointing; dropout stays off)
     lr: AdamW learning rate
     weight_decay: AdamW weight decay
     adam_betas: AdamW (β1, β2)
@@ -92,6 +94,8 @@ class TrainerConfig:
     epochs: int = 1
     updates_per_epoch: int = 1
     micro_batch_size: int = 0
+    micro_batch_tokens: int = 0
+    gradient_checkpointing: bool = False
     lr: float = 1e-5
     weight_decay: float = 0.0
     adam_betas: tuple[float, float] = (0.9, 0.999)
@@ -107,6 +111,9 @@ class TrainerConfig:
     def validate(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(OBJECTIVES)}, got {self.objective!r}")
+        if self.epochs > 1 and not obj.get(self.objective).multi_epoch_safe:
+            raise ValueError(f"epochs={self.epochs}: {self.objective} is not sound on a re-used batch "
+                             f"(targetpo.objectives registry: multi_epoch_safe=False); use epochs=1")
         if self.seq_logp not in ("sum", "mean"):
             raise ValueError(f"seq_logp must be 'sum' or 'mean', got {self.seq_logp!r}")
         if self.k < 2:
@@ -121,6 +128,11 @@ class TrainerConfig:
         if self.micro_batch_size and (self.micro_batch_size % self.k or mini_rows % self.micro_batch_size):
             raise ValueError(f"micro_batch_size={self.micro_batch_size} must be a multiple of k={self.k} (whole "
                              f"groups) that divides the mini-batch of {mini_rows} rows")
+        if self.micro_batch_tokens < 0:
+            raise ValueError(f"micro_batch_tokens={self.micro_batch_tokens}: must be >= 0 (0 = off)")
+        if self.micro_batch_tokens and self.micro_batch_size:
+            raise ValueError(f"micro_batch_size={self.micro_batch_size} and micro_batch_tokens="
+                             f"{self.micro_batch_tokens}: set one of them (the other to 0)")
         if not (self.lr > 0 and self.temperature > 0 and self.eta > 0):
             raise ValueError(f"lr, temperature and eta must be > 0; got {self.lr}, {self.temperature}, {self.eta}")
         if self.kl_coef < 0 or self.max_grad_norm < 0:
@@ -140,22 +152,24 @@ def policy_loss(cfg: TrainerConfig, logp: Tensor, old_logp: Tensor, rewards: Ten
     g = rewards.shape[0] // k
     lp, old, tm = (x.reshape(g, k, -1) for x in (logp, old_logp, token_mask))
     r = rewards.reshape(g, k)
-    opts = dict(cfg.objective_options)
-    if cfg.objective in ("tpo", "tpo_no_anchor"):
-        return obj.tpo_sequence_loss(lp, old, r, token_mask=tm, seq_logp=cfg.seq_logp, eta=cfg.eta,
-                                     anchor=cfg.objective == "tpo", **opts)
-    if cfg.objective in ("grpo", "dr_grpo"):
-        opts.setdefault("beta", 0.0)  # the trainer's KL term replaces GRPO's own (same for every objective)
-    if cfg.objective == "dr_grpo":
-        opts.setdefault("norm_len", float(cfg.max_new_tokens))  # Dr. GRPO's constant: the generation budget
-    return obj.get(cfg.objective).fn(lp, old, r, token_mask=tm, **opts)
+    fn = obj.get(cfg.objective).per_token_fn
+    return fn(lp, old, r, token_mask=tm, **objective_options(cfg, fn))
+
+
+def objective_options(cfg: TrainerConfig, fn) -> dict:
+    """Keyword arguments for the objective's per-token form `fn`: the trainer's settings that `fn` takes (TPO's η
+    and sequence log-score; β = 0, as the trainer's KL term replaces an objective's own so it is the same for
+    every objective; Dr. GRPO's constant length = the generation budget), then `objective_options` on top."""
+    params = inspect.signature(fn).parameters
+    run = {"eta": cfg.eta, "seq_logp": cfg.seq_logp, "beta": 0.0, "norm_len": float(cfg.max_new_tokens)}
+    return {k: v for k, v in run.items() if k in params} | dict(cfg.objective_options)
 
 
 def micro_weight(cfg: TrainerConfig, micro: Rollout, mini_rows: int, mini_tokens: int) -> float:
     """Factor that makes Σ_micro weight·loss(micro) equal loss(mini-batch), so gradient accumulation is exact:
     the share of the mini-batch's sequences (objectives that average over sequences/groups) or of its valid
     tokens (token-mean objectives) held by this micro-batch."""
-    if OBJECTIVES[cfg.objective] == "tokens":
+    if obj.get(cfg.objective).token_mean:
         return float(micro.completion_mask.sum()) / mini_tokens
     return micro.rewards.shape[0] / mini_rows
 
@@ -173,6 +187,7 @@ def micro_batch_loss(model, cfg: TrainerConfig, micro: Rollout, mini_rows: int |
     w·objective + β·w_rows·KL (weights from :func:`micro_weight`; 1 when the micro-batch is the whole
     mini-batch), and the objective's output."""
     check_whole_groups(micro.group_ids, micro.k)
+    micro = micro.trimmed()
     rows = micro.rewards.shape[0]
     mini_rows = rows if mini_rows is None else mini_rows
     mini_tokens = int(micro.completion_mask.sum()) if mini_tokens is None else mini_tokens
@@ -198,6 +213,37 @@ def add_lora(model, r: int, alpha: float | None = None, dropout: float = 0.0, ta
     config = LoraConfig(r=r, lora_alpha=alpha if alpha is not None else 2 * r, lora_dropout=dropout,
                         target_modules=target_modules, task_type="CAUSAL_LM")
     return get_peft_model(model, config)
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """transformers' non-reentrant gradient checkpointing on every decoder layer (the model's own switch)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ValueError(f"{type(base).__name__} does not support gradient checkpointing")
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+@contextmanager
+def _checkpointing(model, on: bool):
+    """transformers checkpoints a layer only while that layer is in training mode; the trainer keeps the model
+    in eval mode (no dropout: the update's log-probs must be the rollout's), so switch on the layers' own flag
+    alone, never their submodules'."""
+    if not on:
+        yield
+        return
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise ValueError(f"gradient_checkpointing=True but {type(model).__name__} has no checkpointable layers")
+    before = [m.training for m in layers]
+    try:
+        for m in layers:
+            m.training = True
+        yield
+    finally:
+        for m, b in zip(layers, before):
+            m.training = b
 
 
 @contextmanager
@@ -246,6 +292,8 @@ class RLVRTrainer:
         self.model, self.tokenizer, self.task, self.template, self.cfg = model, tokenizer, task, template, cfg
         self.train_problems, self.heldout = train_problems, heldout
         model.eval()  # dropout off: the update's log-probs must be those the rollout scored
+        if cfg.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
         self.ref_model = None
         if cfg.kl_coef > 0 and not hasattr(model, "disable_adapter"):
             self.ref_model = copy.deepcopy(model).requires_grad_(False)
@@ -268,9 +316,20 @@ class RLVRTrainer:
 
     @torch.no_grad()
     def _logprobs(self, model, ids, mask, comp, cmask) -> Tensor:
-        rows = self.cfg.micro_batch_size or ids.shape[0]
-        return torch.cat([token_logprobs(model, ids[i:i + rows], mask[i:i + rows], comp[i:i + rows],
-                                         cmask[i:i + rows], self.cfg.temperature) for i in range(0, ids.shape[0], rows)])
+        """Rollout-time log-probs [N, C], in the update's micro-batches (same memory bound as the update)."""
+        cfg, n = self.cfg, ids.shape[0]
+        if cfg.micro_batch_tokens:
+            micros = token_micro_batches(mask, cmask, cfg.k, cfg.micro_batch_tokens)
+        else:
+            micros = torch.arange(n, device=ids.device).split(cfg.micro_batch_size or n)
+        out = torch.zeros(comp.shape, dtype=torch.float32, device=ids.device)
+        for rows in micros:
+            rows = rows.to(ids.device)
+            part = Rollout(ids[rows], mask[rows], comp[rows], cmask[rows], out[rows], out[rows, 0], rows, 1).trimmed()
+            lp = token_logprobs(model, part.prompt_ids, part.prompt_mask, part.completion_ids, part.completion_mask,
+                                cfg.temperature)
+            out[rows, :lp.shape[1]] = lp
+        return out
 
     def rollout(self, step: int) -> tuple[Rollout, list[str]]:
         cfg = self.cfg
@@ -305,9 +364,15 @@ class RLVRTrainer:
                 mini_rows, mini_tokens = mini.rewards.shape[0], int(mini.completion_mask.sum())
                 self.optimizer.zero_grad(set_to_none=True)
                 total = 0.0
-                for rows in group_micro_batches(per_mini, cfg.k, micro_rows):
+                if cfg.micro_batch_tokens:
+                    micros = token_micro_batches(mini.prompt_mask, mini.completion_mask, cfg.k,
+                                                 cfg.micro_batch_tokens)
+                else:
+                    micros = group_micro_batches(per_mini, cfg.k, micro_rows)
+                for rows in micros:
                     micro = mini.rows(rows.to(self.device))
-                    loss, out = micro_batch_loss(self.model, cfg, micro, mini_rows, mini_tokens)
+                    with _checkpointing(self.model, cfg.gradient_checkpointing):
+                        loss, out = micro_batch_loss(self.model, cfg, micro, mini_rows, mini_tokens)
                     loss.backward()
                     total += float(loss.detach())
                     w = micro_weight(cfg, micro, mini_rows, mini_tokens)

@@ -5,7 +5,7 @@ holds the pieces every MNIST experiment shares:
 
 - random streams: per-seed minibatch indices (uniform with replacement) and action noise, shared by every
   method and delay of a seed (common random numbers, as in the authors' code);
-- `bandit_loss`: each method's loss on a batch, composed from :mod:`targetpo.objectives` only;
+- `bandit_loss`: each method's loss on a batch, the registry objective it names (:func:`objective`);
 - App. C closed forms: each method's expected logit-space update g(π, y), its one-vs-rest ("scalar")
   approximation, and the wrong-class concentration used by the mechanism analysis (Fig. 4b).
 
@@ -21,17 +21,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from targetpo.objectives import (
-    batch_standardized_pg_loss,
-    ce_loss,
-    dg_loss,
-    expected_baseline,
-    importance_weighted_pg_loss,
-    ppo_loss,
-    reinforce_loss,
-    standardize_scores,
-    tpo_loss,
-)
+from targetpo import objectives as obj
+from targetpo.objectives import expected_baseline, reinforce_loss, standardize_scores
 
 NUM_CLASSES = 10
 STREAM_INIT, STREAM_DATA = 0, 1
@@ -85,6 +76,16 @@ def sample_actions(probs: Tensor, noise: Tensor) -> Tensor:
 
 ON_POLICY = ("ce", "pg", "dg", "tpo", "grpo", "group_pg")
 OFF_POLICY = ("reinforce", "pg_is", "ppo", "dg", "tpo")
+# MNIST method -> registry objective where the names differ: "pg" is Fig. 4a's REINFORCE and "grpo" the
+# single-sample, batch-standardized GRPO of §E3. Every other method is a registry name.
+OBJECTIVE_OF = {"pg": "reinforce", "grpo": "grpo_single"}
+
+
+def objective(method: str) -> obj.Objective:
+    """The registry objective behind an MNIST method (ValueError for a name MNIST does not run)."""
+    if method not in ON_POLICY + OFF_POLICY:
+        raise ValueError(f"unknown MNIST bandit method {method!r}; known: {sorted(set(ON_POLICY + OFF_POLICY))}")
+    return obj.resolve(method, OBJECTIVE_OF)
 
 
 def one_hot_scores(advantages: Tensor, actions: Tensor, num_classes: int = NUM_CLASSES) -> Tensor:
@@ -121,6 +122,7 @@ def bandit_loss(
     - pg_is: REINFORCE with the unclipped ratio π_θ(a)/π_b(a) (`importance_weighted_pg_loss`).
     - ppo: one clipped-surrogate step against the behaviour snapshot, ε = clip_eps (`ppo_loss`).
     """
+    o = objective(method)
     s, b, c = logits.shape
     logp_all = log_softmax(logits)
     logp_a = logp_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
@@ -128,29 +130,28 @@ def bandit_loss(
     rewards = (actions == labels).to(logits.dtype)
     adv = rewards - expected_baseline(old.exp())
     flat = lambda t: t.reshape(-1)  # noqa: E731  (S·B single-sample contexts; mean = mean over seeds of means)
-    if method == "ce":
-        out = ce_loss(logits.reshape(-1, c), flat(labels))
-    elif method in ("pg", "reinforce"):
-        out = reinforce_loss(flat(logp_a), flat(adv))
-    elif method == "dg":
-        out = dg_loss(flat(logp_a), flat(adv), eta=eta)
-    elif method == "tpo":
-        out = tpo_loss(logits.reshape(-1, c), old.reshape(-1, c), one_hot_scores(adv, actions, c).reshape(-1, c),
-                       eta=eta)
-    elif method == "grpo":
-        out = batch_standardized_pg_loss(logp_a, rewards)  # standardized within each seed's batch (last dim)
-    elif method == "group_pg":
-        u = standardize_scores(one_hot_scores(adv, actions, c))
-        u_a = u.gather(-1, actions.unsqueeze(-1)).squeeze(-1) / eta
-        out = reinforce_loss(flat(logp_a), flat(u_a))
-    elif method == "pg_is":
-        old_a = old.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-        out = importance_weighted_pg_loss(flat(logp_a), flat(old_a), flat(adv))
-    elif method == "ppo":
-        old_a = old.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-        out = ppo_loss(flat(logp_a), flat(old_a), flat(adv), clip_eps=clip_eps)
+    old_a = old.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    if o.name == "ce":
+        out = o.fn(logits.reshape(-1, c), flat(labels))
+    elif o.needs_groups:
+        # The group is all C classes, scored A·onehot(a) (§E3).
+        scores = one_hot_scores(adv, actions, c)
+        if o.name == "group_pg":
+            # The paper's single-sample form: REINFORCE on the sampled class's standardized score (§E3, §5.15).
+            u_a = standardize_scores(scores).gather(-1, actions.unsqueeze(-1)).squeeze(-1) / eta
+            out = reinforce_loss(flat(logp_a), flat(u_a))
+        else:
+            out = o.fn(logits.reshape(-1, c), old.reshape(-1, c), scores.reshape(-1, c), eta=eta)
+    elif o.name == "grpo_single":
+        out = o.fn(logp_a, rewards)  # standardized within each seed's batch (last dim)
+    elif o.name == "dg":
+        out = o.fn(flat(logp_a), flat(adv), eta=eta)
+    elif o.name == "ppo":
+        out = o.fn(flat(logp_a), flat(old_a), flat(adv), clip_eps=clip_eps)
+    elif o.name == "pg_is":
+        out = o.fn(flat(logp_a), flat(old_a), flat(adv))
     else:
-        raise ValueError(f"unknown MNIST bandit method {method!r}; known: {sorted(set(ON_POLICY + OFF_POLICY))}")
+        out = o.fn(flat(logp_a), flat(adv))
     return out.loss * s
 
 

@@ -15,8 +15,6 @@ updates (docs/differences.md §8); we read the same point. GRPO has no per-examp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
@@ -25,6 +23,8 @@ from targetpo.runs import plots
 from targetpo.runs.stats import fmt
 from targetpo.mnist.bandit import concentration, first_order_gains
 from targetpo.mnist import train as base
+from targetpo.mnist.config import MnistConfig
+from targetpo.runs.config import config, default, param
 from targetpo.mnist.train import LABELS, error_curves, load_data, pct, train
 
 NAME = "mnist-mechanism"
@@ -38,41 +38,18 @@ check_data = base.check_data
 units = base.units  # one unit: all methods and seeds stacked, as in `mnist`
 
 
-@dataclass(frozen=True)
-class Config:
-    """seeds: independent seeds, vectorised as one batched network
-    steps: Adam updates (one batch each); the checkpoint needs checkpoint_label + eval_every of them
-    batch: images per update, drawn uniformly with replacement
-    lr: Adam learning rate
-    eta: temperature of TPO's target and DG's gate (and of the closed forms)
-    eval_every: updates between evaluations (steps must be a multiple)
-    hidden: width of both hidden layers
-    methods: which of pg, dg, tpo, grpo, group_pg to run
-    checkpoint_label: the paper's step label read for the summary (2,000 = after 2,200 updates)
-    seed: first seed value (seeds are seed, seed+1, ...)
-    dataset: mnist or fashion-mnist (same IDX format)
-    data_dir: directory with the IDX files (default: $TARGETPO_MNIST_DIR; fashion-mnist: /usr/share/datasets/fashion-mnist)
-    download: fetch the official files (MD5-checked) into data_dir or ~/.cache/targetpo first"""
+@config
+class Config(MnistConfig):
+    steps = default(3000, note="the checkpoint needs checkpoint_label + eval_every of them")
+    methods = default(METHODS, choices=METHODS)
+    checkpoint_label: int = param(2000, "the paper's step label read for the summary (2,000 = after 2,200 updates)",
+                                  ge=0)
 
-    seeds: int = 10
-    steps: int = 3000
-    batch: int = 100
-    lr: float = 1e-3
-    eta: float = 1.0
-    eval_every: int = 200
-    hidden: int = 50
-    methods: tuple[str, ...] = METHODS
-    checkpoint_label: int = 2000
-    seed: int = 0
-    dataset: str = "mnist"
-    data_dir: str | None = None
-    download: bool = False
-
-    def validate(self) -> None:
-        base.validate_bandit_config(self, METHODS)
-        if self.checkpoint_label % self.eval_every or self.checkpoint_label < 0:
-            raise ValueError(f"checkpoint_label ({self.checkpoint_label}) must be a non-negative multiple of "
-                             f"eval_every ({self.eval_every})")
+    def check(self) -> None:
+        super().check()
+        if self.checkpoint_label % self.eval_every:
+            raise ValueError(f"checkpoint_label={self.checkpoint_label}: must be a multiple of eval_every "
+                             f"({self.eval_every})")
 
 
 PRESETS = {
@@ -81,6 +58,7 @@ PRESETS = {
     "paper": Config(seeds=20, steps=10_000),
 }
 REPRODUCE_PRESET = "cpu"
+RUNTIME = "~1.5 min; reads the label-2,000 checkpoint"
 
 
 # ----------------------------------------------------------------------------- diagnostics

@@ -51,6 +51,15 @@ def init_bank(sizes: tuple[int, ...], generators: list[torch.Generator], copies:
     return [p.requires_grad_(True) for p in params]
 
 
+def _hidden_layers(h: Tensor, rest: list[Tensor]) -> Tensor:
+    """Layers 2.. of every network: batched affine maps [S·M, B, ·] with ReLU between them (none after the last)."""
+    for k in range(0, len(rest), 2):
+        h = torch.baddbmm(rest[k + 1], h, rest[k])
+        if k + 2 < len(rest):
+            h = torch.relu(h)
+    return h
+
+
 def bank_forward(params: list[Tensor], x: Tensor, copies: int) -> Tensor:
     """Logits [S, M, B, out] for inputs x [S, B, in] (every copy of seed s sees x_s)."""
     s, b, _ = x.shape
@@ -58,11 +67,7 @@ def bank_forward(params: list[Tensor], x: Tensor, copies: int) -> Tensor:
     h1 = w1.shape[-1] // copies
     h = torch.relu(torch.baddbmm(b1, x, w1))  # [S, B, M·h1]
     h = h.view(s, b, copies, h1).transpose(1, 2).reshape(s * copies, b, h1)
-    rest = params[2:]
-    for k in range(0, len(rest), 2):
-        h = torch.baddbmm(rest[k + 1], h, rest[k])
-        if k + 2 < len(rest):
-            h = torch.relu(h)
+    h = _hidden_layers(h, params[2:])
     return h.view(s, copies, b, -1)
 
 
@@ -85,9 +90,5 @@ def bank_forward_shared(params: list[Tensor], x: Tensor, copies: int) -> Tensor:
     t = x.shape[0]
     h = torch.addmm(b1.reshape(1, s * mh), x, w1.transpose(0, 1).reshape(d, s * mh))  # [T, S·M·h1]
     h = torch.relu(h).view(t, s * copies, mh // copies).transpose(0, 1)  # [S·M, T, h1], seed-major
-    rest = params[2:]
-    for k in range(0, len(rest), 2):
-        h = torch.baddbmm(rest[k + 1], h, rest[k])
-        if k + 2 < len(rest):
-            h = torch.relu(h)
+    h = _hidden_layers(h, params[2:])
     return h.view(s, copies, t, -1)

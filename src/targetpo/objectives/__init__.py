@@ -25,7 +25,7 @@ from targetpo.objectives.policy_gradient import (
     reinforce_loss,
     rloo_loss,
 )
-from targetpo.objectives.registry import Objective, available, get
+from targetpo.objectives.registry import Objective, available, get, resolve
 from targetpo.objectives.scores import (
     batch_mean_baseline,
     expected_baseline,
@@ -38,7 +38,7 @@ from targetpo.objectives.supervised import ce_loss
 from targetpo.objectives.tpo import sequence_logp, tpo_loss, tpo_sequence_loss, tpo_target, tpo_token_loss
 
 __all__ = [
-    "LossOutput", "Objective", "aggregate", "available", "get",
+    "LossOutput", "Objective", "aggregate", "available", "get", "resolve",
     "standardize_scores", "group_advantages", "rloo_advantages", "zero_variance_groups",
     "expected_baseline", "batch_mean_baseline",
     "tpo_target", "tpo_loss", "tpo_token_loss", "tpo_sequence_loss", "sequence_logp",

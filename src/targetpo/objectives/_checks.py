@@ -53,6 +53,43 @@ def check_same_shape(**tensors: Tensor | None) -> None:
             )
 
 
+def group_layout(logp: Tensor, scores: Tensor, token_mask: Tensor | None = None, *, candidate: bool = True,
+                 token: bool = True) -> bool:
+    """Check that `logp` (and `token_mask`) line up with the groups of `scores` [..., K]; say which layout it is.
+
+    Returns False for per-candidate `logp` [..., K] (one log-score per candidate; allowed when `candidate`) and
+    True for per-token `logp` [..., K, T] (allowed when `token`). Anything else, in particular leading dims that
+    differ from `scores` (they would broadcast silently), raises ValueError naming both shapes, as does a
+    `token_mask` that is not exactly the shape of a per-token `logp`.
+    """
+    for name, x in (("logp", logp), ("scores", scores)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if candidate and logp.shape == scores.shape:
+        per_token = False
+    elif token and logp.dim() == scores.dim() + 1 and logp.shape[:-1] == scores.shape:
+        per_token = True
+    else:
+        allowed = " or ".join(["[..., K] (one log-prob per candidate)"] * candidate + ["[..., K, T] (per-token)"] * token)
+        raise ValueError(f"logp has shape {tuple(logp.shape)} but scores has shape {tuple(scores.shape)}: logp must "
+                         f"be {allowed} with [..., K] = the shape of scores")
+    if token_mask is not None:
+        if not per_token:
+            raise ValueError(f"token_mask (shape {tuple(token_mask.shape)}) is only for per-token logp [..., K, T]; "
+                             f"logp has the per-candidate shape {tuple(logp.shape)}")
+        check_token_mask(token_mask, logp)
+    return per_token
+
+
+def check_token_mask(token_mask: Tensor | None, logp: Tensor) -> None:
+    """Raise ValueError unless `token_mask` (when given) has exactly the shape of the per-token `logp`; a mask of
+    another shape would broadcast and weight the wrong tokens."""
+    if token_mask is not None and token_mask.shape != logp.shape:
+        raise ValueError(
+            f"token_mask has shape {tuple(token_mask.shape)} but logp has shape {tuple(logp.shape)}; they must match"
+        )
+
+
 def check_group_size(name: str, x: Tensor, minimum: int = 2) -> None:
     if x.dim() < 1 or x.shape[-1] < minimum:
         raise ValueError(
@@ -83,7 +120,8 @@ def as_token_mask(name: str, token_mask: Tensor | None, like: Tensor) -> Tensor:
     if token_mask is None:
         return torch.ones_like(like, dtype=torch.bool)
     if token_mask.shape != like.shape:
-        raise ValueError(f"{name} has shape {tuple(token_mask.shape)} but the per-token log-probs have {tuple(like.shape)}")
+        raise ValueError(f"{name} has shape {tuple(token_mask.shape)} but the per-token log-probs (logp) have shape "
+                         f"{tuple(like.shape)}; they must match")
     token_mask = token_mask.to(torch.bool)
     empty = ~token_mask.any(dim=-1)
     if empty.any():

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from targetpo.objectives._checks import LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_same_shape
+from targetpo.objectives._checks import (LossOutput, as_float, as_mask, as_token_mask, check_group_size,
+                                         check_same_shape, check_token_mask, group_layout)
 from targetpo.objectives.aggregation import aggregate
 from targetpo.objectives.scores import ZERO_VARIANCE_STD, group_advantages, zero_variance_groups
 
@@ -57,6 +58,7 @@ def ppo_loss(
     old = as_float("old_logp", old_logp).detach()
     a = as_float("advantages", advantages).detach()
     check_same_shape(logp=lp, old_logp=old, advantages=a)
+    check_token_mask(token_mask, lp)
     hi = clip_eps if clip_eps_high is None else clip_eps_high
     ratio = torch.exp(lp - old)
     per = -clipped_surrogate(ratio, a, clip_eps, hi)
@@ -70,18 +72,6 @@ def ppo_loss(
             "ratio_mean": ratio.mean(),
         }
     return LossOutput(loss, metrics)
-
-
-def _layout(logp: Tensor, scores: Tensor) -> bool:
-    """True for per-token inputs [..., K, T], False for per-candidate [..., K]; anything else is an error."""
-    if logp.shape == scores.shape:
-        return False
-    if logp.dim() == scores.dim() + 1 and logp.shape[:-1] == scores.shape:
-        return True
-    raise ValueError(
-        f"logp has shape {tuple(logp.shape)} but scores has {tuple(scores.shape)}: logp must be [..., K] "
-        "(one log-prob per candidate) or [..., K, T] (per-token)"
-    )
 
 
 def grpo_loss(
@@ -127,7 +117,7 @@ def grpo_loss(
     s = as_float("scores", scores)
     check_same_shape(logp=lp, old_logp=old, ref_logp=ref_logp)
     check_group_size("scores", s)
-    per_token = _layout(lp, s)
+    per_token = group_layout(lp, s, token_mask)
     mask = as_mask("mask", mask, s)
     adv = group_advantages(s, mask, eps=adv_eps, scale=scale_advantages)
     valid = torch.ones_like(s, dtype=torch.bool) if mask is None else mask
@@ -171,6 +161,7 @@ def dr_grpo_loss(logp: Tensor, old_logp: Tensor, scores: Tensor, *, beta: float 
     r"""Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): GRPO without the two biases —
     advantages s − s̄ (no std division) and per-sequence token *sums* divided by a constant length
     (`norm_len`, default the padded T) instead of each sequence's own length. Per-token inputs `[G, K, T]`."""
+    group_layout(logp, scores, kwargs.get("token_mask"), candidate=False)
     kwargs.setdefault("loss_agg", "seq-mean-token-sum-norm")
     return grpo_loss(logp, old_logp, scores, beta=beta, scale_advantages=False, norm_len=norm_len, **kwargs)
 
@@ -180,24 +171,25 @@ def dapo_loss(logp: Tensor, old_logp: Tensor, scores: Tensor, *, clip_eps: float
     r"""DAPO (Yu et al. 2025): GRPO with decoupled clip-higher (ε_low = 0.2, ε_high = 0.28), token-level
     aggregation ("token-mean": every token of the batch weighs the same) and no KL. Dynamic sampling (dropping
     zero-variance groups) is a data step; `mask_zero_var=True` gives its effect on a fixed batch."""
+    group_layout(logp, scores, kwargs.get("token_mask"), candidate=False)
     kwargs.setdefault("loss_agg", "token-mean")
     kwargs.setdefault("beta", 0.0)
     return grpo_loss(logp, old_logp, scores, clip_eps=clip_eps, clip_eps_high=clip_eps_high, **kwargs)
 
 
-def _per_token_inputs(logp, old_logp, scores, token_mask, mask):
+def _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps):
+    """Checked per-token inputs of GSPO/SAPO/CISPO: (logp, old_logp, valid-token mask, group advantages [G, K])."""
     lp = as_float("logp", logp)
     old = as_float("old_logp", old_logp).detach()
     s = as_float("scores", scores)
     check_same_shape(logp=lp, old_logp=old)
     check_group_size("scores", s)
-    if not _layout(lp, s):
-        raise ValueError(f"expected per-token logp [G, K, T] for scores {tuple(s.shape)}; got {tuple(lp.shape)}")
+    group_layout(lp, s, token_mask, candidate=False)
     mask = as_mask("mask", mask, s)
     tm = as_token_mask("token_mask", token_mask, lp)
     if mask is not None:
         tm = tm & mask.unsqueeze(-1)
-    return lp, old, s, tm, mask
+    return lp, old, tm, group_advantages(s, mask, eps=adv_eps)
 
 
 def gspo_loss(
@@ -215,8 +207,7 @@ def gspo_loss(
     s_i = exp(mean_t (log π_θ − log π_old)) per completion, clipped at the sequence level:
     L = −mean_i min(s_i A_i, clip(s_i, 1−ε_low, 1+ε_high) A_i), with GRPO's group advantages.
     The paper's clip range is tiny (3e-4, 4e-4) because s_i is a geometric mean of token ratios."""
-    lp, old, s, tm, mask = _per_token_inputs(logp, old_logp, scores, token_mask, mask)
-    adv = group_advantages(s, mask, eps=adv_eps)
+    lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps)
     n_tok = tm.sum(dim=-1).clamp_min(1).to(lp.dtype)
     mean_delta = torch.where(tm, lp - old, torch.zeros_like(lp)).sum(dim=-1) / n_tok
     ratio = torch.exp(mean_delta.clamp(-20.0, 20.0))
@@ -243,8 +234,8 @@ def sapo_loss(
     r"""SAPO (Gao et al. 2025, Soft Adaptive Policy Optimization, arXiv 2511.20347): hard clipping replaced by a
     smooth gate, L = −agg(f_τ(ρ)·A) with f_τ(ρ) = σ(τ(ρ − 1))·4/τ, τ = τ_pos if A > 0 else τ_neg.
     f'_τ(1) = 1, so on-policy it is exactly the policy gradient; far off-policy tokens are softly damped."""
-    lp, old, s, tm, mask = _per_token_inputs(logp, old_logp, scores, token_mask, mask)
-    adv = group_advantages(s, mask, eps=adv_eps).unsqueeze(-1)
+    lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps)
+    adv = adv.unsqueeze(-1)
     ratio = torch.exp((lp - old).clamp(-20.0, 20.0))
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
@@ -267,8 +258,8 @@ def cispo_loss(
     r"""CISPO (MiniMax 2025, MiniMax-M1): clip the importance *weight*, never the gradient of a token:
     L = −agg(sg[clip(ρ, ratio_min, ratio_max)]·A·log π_θ). Every token keeps a gradient, unlike PPO-style
     clipping which zeroes it outside the trust region. The default has no lower bound (as in MiniMax-M1)."""
-    lp, old, s, tm, mask = _per_token_inputs(logp, old_logp, scores, token_mask, mask)
-    adv = group_advantages(s, mask, eps=adv_eps).unsqueeze(-1)
+    lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps)
+    adv = adv.unsqueeze(-1)
     ratio = torch.exp((lp.detach() - old).clamp(-20.0, 20.0))
     w = ratio.clamp(ratio_min, ratio_max)
     loss = aggregate(-w * adv * lp, loss_agg, token_mask=tm, per_token=True)

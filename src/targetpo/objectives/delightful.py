@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from targetpo.objectives._checks import LossOutput, as_float, check_positive, check_same_shape
+from targetpo.objectives._checks import LossOutput, as_float, check_positive, check_same_shape, check_token_mask
 from targetpo.objectives.aggregation import aggregate
 
 
@@ -36,6 +36,7 @@ def dg_loss(
     lp = as_float("logp", logp)
     a = as_float("advantages", advantages).detach()
     check_same_shape(logp=lp, advantages=a)
+    check_token_mask(token_mask, lp)
     gate = delight_gate(lp, a, eta)
     w = gate * a
     agg = loss_agg if loss_agg is not None else ("mean" if lp.dim() == 1 else "sum-mean")

@@ -1,9 +1,10 @@
-"""Group-layout checks shared by the TRL and verl adapters (plain torch, no library imports).
+"""Group layout: the one set of whole-group checks used by the LLM trainer and the TRL and verl adapters.
 
-TPO's loss is a cross-entropy over each prompt's K completions, so every micro-batch that reaches the loss
-must hold whole groups: rows [jK, (j+1)K) must be the K completions of one prompt. A library that shuffles
-rows, balances sequences across devices or packs micro-batches by token count breaks this silently; these
-functions make the break visible.
+A group objective (registry `needs_groups`; TPO's cross-entropy over each prompt's K completions, GRPO's
+z-scores) is wrong on a split group, so every micro-batch that reaches the loss must hold whole groups: rows
+[jK, (j+1)K) must be the K completions of one prompt. A library that shuffles rows, balances sequences across
+devices or packs micro-batches by token count breaks this silently; these functions make the break visible.
+Plain torch, no library imports.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from targetpo.objectives import tpo_sequence_loss
+from targetpo.objectives.registry import get
 from targetpo.objectives.scores import ZERO_VARIANCE_STD
 
 
@@ -59,7 +60,7 @@ def check_whole_groups(group_ids: Tensor, group_size: int, *, where: str = "micr
     problems = whole_group_violations(group_ids, group_size)
     if problems:
         raise ValueError(
-            f"TPO needs whole groups in every {where}: rows [jK, (j+1)K) must be the K = {group_size} completions "
+            f"a group objective needs whole groups in every {where}: rows [jK, (j+1)K) must be the K = {group_size} completions "
             f"of one prompt, but " + "; ".join(problems) + ". The batch was shuffled or split below group level."
         )
 
@@ -122,7 +123,7 @@ def tpo_group_loss(per_token_logps, old_per_token_logps, rewards, completion_mas
         return x if n_keep == g else x[keep]
 
     cand = grouped(valid)
-    out = tpo_sequence_loss(
+    out = get("tpo").per_token_fn(
         grouped(per_token_logps), grouped(old_per_token_logps), grouped(torch.nan_to_num(rewards, nan=0.0)),
         token_mask=grouped(tok), seq_logp=seq_logp, eta=eta, mask=None if bool(cand.all()) else cand,
     )

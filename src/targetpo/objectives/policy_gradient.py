@@ -6,10 +6,10 @@ constants (detached).
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from targetpo.objectives._checks import LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_positive, check_same_shape
+from targetpo.objectives._checks import (LossOutput, as_float, as_mask, as_token_mask, check_group_size,
+                                         check_positive, check_same_shape, check_token_mask, group_layout)
 from targetpo.objectives.aggregation import aggregate
 from targetpo.objectives.scores import rloo_advantages, standardize_scores
 
@@ -34,6 +34,7 @@ def reinforce_loss(
     lp = as_float("logp", logp)
     a = as_float("advantages", advantages).detach()
     check_same_shape(logp=lp, advantages=a)
+    check_token_mask(token_mask, lp)
     per_token = token_mask is not None
     loss = aggregate(-a * lp, _default_agg(lp, loss_agg), token_mask=token_mask, per_token=per_token)
     return LossOutput(loss, {"adv_mean": a.mean(), "adv_abs_mean": a.abs().mean()})
@@ -89,14 +90,13 @@ def rloo_loss(
     token mode); the default "mean" is the estimator's 1/(G·K) average."""
     lp = as_float("logp", logp)
     s = as_float("scores", scores)
+    per_token = group_layout(lp, s, token_mask)
     adv = rloo_advantages(s, mask)
-    per_token = lp.dim() == s.dim() + 1
     if per_token:
         tm = as_token_mask("token_mask", token_mask, lp)
         if mask is not None:
             tm = tm & as_mask("mask", mask, s).unsqueeze(-1)
         return LossOutput(aggregate(-adv.unsqueeze(-1) * lp, loss_agg, token_mask=tm, per_token=True), {})
-    check_same_shape(logp=lp, scores=s)
     per = -adv * lp
     if mask is not None:
         m = as_mask("mask", mask, s)
@@ -121,7 +121,7 @@ def group_pg_loss(
     check_positive("eta", eta)
     lp = as_float("logp", logp)
     s = as_float("scores", scores)
-    check_same_shape(logp=lp, scores=s)
+    group_layout(lp, s, token=False)
     check_group_size("scores", s)
     u = standardize_scores(s, mask) / eta
     return LossOutput(-(u * lp).sum(dim=-1).mean(), {"u_abs_mean": u.abs().mean()})

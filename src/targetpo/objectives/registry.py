@@ -11,6 +11,13 @@ from targetpo.objectives import clipped, delightful, policy_gradient, supervised
 
 @dataclass(frozen=True)
 class Objective:
+    """One registered objective and what a caller needs to know to run it soundly.
+
+    Experiments, the LLM trainer and the library adapters read these fields rather than keeping their own lists:
+    `needs_groups` decides whether a caller must lay out K >= 2 candidates per context, `multi_epoch_safe`
+    whether it may step several times on one batch, `per_token_fn` which function takes an LLM batch.
+    """
+
     name: str
     fn: Callable
     needs_groups: bool        # needs K >= 2 candidates per context laid out on the last dim
@@ -18,6 +25,16 @@ class Objective:
     level: str                # "group" [.., K] | "token-candidates" | "sequence" [G, K, T] | "single" [B] or [B, H]
     source: str               # where the equation comes from
     summary: str
+    # The form that takes per-token log-probs logp/old_logp [G, K, T], scores [G, K] and token_mask=[G, K, T]
+    # (what an LLM trainer calls); a "sequence" objective is its own; None when the objective has no such form.
+    per_token_fn: Callable | None = None
+    # The per-token form's default loss is a mean over all valid tokens of the batch (DAPO's "token-mean"), not
+    # over sequences or groups, so gradient accumulation must weight micro-batches by their token counts.
+    token_mean: bool = False
+
+    def __post_init__(self):
+        if self.per_token_fn is None and self.level == "sequence":
+            object.__setattr__(self, "per_token_fn", self.fn)
 
 
 _REGISTRY: dict[str, Objective] = {}
@@ -30,9 +47,10 @@ def _register(*objs: Objective) -> None:
 
 _register(
     Objective("tpo", tpo.tpo_loss, True, True, "group", "Kaddour 2026 §2; docs/method.md §2",
-              "cross-entropy to q ∝ p_old·exp(u/η) over the group"),
+              "cross-entropy to q ∝ p_old·exp(u/η) over the group", per_token_fn=tpo.tpo_sequence_loss),
     Objective("tpo_no_anchor", partial(tpo.tpo_loss, anchor=False), True, True, "group",
-              "Kaddour 2026 §3.7 (ablation)", "TPO with q = softmax(u/η), no p_old anchor"),
+              "Kaddour 2026 §3.7 (ablation)", "TPO with q = softmax(u/η), no p_old anchor",
+              per_token_fn=partial(tpo.tpo_sequence_loss, anchor=False)),
     Objective("tpo_token", tpo.tpo_token_loss, True, True, "token-candidates", "Kaddour 2026 §3.4; docs/method.md §7",
               "TPO where each prefix state's group is K candidate next tokens"),
     Objective("tpo_sequence", tpo.tpo_sequence_loss, True, True, "sequence", "Kaddour 2026 §3.6/§3.8",
@@ -49,20 +67,23 @@ _register(
               "Kaddour 2026 §3.3 (MNIST 'GRPO')", "REINFORCE with batch-standardized rewards"),
     Objective("ppo", clipped.ppo_loss, False, True, "single", "Schulman et al. 2017", "clipped surrogate"),
     Objective("grpo", clipped.grpo_loss, True, True, "group", "Shao et al. 2024; docs/method.md §3",
-              "clipped surrogate with group z-scored advantages + β·k3 KL"),
+              "clipped surrogate with group z-scored advantages + β·k3 KL", per_token_fn=clipped.grpo_loss),
     Objective("grpo_no_kl", partial(clipped.grpo_loss, beta=0.0), True, True, "group",
-              "Kaddour 2026 §3.6", "GRPO with β = 0"),
+              "Kaddour 2026 §3.6", "GRPO with β = 0", per_token_fn=partial(clipped.grpo_loss, beta=0.0)),
     Objective("grpo_masked", partial(clipped.grpo_loss, mask_zero_var=True), True, True,
-              "group", "Kaddour 2026 §4.2", "GRPO that drops zero-variance groups"),
+              "group", "Kaddour 2026 §4.2", "GRPO that drops zero-variance groups",
+              per_token_fn=partial(clipped.grpo_loss, mask_zero_var=True)),
     Objective("dr_grpo", clipped.dr_grpo_loss, True, True, "sequence", "Liu et al. 2025",
               "GRPO without std scaling and with constant-length token sums"),
     Objective("dapo", clipped.dapo_loss, True, True, "sequence", "Yu et al. 2025",
-              "clip-higher, token-mean aggregation, no KL"),
+              "clip-higher, token-mean aggregation, no KL", token_mean=True),
     Objective("gspo", clipped.gspo_loss, True, True, "sequence", "Zheng et al. 2025",
               "sequence-level length-normalised ratio and clipping"),
-    Objective("sapo", clipped.sapo_loss, True, True, "sequence", "Gao et al. 2025", "soft sigmoid gate instead of clip"),
+    Objective("sapo", clipped.sapo_loss, True, True, "sequence", "Gao et al. 2025", "soft sigmoid gate instead of clip",
+              token_mean=True),
     Objective("cispo", clipped.cispo_loss, True, True, "sequence", "MiniMax 2025 (MiniMax-M1)",
-              "clipped, detached importance weight on every token's log-prob"),
+              "clipped, detached importance weight on every token's log-prob",
+              token_mean=True),
     Objective("dg", delightful.dg_loss, False, False, "single", "Osband 2026; docs/method.md §3",
               "policy gradient gated by σ(A·surprisal/η); one epoch"),
     Objective("ce", supervised.ce_loss, False, True, "single", "supervised oracle", "cross-entropy to the true label"),
@@ -79,3 +100,9 @@ def get(name: str) -> Objective:
 
 def available() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def resolve(method: str, aliases: dict[str, str]) -> Objective:
+    """The objective behind an experiment's method name: `aliases[method]` when the experiment names it
+    differently (e.g. MNIST's "pg" is "reinforce"), else the method name itself."""
+    return get(aliases.get(method, method))

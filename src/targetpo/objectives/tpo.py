@@ -35,6 +35,7 @@ from targetpo.objectives._checks import (
     check_group_size,
     check_positive,
     check_same_shape,
+    group_layout,
 )
 from targetpo.objectives.scores import ZERO_VARIANCE_STD, standardize_scores
 
@@ -133,7 +134,8 @@ def tpo_loss(
       LossOutput with metrics target_entropy, kl_q_p (KL(q‖p_θ)), frac_zero_var, target_max, policy_max.
     """
     lp = as_float("logp", logp)
-    check_same_shape(logp=lp, old_logp=old_logp, scores=scores)
+    group_layout(lp, scores, token=False)
+    check_same_shape(logp=lp, old_logp=old_logp)
     q, u = _target_and_u(old_logp, scores, eta, mask, anchor)
     mask = as_mask("mask", mask, lp)
     return _tpo_from_group_logp(lp, q.to(lp.dtype), mask, u)
@@ -167,6 +169,7 @@ def tpo_token_loss(
             f"candidates has shape {tuple(candidates.shape)} but token_logp has {tuple(tl.shape)}; "
             "their leading (state) dims must match"
         )
+    check_same_shape(candidates=candidates, old_logp=old_logp, scores=scores)
     v = tl.shape[-1]
     if candidates.numel() and (candidates.min() < 0 or candidates.max() >= v):
         raise ValueError(f"candidates must lie in [0, {v}) (vocab size of token_logp); got range "
@@ -212,11 +215,8 @@ def tpo_sequence_loss(
       seq_logp: "sum" (the paper) or "mean" (length-normalised) reduction of the per-token log-probs.
     """
     lp = as_float("logp", logp)
+    group_layout(lp, scores, token_mask, candidate=False)
     check_same_shape(logp=lp, old_logp=old_logp)
-    if lp.dim() < 2 or lp.shape[:-1] != scores.shape:
-        raise ValueError(
-            f"logp has shape {tuple(lp.shape)}; expected [G, K, T] with [G, K] = scores shape {tuple(scores.shape)}"
-        )
     seq = sequence_logp(lp, token_mask, seq_logp)
     old_seq = sequence_logp(as_float("old_logp", old_logp).detach(), token_mask, seq_logp)
     out = tpo_loss(seq, old_seq, scores, eta=eta, mask=mask, anchor=anchor)

@@ -1,27 +1,201 @@
-"""Experiment configs: presets, `key=value` overrides, and rebuilding a stored config."""
+"""Experiment configs, declared once: fields with help and bounds, one validator, presets, `key=value`
+overrides, rebuilding a stored config, and the field / experiment tables of `--help`, the README and
+docs/config.md.
+
+A config is a frozen dataclass whose fields carry their help text and bounds as field metadata::
+
+    @config
+    class Config(RunConfig):
+        steps: int = param(150, "normalized logit steps", ge=1)
+        seeds = 100                              # a new default for an inherited field: same help, same bounds
+        methods = default(METHODS, choices=METHODS)
+        length = swept("lengths")               # set per unit from another field: refused if set
+        dg_eta = unused("no DG method here")    # read by none of its methods: refused if set
+
+Plain dataclasses rather than a validation library: the configs are frozen dataclasses that run.json stores
+(``dataclasses.asdict``) and rebuilds (:func:`config_from_dict`), and the core library must install beside verl
+and TRL stacks, which pin their own pydantic; one small validator over field metadata needs nothing of that.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
+import difflib
+import math
+import types
 import typing
 from types import ModuleType
 from typing import Any
 
 
+# ----------------------------------------------------------------------------- declaring fields
+
+def param(default: Any, help: str, *, gt: float | None = None, ge: float | None = None, lt: float | None = None,
+          le: float | None = None, choices: tuple | None = None, finite: bool = True, nonempty: bool = True,
+          unique: bool = False, fixed: str | None = None) -> Any:
+    """A config field: its default, help text and what values are allowed. Bounds and `choices` apply to a
+    number/string or to every item of a tuple; `nonempty` and `unique` to tuples; `finite` to floats.
+    `fixed` says why an experiment does not let it be set (see :func:`swept`, :func:`unused`)."""
+    meta = {"help": help, "gt": gt, "ge": ge, "lt": lt, "le": le, "choices": tuple(choices) if choices else None,
+            "finite": finite, "nonempty": nonempty, "unique": unique, "fixed": fixed}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Default:
+    value: Any
+    changes: dict
+
+
+_INHERITED = object()  # keep the base's default
+
+
+def default(value: Any, *, note: str | None = None, **changes) -> Any:
+    """A new default for an inherited field, keeping the base's help and bounds (`changes` replaces some of
+    them, e.g. ``choices=``; `note` is appended to the help, e.g. "the paper: 2000"). Needs :func:`config`."""
+    if note:
+        changes["note"] = note
+    return _Default(value, changes)
+
+
+def swept(by: str) -> Any:
+    """An inherited field this experiment sets per unit from field `by`: it keeps the base's default and refuses
+    another value (set `by` instead). Needs :func:`config`."""
+    return _Default(_INHERITED, {"fixed": f"swept by {by}"})
+
+
+def unused(why: str) -> Any:
+    """An inherited field no method of this experiment reads: it keeps the base's default and refuses another
+    value, so setting it is never silently ignored. Needs :func:`config`."""
+    return _Default(_INHERITED, {"fixed": f"unused: {why}"})
+
+
+def config(cls: type) -> type:
+    """`@dataclass(frozen=True)`, after turning each unannotated `name = value` (or `name = default(...)`) that
+    names an inherited field into that field with a new default and the base's metadata."""
+    inherited = {f.name: f for base in reversed(cls.__mro__[1:]) if dataclasses.is_dataclass(base)
+                 for f in dataclasses.fields(base)}  # the nearest base wins, as in dataclasses
+    own = cls.__dict__.get("__annotations__", {})
+    annotations = dict(own)
+    for name, value in list(cls.__dict__.items()):
+        if name in own or name not in inherited:
+            continue
+        new = value if isinstance(value, _Default) else _Default(value, {})
+        changes = dict(new.changes)
+        note = changes.pop("note", None)
+        meta = dict(inherited[name].metadata) | changes
+        if note:
+            meta["help"] = f"{meta['help']} ({note})"
+        value = inherited[name].default if new.value is _INHERITED else new.value
+        setattr(cls, name, dataclasses.field(default=value, metadata=meta))
+        annotations[name] = typing.get_type_hints(_owner(cls, name))[name]
+    cls.__annotations__ = annotations
+    return dataclasses.dataclass(frozen=True)(cls)
+
+
+def _owner(cls: type, name: str) -> type:
+    return next(b for b in cls.__mro__[1:] if name in getattr(b, "__dataclass_fields__", {}))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """The fields every experiment has. `check` holds an experiment's rules across fields."""
+
+    seeds: int = param(1, "independent seeds, vectorised as one batch inside each unit", ge=1)
+    seed: int = param(0, "first seed (seeds are seed, seed+1, ...)", ge=0)
+    methods: tuple[str, ...] = param((), "which methods to run")
+
+    def validate(self) -> None:
+        validate(self)
+        self.check()
+
+    def check(self) -> None:
+        """Rules across fields (none here)."""
+
+
+# ----------------------------------------------------------------------------- validating
+
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _base_type(annotation: Any) -> tuple[Any, bool, Any]:
+    """(type, optional, item type of a tuple or None)."""
+    optional = False
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        optional, annotation = True, args[0]
+    if typing.get_origin(annotation) in (tuple, list):
+        return tuple, optional, (typing.get_args(annotation) or (str,))[0]
+    return annotation, optional, None
+
+
+def _is(value: Any, tp: Any) -> bool:
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, tp)
+
+
+def allowed(meta: typing.Mapping) -> str:
+    """What a field's bounds allow, in words: "> 0", ">= 1 and <= 10", "one of (a, b)"."""
+    rules = [f"{op} {meta[key]:g}" for key, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+             if meta.get(key) is not None]
+    if meta.get("choices"):
+        rules.append(f"one of ({', '.join(map(str, meta['choices']))})")
+    return " and ".join(rules)
+
+
+def _within(x: Any, meta: typing.Mapping) -> bool:
+    return ((meta.get("gt") is None or x > meta["gt"]) and (meta.get("ge") is None or x >= meta["ge"])
+            and (meta.get("lt") is None or x < meta["lt"]) and (meta.get("le") is None or x <= meta["le"]))
+
+
+def _check_item(name: str, shown: Any, x: Any, tp: Any, meta: typing.Mapping, which: str) -> None:
+    """`x` (the value of field `name`, or the item `which` of its tuple `shown`) against the declaration."""
+    if not _is(x, tp):
+        raise ValueError(f"{name}={shown!r}: {which}expected {_TYPE_NAMES.get(tp, tp.__name__)}")
+    finite = tp is float and meta.get("finite", True)
+    ok = (not finite or math.isfinite(x)) and (tp not in (int, float) or _within(x, meta))
+    if meta.get("choices") and x not in meta["choices"]:
+        ok = False
+    if not ok:
+        rule = " and ".join(r for r in (allowed(meta), "finite" if finite else "") if r)
+        raise ValueError(f"{name}={shown!r}: {which}must be {rule}")
+
+
+def validate(cfg: Any) -> None:
+    """Check every field of `cfg` against its declaration (type, finite, bounds, choices, non-empty tuples,
+    swept fields left alone); a ValueError names the field, the value and what is allowed."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        if "help" not in f.metadata:
+            continue
+        meta, value = f.metadata, getattr(cfg, f.name)
+        tp, optional, item = _base_type(hints[f.name])
+        if value is None and optional:
+            continue
+        if meta.get("fixed") and value != f.default:
+            raise ValueError(f"{f.name}={value!r}: fixed at {f.default!r} in this experiment ({meta['fixed']})")
+        if item is None:
+            _check_item(f.name, value, value, tp, meta, "")
+            continue
+        if not isinstance(value, tuple):
+            raise ValueError(f"{f.name}={value!r}: expected a tuple of {_TYPE_NAMES.get(item, item.__name__)}s")
+        if meta.get("nonempty", True) and not value:
+            items = f"; allowed items: {allowed(meta)}" if allowed(meta) else ""
+            raise ValueError(f"{f.name}=(): must not be empty{items}")
+        for x in value:
+            _check_item(f.name, value, x, item, meta, f"item {x!r} ")
+        if meta.get("unique") and len(set(value)) != len(value):
+            raise ValueError(f"{f.name}={value!r}: items must be distinct")
+
+
+# ----------------------------------------------------------------------------- presets and overrides
+
 def config_class(exp: ModuleType) -> type:
     """The experiment's Config dataclass (the type of its presets)."""
     return type(next(iter(exp.PRESETS.values())))
-
-
-def check_config(cfg: Any, allowed_methods: tuple[str, ...], positive: tuple[str, ...] = ("seeds", "steps")) -> None:
-    """The validation every experiment shares: known methods, positive counts."""
-    bad = [m for m in getattr(cfg, "methods", ()) if m not in allowed_methods]
-    if bad:
-        raise ValueError(f"methods {bad} not in {allowed_methods}")
-    small = {f: getattr(cfg, f) for f in positive if getattr(cfg, f) < 1}
-    if small:
-        raise ValueError(f"these config fields must be >= 1: {small}")
 
 
 def config_fields(cfg_cls: type) -> dict[str, dataclasses.Field]:
@@ -29,71 +203,149 @@ def config_fields(cfg_cls: type) -> dict[str, dataclasses.Field]:
 
 
 def _parse_value(text: str, annotation: Any, name: str) -> Any:
-    origin = typing.get_origin(annotation)
-    if origin in (tuple, list):
-        inner = typing.get_args(annotation)[0] if typing.get_args(annotation) else str
-        items = [_parse_value(t.strip(), inner, name) for t in text.split(",") if t.strip()]
-        return tuple(items) if origin is tuple else items
-    if origin is typing.Union or str(origin) == "types.UnionType":
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if text.lower() in ("none", "null"):
-            return None
-        return _parse_value(text, args[0], name)
-    try:
-        if annotation is bool:
-            if text.lower() in ("1", "true", "yes", "on"):
-                return True
-            if text.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        if annotation in (int, float, str):
-            return annotation(text)
-    except ValueError:
-        raise ValueError(f"override {name}={text!r}: expected {annotation.__name__}") from None
-    return text
+    tp, optional, item = _base_type(annotation)
+    if optional and text.lower() in ("none", "null"):
+        return None
+    if item is not None:
+        return tuple(_parse_value(t.strip(), item, name) for t in text.split(",") if t.strip())
+    if tp is bool:
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+    elif tp in (int, float):
+        try:
+            return tp(text)
+        except ValueError:
+            pass
+    else:
+        return text
+    raise ValueError(f"{name}={text!r}: expected {_TYPE_NAMES[tp]}")
 
 
 def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
-    """`key=value` strings → a new config. Unknown keys are an error listing the valid ones."""
+    """`key=value` strings → a new config. An unknown key is an error naming the nearest field and the valid ones."""
     hints = typing.get_type_hints(type(cfg))
+    names = [f.name for f in dataclasses.fields(cfg)]
     changes = {}
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"override {item!r} must look like key=value")
         key, value = item.split("=", 1)
         key = key.strip().replace("-", "_")
-        if key not in hints:
-            raise ValueError(f"unknown config field {key!r}; valid fields: {', '.join(hints)}")
+        if key not in names:
+            near = difflib.get_close_matches(key, names, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ValueError(f"unknown config field {key!r}; {hint}valid fields: {', '.join(names)}")
         changes[key] = _parse_value(value.strip(), hints[key], key)
     return dataclasses.replace(cfg, **changes)
 
 
+def validated(cfg: Any) -> Any:
+    """`cfg` after checking it (its own `validate` if it has one, else the field declarations)."""
+    if hasattr(cfg, "validate"):
+        cfg.validate()
+    else:
+        validate(cfg)
+    return cfg
+
+
 def make_config(exp: ModuleType, preset: str, seeds: int | None = None, overrides: list[str] | None = None) -> Any:
+    """A preset with `seeds` and `key=value` overrides applied, validated."""
     if preset not in exp.PRESETS:
         raise ValueError(f"experiment {exp.NAME} has no preset {preset!r}; presets: {', '.join(exp.PRESETS)}")
     cfg = exp.PRESETS[preset]
     if seeds is not None:
         cfg = dataclasses.replace(cfg, seeds=seeds)
-    cfg = apply_overrides(cfg, overrides or [])
-    if hasattr(cfg, "validate"):
-        cfg.validate()
-    return cfg
+    return validated(apply_overrides(cfg, overrides or []))
 
 
 def config_from_dict(exp: ModuleType, data: dict) -> Any:
+    """The config stored in a run.json (lists back to tuples; fields it lacks take their defaults)."""
     cls = config_class(exp)
     hints = typing.get_type_hints(cls)
-    fixed = {k: (tuple(v) if isinstance(v, list) and typing.get_origin(hints.get(k)) is tuple else v)
+    fixed = {k: (tuple(v) if isinstance(v, list) and _base_type(hints[k])[2] is not None else v)
              for k, v in data.items() if k in hints}
     return cls(**fixed)
 
 
+# ----------------------------------------------------------------------------- tables for --help and docs
+
 def field_help(cfg_cls: type) -> dict[str, str]:
-    """{field: help} from the Config docstring's `field: help` lines."""
-    doc = inspect.getdoc(cfg_cls) or ""
-    out = {}
-    for line in doc.splitlines():
-        if ":" in line:
-            key, text = line.split(":", 1)
-            out[key.strip()] = text.strip()
-    return out
+    """{field: help} from the field declarations."""
+    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cfg_cls)}
+
+
+def show(value: Any) -> str:
+    """A value as it is written in a `key=value` override."""
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(show, value))
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def bounds(f: dataclasses.Field) -> str:
+    rule = allowed(f.metadata)
+    if rule and f.type in ("float", float) and f.metadata.get("finite", True):
+        rule += " and finite"
+    if f.metadata.get("fixed"):
+        rule = f"fixed ({f.metadata['fixed']})"
+    return rule
+
+
+def field_lines(cfg: Any, indent: str = "  ", width: int = 28) -> list[str]:
+    """`name=default  help [allowed]` lines of a config (the defaults of preset `cfg`), for `--help`."""
+    lines = []
+    for f in dataclasses.fields(cfg):
+        rule = bounds(f)
+        text = f.metadata.get("help", "") + (f" [{rule}]" if rule else "")
+        lines.append(f"{indent}{f'{f.name}={show(getattr(cfg, f.name))}':<{width}} {text}")
+    return lines
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def field_table(exp: ModuleType) -> str:
+    """A markdown table of an experiment's fields: the value in each preset, what is allowed, the help."""
+    presets = list(exp.PRESETS)
+    rows = [f"| field | {' | '.join(presets)} | allowed | help |", "|---" * (len(presets) + 3) + "|"]
+    for f in dataclasses.fields(config_class(exp)):
+        values = [f"`{_cell(show(getattr(exp.PRESETS[p], f.name))) or ' '}`" for p in presets]
+        rows.append(f"| `{f.name}` | {' | '.join(values)} | {_cell(bounds(f))} | {_cell(f.metadata.get('help', ''))} |")
+    return "\n".join(rows)
+
+
+def steps_label(cfg: Any) -> str:
+    """"S seeds × N steps" of a preset (episodes for the token experiments)."""
+    fields = config_fields(type(cfg))
+    for name in ("steps", "episodes"):
+        if name in fields and not fields[name].metadata.get("fixed"):
+            return f"{cfg.seeds} seeds × {getattr(cfg, name):,} {name}"
+    return f"{cfg.seeds} seeds"
+
+
+def paper_ref(exp: ModuleType) -> str:
+    return exp.PAPER_REF.split("; docs/")[0]
+
+
+def experiment_table(modules: list[ModuleType]) -> str:
+    """The README's experiment table: name, paper reference, the preset `make reproduce` runs."""
+    rows = ["| experiment | paper | default preset in `make reproduce` |", "|---|---|---|"]
+    for exp in modules:
+        preset = exp.REPRODUCE_PRESET
+        note = "; ".join(x for x in (steps_label(exp.PRESETS[preset]), getattr(exp, "RUNTIME", "")) if x)
+        rows.append(f"| `{exp.NAME}` | {_cell(paper_ref(exp))} | {preset} ({_cell(note)}) |")
+    return "\n".join(rows)
+
+
+def config_doc(modules: list[ModuleType]) -> str:
+    """docs/config.md: every experiment's fields with their value in each preset, bounds and help."""
+    parts = ["# Experiment configs", "",
+             "Generated by `tools/gen_docs.py` from the field declarations (do not edit by hand). Any field can be "
+             "overridden as `key=value` after `targetpo run NAME`; a value outside what is allowed is refused "
+             "before anything is written.", ""]
+    for exp in modules:
+        parts += [f"## `{exp.NAME}`", "", f"{exp.TITLE}. Reproduce preset: `{exp.REPRODUCE_PRESET}`.", "",
+                  field_table(exp), ""]
+    return "\n".join(parts)

@@ -8,7 +8,6 @@ import json
 import shutil
 import sys
 import time
-import typing
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -17,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from targetpo.runs.store import METRICS_FILE, RUN_FILE, MetricsWriter, read_metrics, record_key, versions, write_run_json
-from targetpo.runs.config import config_from_dict, make_config
+from targetpo.runs.config import config_from_dict, make_config, validated
 
 
 class RunContext:
@@ -104,17 +103,17 @@ def run_experiment(
         meta = json.loads(meta_path.read_text())
         if meta["experiment"] != name:
             raise ValueError(f"{run_dir} holds a {meta['experiment']} run, not {name}")
-        cfg = config_from_dict(exp, meta["config"])
+        cfg = validated(config_from_dict(exp, meta["config"]))
         if overrides or seeds is not None:
             requested = dataclasses.asdict(make_config(exp, meta["preset"], seeds, overrides))
             if requested != dataclasses.asdict(cfg):
                 raise ValueError(f"--resume continues the config stored in {meta_path}; drop the overrides or use a new --out")
     else:
+        cfg = make_config(exp, preset, seeds, overrides)  # validated before anything on disk is touched
         if meta_path.exists() or (run_dir / METRICS_FILE).exists():
             if not force:
                 raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or --force to replace it")
             shutil.rmtree(run_dir)
-        cfg = make_config(exp, preset, seeds, overrides)
         meta = {"experiment": name, "title": exp.TITLE, "paper_ref": exp.PAPER_REF, "preset": preset,
                 "config": dataclasses.asdict(cfg), "seeds": list(range(getattr(cfg, "seed", 0),
                                                                       getattr(cfg, "seed", 0) + cfg.seeds)),
@@ -163,3 +162,14 @@ def run_experiment(
             line += "\n  " + exp.summary(Run.load(run_dir))
         print(line)
     return run_dir
+
+
+def add_runner_arguments(parser, *, unit: str = "units", threads_default: str = "the experiment's choice") -> None:
+    """The command-line options of :func:`run_experiment` shared by `targetpo run` and `targetpo rlvr`."""
+    parser.add_argument("--resume", action="store_true", help=f"continue the run stored in --out: finished {unit} "
+                        "are skipped, a partial one is replayed without rewriting the lines already on disk")
+    parser.add_argument("--force", action="store_true", help="delete an existing run in --out and start over")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    parser.add_argument("--threads", type=int, default=None, help=f"torch CPU threads (default: {threads_default})")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--no-report", action="store_true", help="do not write REPORT.md into the run directory")

@@ -1,4 +1,4 @@
-"""Seed statistics as the paper defines them (spec conventions): s.e. = std(ddof=0)/√n; "steps to x" =
+"""Seed statistics as the paper defines them (docs/method.md §1): s.e. = std(ddof=0)/√n; "steps to x" =
 first 0-based index where the seed-mean curve is below x; "final" = seed mean at the last point, unsmoothed."""
 
 from __future__ import annotations

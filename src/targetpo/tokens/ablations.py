@@ -15,11 +15,11 @@ mean over the last 10% of episodes (less noisy with few seeds).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
+from targetpo.runs.config import config, default, param, swept, unused
+from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import trial_config
 
 NAME = "token-ablations"
@@ -31,37 +31,22 @@ TORCH_THREADS = tc.TORCH_THREADS
 TIE = 0.01
 
 
-@dataclass(frozen=True)
-class Config:
-    seeds: int = 20
-    seed: int = 0
-    episodes: int = 2000
-    lengths: tuple[int, ...] = (7, 8, 10)
-    methods: tuple[str, ...] = METHODS
-    task: str = "reverse_copy"
-    reward: str = "terminal"
-    vocab: int = 2
-    batch: int = 100
-    k: int = 8
-    epochs: int = 4
-    lr: float = 1e-3
-    clip_eps: float = 0.2
-    grpo_beta: float = 0.04
-    tpo_eta: float = 1.0
-    heads: int = 2
-    optimizer: str = "optax"
+@config
+class Config(TokenConfig):
+    lengths: tuple[int, ...] = param((7, 8, 10), "answer lengths H to sweep", ge=1)
+    length = swept("lengths")
+    episodes = 2000
+    reward = "terminal"
+    methods = default(METHODS, choices=METHODS)
+    dg_epochs = unused("group methods only")
+    dg_eta = unused("group methods only")
+    match = unused("group methods only")
+    interaction_lr_scale = unused("group methods only")
 
-    def validate(self) -> None:
-        tr.check_methods(self.methods, METHODS)
-        tr.check_positive(self, "seeds", "episodes")
-        if not self.lengths or min(self.lengths) < 1:
-            raise ValueError(f"lengths must be a non-empty list of H >= 1, got {self.lengths}")
+    def check(self) -> None:
         for h in self.lengths:
             trial_config(self, length=h)
 
-
-Config.__doc__ = tr.config_doc("""episodes: episodes per unit (the paper: 2000)
-lengths: answer lengths H to sweep (the paper: 7, 8, 10)""")
 
 PRESETS = {
     "smoke": Config(seeds=2, episodes=3, lengths=(3,), batch=8, k=4),
@@ -69,6 +54,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "cpu"
+RUNTIME = "terminal reward, H = 5, B = 64, ~4 min"
 
 
 def units(cfg: Config) -> list[str]:
@@ -105,14 +91,11 @@ def summary(run) -> str:
 def report(run, section) -> None:
     cfg = run.config
     data = _data(run)
-    section.text(__doc__.split("\n\n", 1)[1])
-    if run.meta.get("preset") != "paper":
-        section.text(tr.horizon_note(run, "20 seeds × 2000 episodes, H ∈ {7, 8, 10}, B = 100, K = 8",
-                                     f"{cfg['seeds']} seeds × {cfg['episodes']} episodes, H ∈ "
-                                     f"{{{', '.join(map(str, cfg['lengths']))}}}, B = {cfg['batch']}, K = {cfg['k']}")
-                     + " Paper values appear only where the paper has the same H.")
-    if not data:
-        section.text("No metrics recorded yet.")
+    if not tc.intro(section, run, __doc__, data,
+                    tr.horizon_note(run, "20 seeds × 2000 episodes, H ∈ {7, 8, 10}, B = 100, K = 8",
+                                    f"{cfg['seeds']} seeds × {cfg['episodes']} episodes, H ∈ "
+                                    f"{{{', '.join(map(str, cfg['lengths']))}}}, B = {cfg['batch']}, K = {cfg['k']}")
+                    + " Paper values appear only where the paper has the same H."):
         return
     hs = list(data)
     methods = [m for m in cfg["methods"] if any(m in d for d in data.values())]

@@ -1,6 +1,6 @@
-"""What the token-sequence experiment modules share besides the engine: method labels, the config fields every
-one of them has (documented once), unit naming, and report helpers (steps-to-x and final-error tables next to
-the paper's numbers, curve grids with ± s.e. bands)."""
+"""What the token-sequence experiment modules share besides the engine and their config base
+(:mod:`targetpo.tokens.config`): method labels, seed lists, and report helpers (steps-to-x and final-error
+tables next to the paper's numbers, curve grids with ± s.e. bands)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import numpy as np
 
 from targetpo.runs import plots
 from targetpo.runs.stats import Curve, curves, first_below, fmt, mean_se
-from targetpo.tokens.engine import METHODS, TRIAL_FIELDS_DOC
 
 LABELS = {"reinforce": "REINFORCE", "ppo": "PPO", "dg": "DG", "tpo": "TPO", "tpo_no_anchor": "TPO (no anchor)",
           "group_pg": "Group PG", "grpo": "GRPO", "grpo_no_kl": "GRPO (no KL)", "grpo_masked": "GRPO (masked)",
@@ -18,32 +17,8 @@ LABELS = {"reinforce": "REINFORCE", "ppo": "PPO", "dg": "DG", "tpo": "TPO", "tpo
 # the token experiments 2–8× slower in our measurements; on a quiet machine `--threads 2` may help a little.
 TORCH_THREADS = 1
 
-COMMON_FIELDS_DOC = """seeds: independent seeds, vectorised as one batch inside each unit
-seed: first seed (seeds are seed, seed+1, ...); seed s alone fixes its initial model and prompts
-methods: which methods to run (see targetpo.tokens.engine.METHODS)
-""" + TRIAL_FIELDS_DOC
-
-
-def config_doc(own: str) -> str:
-    """A Config docstring: the shared `field: help` lines, then the experiment's own (which win on a repeat)."""
-    return COMMON_FIELDS_DOC.rstrip() + "\n" + own.strip()
-
-
 def seed_list(cfg) -> list[int]:
     return list(range(cfg.seed, cfg.seed + cfg.seeds))
-
-
-def check_methods(methods, allowed: tuple[str, ...], variants: tuple[str, ...] = ()) -> None:
-    """`methods` must be engine methods (or named `variants` of them) that this experiment allows."""
-    unknown = [m for m in methods if m not in METHODS and m not in variants]
-    if unknown:
-        extra = f" (plus {', '.join(variants)})" if variants else ""
-        raise ValueError(f"unknown methods {unknown}; the engine has {', '.join(METHODS)}{extra}")
-    bad = [m for m in methods if m not in allowed]
-    if bad:
-        raise ValueError(f"methods {bad} are not part of this experiment; choose from {allowed}")
-    if not methods:
-        raise ValueError("methods must not be empty")
 
 
 def label(method: str) -> str:
@@ -115,3 +90,15 @@ def pct(x: float | None) -> float | None:
 
 def finite(x) -> bool:
     return x is not None and np.isfinite(x)
+
+
+def intro(section, run, doc: str, data, preset_note: str) -> bool:
+    """A report's opening: the protocol (the experiment module's docstring after its title) and, for any preset
+    but `paper`, how this run's preset differs from the paper's protocol. False (and says so) when the run has
+    no metrics yet, so the caller stops there."""
+    section.text(doc.split("\n\n", 1)[1])
+    if run.meta.get("preset") != "paper":
+        section.text(preset_note)
+    if not data:
+        section.text("No metrics recorded yet.")
+    return bool(data)

@@ -11,10 +11,10 @@ below 0.01.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from targetpo import paper
 from targetpo.tokens import common as tc
+from targetpo.runs.config import config, default, param, swept
+from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import run_trial, trial_config
 
 NAME = "token-dense"
@@ -24,40 +24,16 @@ METHODS = ("ppo", "dg", "tpo_token", "grpo_token")
 TORCH_THREADS = tc.TORCH_THREADS
 
 
-@dataclass(frozen=True)
-class Config:
-    seeds: int = 20
-    seed: int = 0
-    episodes: int = 1000
-    vocabs: tuple[int, ...] = (2, 4, 8, 16)
-    methods: tuple[str, ...] = METHODS
-    task: str = "reverse_copy"
-    reward: str = "bag"
-    length: int = 10
-    batch: int = 100
-    k: int = 8
-    epochs: int = 4
-    dg_epochs: int = 1
-    lr: float = 1e-3
-    clip_eps: float = 0.2
-    grpo_beta: float = 0.04
-    dg_eta: float = 1.0
-    tpo_eta: float = 1.0
-    heads: int = 2
-    optimizer: str = "optax"
+@config
+class Config(TokenConfig):
+    vocabs: tuple[int, ...] = param((2, 4, 8, 16), "vocabulary sizes V to sweep", ge=2)
+    vocab = swept("vocabs")
+    methods = default(METHODS, choices=("reinforce", "ppo", "dg", "tpo_token", "grpo_token", "grpo_token_no_kl"))
 
-    def validate(self) -> None:
-        tc.check_methods(self.methods, ("reinforce", "ppo", "dg", "tpo_token", "grpo_token", "grpo_token_no_kl"))
-        if self.seeds < 1:
-            raise ValueError(f"seeds must be >= 1, got {self.seeds}")
-        if not self.vocabs or min(self.vocabs) < 2:
-            raise ValueError(f"vocabs must be a non-empty list of sizes >= 2, got {self.vocabs}")
+    def check(self) -> None:
         for v in self.vocabs:
-            trial_config(self, vocab=v)   # validates every shared field
+            trial_config(self, vocab=v)
 
-
-Config.__doc__ = tc.config_doc("""episodes: episodes per unit (the paper: 1000)
-vocabs: vocabulary sizes V to sweep (the paper: 2, 4, 8, 16)""")
 
 PRESETS = {
     "smoke": Config(seeds=2, episodes=4, vocabs=(2, 4), batch=16, length=4),
@@ -67,6 +43,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "cpu"
+RUNTIME = "V ∈ {2, 4}, ~6 min"
 
 
 def units(cfg: Config) -> list[str]:
@@ -114,14 +91,11 @@ def summary(run) -> str:
 def report(run, section) -> None:
     cfg = run.config
     data = _by_vocab(run)
-    section.text(__doc__.split("\n\n", 1)[1])
-    if run.meta.get("preset") != "paper":
-        section.text(f"Preset `{run.meta.get('preset')}`: {cfg['seeds']} seeds × {cfg['episodes']} episodes, "
-                     f"V ∈ {{{', '.join(map(str, cfg['vocabs']))}}}, H = {cfg['length']}, B = {cfg['batch']} "
-                     f"(the paper: 20 seeds × 1000 episodes, V ∈ {{2, 4, 8, 16}}, H = 10, B = 100). A method that "
-                     f"reaches 1% after episode {cfg['episodes'] - 1} shows as '–' here.")
-    if not data:
-        section.text("No metrics recorded yet.")
+    if not tc.intro(section, run, __doc__, data,
+                    f"Preset `{run.meta.get('preset')}`: {cfg['seeds']} seeds × {cfg['episodes']} episodes, "
+                    f"V ∈ {{{', '.join(map(str, cfg['vocabs']))}}}, H = {cfg['length']}, B = {cfg['batch']} "
+                    f"(the paper: 20 seeds × 1000 episodes, V ∈ {{2, 4, 8, 16}}, H = 10, B = 100). A method that "
+                    f"reaches 1% after episode {cfg['episodes'] - 1} shows as '–' here."):
         return
     methods = [m for m in cfg["methods"] if any(m in by_m for by_m in data.values())]
     vs = list(data)

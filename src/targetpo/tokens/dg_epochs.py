@@ -20,13 +20,13 @@ so at this scale it compares runs that have not settled (the paper compares afte
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
+from targetpo.runs.config import config, default, param, swept, unused
+from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import run_trial, trial_config
 from targetpo.tokens.variants import ALL_VARIANTS
 
@@ -37,32 +37,35 @@ PARTS = ("terminal", "variants")
 TORCH_THREADS = tc.TORCH_THREADS
 
 
-@dataclass(frozen=True)
-class Config:
-    seeds: int = 20
-    seed: int = 0
-    parts: tuple[str, ...] = PARTS
-    dg_epoch_counts: tuple[int, ...] = (1, 4)
-    terminal_episodes: int = 2000
-    terminal_length: int = 5
-    terminal_batch: int = 256
-    variant_seeds: int = 10
-    variant_episodes: int = 1000
-    variants: tuple[str, ...] = ALL_VARIANTS
-    length: int = 10
-    batch: int = 100
-    vocab: int = 2
-    lr: float = 1e-3
-    dg_eta: float = 1.0
-    heads: int = 2
-    optimizer: str = "optax"
+@config
+class Config(TokenConfig):
+    seeds = default(20, help="seeds of part (a), the terminal task (the paper: 20); part (b, c) uses the first "
+                    "variant_seeds of them")
+    parts: tuple[str, ...] = param(PARTS, "terminal (App. E a: reverse copy, exact-match reward) and/or variants "
+                                   "(App. E b, c: the 8 dense variants)", choices=PARTS)
+    dg_epoch_counts: tuple[int, ...] = param((1, 4), "DG optimizer steps per batch to compare (the authors' code: "
+                                             "1; App. E: 4)", ge=1)
+    terminal_episodes: int = param(2000, "episodes of part (a)", ge=1)
+    terminal_length: int = param(5, "H of part (a) (5: the paper's curve starts at 1 − 2^−5)", ge=1)
+    terminal_batch: int = param(256, "prompts per episode of part (a) (not stated in the paper; 256 as in the "
+                                "authors' smoke preset)", ge=1)
+    variant_seeds: int = param(10, "seeds of part (b, c) (the paper: 10)", ge=1)
+    variant_episodes: int = param(1000, "episodes of part (b, c)", ge=1)
+    variants: tuple[str, ...] = param(ALL_VARIANTS, "reward/task pairs of part (b, c) (the paper: all 8)",
+                                      choices=ALL_VARIANTS)
+    length = default(10, help="H of part (b, c) (the paper: 10)")
+    batch = default(100, help="B of part (b, c) (the paper: 100)")
+    episodes = swept("terminal_episodes and variant_episodes")
+    dg_epochs = swept("dg_epoch_counts")
+    task = swept("parts and variants")
+    reward = swept("parts and variants")
+    methods = default(("dg",), choices=("dg",))
+    epochs = unused("DG only; its steps per batch are dg_epoch_counts")
+    clip_eps = unused("DG only")
+    grpo_beta = unused("DG only")
+    tpo_eta = unused("DG only")
 
-    def validate(self) -> None:
-        tr.check_positive(self, "seeds", "variant_seeds", "terminal_episodes", "variant_episodes")
-        tr.check_subset("parts", self.parts, PARTS)
-        tr.check_subset("variants", self.variants, ALL_VARIANTS)
-        if not self.dg_epoch_counts or min(self.dg_epoch_counts) < 1:
-            raise ValueError(f"dg_epoch_counts must be a non-empty list of counts >= 1, got {self.dg_epoch_counts}")
+    def check(self) -> None:
         if "variants" in self.parts and self.variant_seeds > self.seeds:
             raise ValueError(f"variant_seeds ({self.variant_seeds}) must be <= seeds ({self.seeds}): the "
                              "variants run the first variant_seeds of the run's seeds")
@@ -73,18 +76,6 @@ class Config:
             trial_config(self, task=task, reward=reward)
 
 
-Config.__doc__ = tr.config_doc("""seeds: seeds of part (a), the terminal task (the paper: 20); part (b, c) uses the first variant_seeds of them
-parts: terminal (App. E a: reverse copy, exact-match reward) and/or variants (App. E b, c: the 8 dense variants)
-dg_epoch_counts: DG optimizer steps per batch to compare (the authors' code: 1; App. E: 4)
-terminal_episodes: episodes of part (a) (the paper: 2000)
-terminal_length: H of part (a) (5: the paper's curve starts at 1 − 2^−5)
-terminal_batch: prompts per episode of part (a) (not stated in the paper; 256 as in the authors' smoke preset)
-variant_seeds: seeds of part (b, c) (the paper: 10)
-variant_episodes: episodes of part (b, c) (the paper: 1000)
-variants: reward/task pairs of part (b, c) (the paper: all 8)
-length: H of part (b, c) (the paper: 10)
-batch: B of part (b, c) (the paper: 100)""")
-
 PRESETS = {
     "smoke": Config(seeds=2, variant_seeds=1, terminal_episodes=3, terminal_length=3, terminal_batch=8,
                     variant_episodes=3, variants=("bag/copy", "sequential/flip"), length=4, batch=8),
@@ -92,6 +83,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "cpu"
+RUNTIME = "DG 1 vs 4 epochs: terminal H = 5 and the 8 variants at H = 6, ~7 min"
 
 
 def units(cfg: Config) -> list[str]:
@@ -156,15 +148,12 @@ def summary(run) -> str:
 def report(run, section) -> None:
     cfg = run.config
     data = _data(run)
-    section.text(__doc__.split("\n\n", 1)[1])
-    if run.meta.get("preset") != "paper":
-        section.text(tr.horizon_note(
-            run, "(a) H = 5, 20 seeds × 2000 episodes; (b, c) H = 10, B = 100, 10 seeds × 1000 episodes",
-            f"(a) H = {cfg['terminal_length']}, B = {cfg['terminal_batch']}, {cfg['seeds']} seeds × "
-            f"{cfg['terminal_episodes']} episodes; (b, c) H = {cfg['length']}, B = {cfg['batch']}, "
-            f"{cfg['variant_seeds']} seeds × {cfg['variant_episodes']} episodes"))
-    if not data:
-        section.text("No metrics recorded yet.")
+    note = tr.horizon_note(
+        run, "(a) H = 5, 20 seeds × 2000 episodes; (b, c) H = 10, B = 100, 10 seeds × 1000 episodes",
+        f"(a) H = {cfg['terminal_length']}, B = {cfg['terminal_batch']}, {cfg['seeds']} seeds × "
+        f"{cfg['terminal_episodes']} episodes; (b, c) H = {cfg['length']}, B = {cfg['batch']}, "
+        f"{cfg['variant_seeds']} seeds × {cfg['variant_episodes']} episodes")
+    if not tc.intro(section, run, __doc__, data, note):
         return
     counts = sorted({e for by_e in data.values() for e in by_e})
     rows = []

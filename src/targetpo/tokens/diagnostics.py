@@ -18,13 +18,13 @@ average over episodes/40 per seed, as in the authors' figure.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
+from targetpo.runs.config import config, default
+from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import trial_config
 
 NAME = "token-diagnostics"
@@ -38,36 +38,20 @@ PANELS = {"error": "error", "grad_norm": "first-epoch gradient norm", "all_fail"
 TORCH_THREADS = tc.TORCH_THREADS
 
 
-@dataclass(frozen=True)
-class Config:
-    seeds: int = 10
-    seed: int = 0
-    episodes: int = 2000
-    methods: tuple[str, ...] = METHODS
-    task: str = "reverse_copy"
-    reward: str = "terminal"
-    length: int = 8
-    vocab: int = 2
-    batch: int = 256
-    k: int = 32
-    epochs: int = 4
-    dg_epochs: int = 1
-    lr: float = 1e-3
-    clip_eps: float = 0.2
-    grpo_beta: float = 0.04
-    dg_eta: float = 1.0
-    tpo_eta: float = 1.0
-    heads: int = 2
-    optimizer: str = "optax"
+@config
+class Config(TokenConfig):
+    seeds = 10
+    episodes = 2000
+    reward = "terminal"
+    length = 8
+    batch = 256
+    k = 32
+    methods = default(METHODS, choices=ALLOWED, help="which methods to run; tpo_1ep is TPO with 1 epoch per batch "
+                      "(Fig. 14)")
 
-    def validate(self) -> None:
-        tr.check_methods(self.methods, ALLOWED)
-        tr.check_positive(self, "seeds", "episodes")
+    def check(self) -> None:
         trial_config(self)
 
-
-Config.__doc__ = tr.config_doc("""episodes: episodes per unit (the paper: 2000)
-methods: which methods to run; tpo_1ep is TPO with 1 epoch per batch (Fig. 14)""")
 
 PRESETS = {
     "smoke": Config(seeds=2, episodes=3, length=3, batch=8, k=4),
@@ -75,6 +59,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "cpu"
+RUNTIME = "H = 6, K = 8, B = 64, ~4.5 min"
 
 
 def run_unit(cfg: Config, unit: str, ctx) -> None:
@@ -108,17 +93,14 @@ def summary(run) -> str:
 
 def report(run, section) -> None:
     cfg = run.config
-    section.text(__doc__.split("\n\n", 1)[1])
-    if run.meta.get("preset") != "paper":
-        section.text(tr.horizon_note(run, "10 seeds × 2000 episodes, H = 8, B = 256, K = 32",
-                                     f"{cfg['seeds']} seeds × {cfg['episodes']} episodes, H = {cfg['length']}, "
-                                     f"B = {cfg['batch']}, K = {cfg['k']}")
-                     + " Episode counts of the paper (e.g. 'by episode 250') are compared after scaling by "
-                       "this run's horizon only where stated.")
     metrics = {k: tc.unit_curves(run, k) for k in PANELS}
     err = metrics["error"]
-    if not err:
-        section.text("No metrics recorded yet.")
+    if not tc.intro(section, run, __doc__, err,
+                    tr.horizon_note(run, "10 seeds × 2000 episodes, H = 8, B = 256, K = 32",
+                                    f"{cfg['seeds']} seeds × {cfg['episodes']} episodes, H = {cfg['length']}, "
+                                    f"B = {cfg['batch']}, K = {cfg['k']}")
+                    + " Episode counts of the paper (e.g. 'by episode 250') are compared after scaling by "
+                      "this run's horizon only where stated."):
         return
     w = _window(cfg)
     grid = {title: metrics[k] for k, title in PANELS.items() if metrics[k]}

@@ -32,7 +32,8 @@ Metrics (per seed, measured on the episode's training rollout *before* the updat
   batch (NaN when there are none): TPO q_i; GRPO |A_i|; Group PG |u_i|/η; PPO and REINFORCE mean_t |A|; DG
   mean_t |gate·A| (first epoch).
 
-Methods (:data:`METHODS`; losses are the library's ``targetpo.objectives``, never re-implemented here):
+Methods (:data:`METHODS`; each names its loss in the objective registry ``targetpo.objectives.get``, whose
+``needs_groups`` gives the rollout kind and ``multi_epoch_safe`` the epochs field; never re-implemented here):
 
 ====================  ==========  ============================================================  ===========
 name                  rollout     loss (recomputed under θ every epoch; q / A / old log-probs frozen)  epochs
@@ -59,9 +60,9 @@ pair once over its cached keys/values (exact: identical inputs, identical log-pr
 reads all H states' next-token distributions from that one pass over the behaviour trajectory (causal masking
 makes it identical to the authors' one pass per prefix state, H× cheaper).
 
-Building an experiment on it: see ``tokens/dense.py`` / ``tokens/terminal.py``. A module's ``Config`` carries the
-TrialConfig fields it needs by name (documented once in ``tokens.common.COMMON_FIELDS_DOC``), its units name a
-(configuration, method) pair, and ``run_unit`` is one call:
+Building an experiment on it: see ``dense.py`` / ``terminal.py``. A module's ``Config`` extends
+``tokens.config.TokenConfig`` (every :class:`TrialConfig` field, declared once with help and bounds, plus seeds
+and methods) with its sweep fields; its units name a (configuration, method) pair, and ``run_unit`` is one call:
 ``run_trial(trial_config(cfg, vocab=v), method, seed_list(cfg), ctx.device, ctx.log, ctx.advance)``.
 ``tokens.common`` also has the report helpers (steps-to-x, final and tail-mean errors, "ours (paper)" cells,
 fastest-method claims, curve grids with ± s.e. bands). Lower-level pieces are public for diagnostics work:
@@ -89,94 +90,91 @@ from targetpo import objectives as obj
 from targetpo.tokens import transformer as tfm
 from targetpo.optim import OPTIMIZERS, make_optimizer
 from targetpo.tokens import tasks
+from targetpo.runs.config import param, validate
 
 
 @dataclass(frozen=True)
 class Method:
-    rollout: str        # "single" | "group" | "token"
-    epochs_field: str   # which TrialConfig field gives its epochs per episode
-    summary: str
+    """An engine method: its loss is the registry objective `objective` (``targetpo.objectives.get``), whose
+    `needs_groups` and `multi_epoch_safe` decide how the engine runs it."""
 
+    objective: str
+    summary: str
+    per_state: bool = False  # groups are K candidate next tokens at every state, not K full answers
+
+    @property
+    def rollout(self) -> str:
+        """"single" (one answer per prompt) when the objective needs no groups, else "token" (K candidate next
+        tokens per state) or "group" (K full answers per prompt)."""
+        if not obj.get(self.objective).needs_groups:
+            return "single"
+        return "token" if self.per_state else "group"
+
+    @property
+    def epochs_field(self) -> str:
+        """The TrialConfig field giving its optimizer steps per episode: `dg_epochs` for an objective that is not
+        multi-epoch safe (the paper's code: 1), `epochs` otherwise and for REUSED_ANYWAY."""
+        o = obj.get(self.objective)
+        return "epochs" if o.multi_epoch_safe or o.name in REUSED_ANYWAY else "dg_epochs"
+
+
+# The paper's code steps REINFORCE and Group PG `epochs` times on each batch like the multi-epoch-safe methods,
+# although neither has a ratio or frozen target to correct for the drift; kept so the paper's numbers reproduce.
+REUSED_ANYWAY = ("reinforce", "group_pg")
 
 METHODS: dict[str, Method] = {
-    "reinforce": Method("single", "epochs", "REINFORCE, per-position batch-mean baseline"),
-    "ppo": Method("single", "epochs", "PPO clipped surrogate, per token"),
-    "dg": Method("single", "dg_epochs", "Delightful PG (sigmoid gate on surprisal × advantage)"),
-    "tpo": Method("group", "epochs", "TPO over K full rollouts (sequence level)"),
-    "tpo_no_anchor": Method("group", "epochs", "TPO with q = softmax(u/η), no p_old anchor"),
-    "group_pg": Method("group", "epochs", "−Σ u_i log π(y_i), not renormalised"),
-    "grpo": Method("group", "epochs", "GRPO, sequence-level ratio, k3 KL to the rollout policy"),
-    "grpo_no_kl": Method("group", "epochs", "GRPO with β = 0"),
-    "grpo_masked": Method("group", "epochs", "GRPO dropping zero-variance groups"),
-    "tpo_token": Method("token", "epochs", "TPO over K candidate next tokens at each state"),
-    "grpo_token": Method("token", "epochs", "GRPO over K candidate next tokens at each state"),
-    "grpo_token_no_kl": Method("token", "epochs", "GRPO_token with β = 0"),
+    "reinforce": Method("reinforce", "REINFORCE, per-position batch-mean baseline"),
+    "ppo": Method("ppo", "PPO clipped surrogate, per token"),
+    "dg": Method("dg", "Delightful PG (sigmoid gate on surprisal × advantage)"),
+    "tpo": Method("tpo", "TPO over K full rollouts (sequence level)"),
+    "tpo_no_anchor": Method("tpo_no_anchor", "TPO with q = softmax(u/η), no p_old anchor"),
+    "group_pg": Method("group_pg", "−Σ u_i log π(y_i), not renormalised"),
+    "grpo": Method("grpo", "GRPO, sequence-level ratio, k3 KL to the rollout policy"),
+    "grpo_no_kl": Method("grpo_no_kl", "GRPO with β = 0"),
+    "grpo_masked": Method("grpo_masked", "GRPO dropping zero-variance groups"),
+    "tpo_token": Method("tpo_token", "TPO over K candidate next tokens at each state", per_state=True),
+    "grpo_token": Method("grpo", "GRPO over K candidate next tokens at each state", per_state=True),
+    "grpo_token_no_kl": Method("grpo_no_kl", "GRPO_token with β = 0", per_state=True),
 }
 MATCHES = ("prompts", "interactions")
 METRICS = ("error", "grad_norm", "frac_success", "all_fail", "frac_zero_var", "weight_winners", "weight_losers")
 
-TRIAL_FIELDS_DOC = """task: target of the answer: copy, flip, reverse_copy or reverse_flip
-reward: bag (per-token), sequential (up to the first mistake) or terminal (exact match)
-length: H, prompt length = answer length
-vocab: V, token vocabulary size
-batch: B, prompts per episode
-k: K, candidates per group (full rollouts for sequence-level methods, next tokens for token-level)
-episodes: episodes (one rollout batch + its update each)
-epochs: optimizer steps per episode on the same batch (all methods but DG)
-dg_epochs: DG's optimizer steps per episode (the authors' code: 1; App. E: 4)
-lr: effective learning rate of Muon and AdamW (the code's 10 × 1e-4)
-clip_eps: PPO/GRPO clip range ε
-grpo_beta: GRPO's k3-KL weight β (to the rollout policy)
-dg_eta: DG gate temperature η
-tpo_eta: TPO target temperature η
-match: prompts (every method sees B prompts) or interactions (single-sample methods see B·K prompts)
-interaction_lr_scale: in interaction-matched runs, multiply single-sample methods' lr by √K (the code)
-heads: attention heads (2 = the authors' code, which reproduces the paper's numbers; the text says 4)
-optimizer: optax (the paper's Muon + Nesterov-AdamW partition) or torch (torch.optim.Muon + AdamW)"""
-
-
 @dataclass(frozen=True)
 class TrialConfig:
-    __doc__ = TRIAL_FIELDS_DOC
+    """Every knob of one trial; :func:`trial_config` builds one from an experiment's config."""
 
-    task: str = "reverse_copy"
-    reward: str = "bag"
-    length: int = 10
-    vocab: int = 2
-    batch: int = 100
-    k: int = 8
-    episodes: int = 1000
-    epochs: int = 4
-    dg_epochs: int = 1
-    lr: float = 1e-3
-    clip_eps: float = 0.2
-    grpo_beta: float = 0.04
-    dg_eta: float = 1.0
-    tpo_eta: float = 1.0
-    match: str = "prompts"
-    interaction_lr_scale: bool = True
-    heads: int = 2
-    optimizer: str = "optax"
+    task: str = param("reverse_copy", "target of the answer", choices=tasks.TASKS)
+    reward: str = param("bag", "bag (per-token), sequential (up to the first mistake) or terminal (exact match)",
+                        choices=tasks.REWARDS)
+    length: int = param(10, "H, prompt length = answer length", ge=1)
+    vocab: int = param(2, "V, token vocabulary size", ge=2)
+    batch: int = param(100, "B, prompts per episode", ge=1)
+    k: int = param(8, "K, candidates per group (full rollouts for sequence-level methods, next tokens for "
+                   "token-level)", ge=2)
+    episodes: int = param(1000, "episodes (one rollout batch + its update each)", ge=1)
+    epochs: int = param(4, "optimizer steps per episode on the same batch (all methods but DG)", ge=1)
+    dg_epochs: int = param(1, "DG's optimizer steps per episode (the authors' code: 1; App. E: 4)", ge=1)
+    lr: float = param(1e-3, "effective learning rate of Muon and AdamW (the code's 10 × 1e-4)", gt=0)
+    clip_eps: float = param(0.2, "PPO/GRPO clip range ε", gt=0)
+    grpo_beta: float = param(0.04, "GRPO's k3-KL weight β (to the rollout policy)", ge=0)
+    dg_eta: float = param(1.0, "DG gate temperature η", gt=0)
+    tpo_eta: float = param(1.0, "TPO target temperature η", gt=0)
+    match: str = param("prompts", "prompts (every method sees B prompts) or interactions (single-sample methods "
+                       "see B·K prompts)", choices=MATCHES)
+    interaction_lr_scale: bool = param(True, "in interaction-matched runs, multiply single-sample methods' lr by "
+                                       "√K (the code)")
+    heads: int = param(2, "attention heads, a divisor of d_model = 64 (2 = the authors' code, which reproduces "
+                       "the paper's numbers; the text says 4)", ge=1)
+    optimizer: str = param("optax", "optax (the paper's Muon + Nesterov-AdamW partition) or torch "
+                           "(torch.optim.Muon + AdamW)", choices=OPTIMIZERS)
 
     def validate(self) -> None:
-        tasks.check_task(self.task, self.reward)
-        small = {f: getattr(self, f) for f in ("length", "batch", "episodes", "epochs", "dg_epochs", "heads")
-                 if getattr(self, f) < 1}
-        if small:
-            raise ValueError(f"these trial fields must be >= 1: {small}")
-        if self.vocab < 2 or self.k < 2:
-            raise ValueError(f"vocab and k must be >= 2, got vocab={self.vocab}, k={self.k}")
-        for f in ("lr", "clip_eps", "dg_eta", "tpo_eta"):
-            if not getattr(self, f) > 0:
-                raise ValueError(f"{f} must be > 0, got {getattr(self, f)}")
-        if self.grpo_beta < 0:
-            raise ValueError(f"grpo_beta must be >= 0, got {self.grpo_beta}")
-        if self.match not in MATCHES:
-            raise ValueError(f"match must be one of {MATCHES}, got {self.match!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        validate(self)
+        self.check()
+
+    def check(self) -> None:
         if 64 % self.heads:
-            raise ValueError(f"heads must divide d_model = 64, got {self.heads}")
+            raise ValueError(f"heads={self.heads}: must divide d_model = 64")
 
 
 def trial_config(cfg: Any, **overrides) -> TrialConfig:
@@ -397,54 +395,57 @@ def collect(params, spec: tfm.TransformerSpec, cfg: TrialConfig, method: str, pr
     return batch
 
 
+def _beta(cfg: TrialConfig, o: obj.Objective) -> dict[str, float]:
+    """GRPO's β from the trial, unless the registry entry fixes it (grpo_no_kl: β = 0)."""
+    return {} if "beta" in getattr(o.fn, "keywords", {}) else {"beta": cfg.grpo_beta}
+
+
 def loss_fn(params, spec: tfm.TransformerSpec, cfg: TrialConfig, method: str, batch: Batch) -> Tensor:
     """The method's loss on `batch` under `params`: the sum over seeds of each seed's own objective value."""
     s = batch.actions.shape[0]
     logp_v = answer_logp(params, spec, batch.prompts, batch.actions)            # [S, B, G, H, V]
-    kind = METHODS[method].rollout
+    kind, o = METHODS[method].rollout, obj.get(METHODS[method].objective)
     if kind == "token":
         tok = logp_v[:, :, 0]                                                     # [S, B, H, V]
-        if method == "tpo_token":
-            out = obj.tpo_token_loss(tok, batch.candidates, batch.cand_logp, batch.cand_rewards, eta=cfg.tpo_eta)
+        if o.level == "token-candidates":
+            out = o.fn(tok, batch.candidates, batch.cand_logp, batch.cand_rewards, eta=cfg.tpo_eta)
         else:
-            beta = 0.0 if method == "grpo_token_no_kl" else cfg.grpo_beta
             lp = tok.gather(-1, batch.candidates)
-            out = obj.grpo_loss(lp, batch.cand_logp, batch.cand_rewards, clip_eps=cfg.clip_eps, beta=beta)
+            out = o.fn(lp, batch.cand_logp, batch.cand_rewards, clip_eps=cfg.clip_eps, **_beta(cfg, o))
         return out.loss * s
     lp = logp_v.gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)               # [S, B, G, H]
     if kind == "single":
         lp, old = lp[:, :, 0], batch.old_logp[:, :, 0]
-        if method == "ppo":
-            out = obj.ppo_loss(lp, old, batch.adv, clip_eps=cfg.clip_eps)
-        elif method == "dg":
-            out = obj.dg_loss(lp, batch.adv, eta=cfg.dg_eta)
+        if o.name == "ppo":
+            out = o.fn(lp, old, batch.adv, clip_eps=cfg.clip_eps)
+        elif o.name == "dg":
+            out = o.fn(lp, batch.adv, eta=cfg.dg_eta)
         else:
-            out = obj.reinforce_loss(lp, batch.adv)
+            out = o.fn(lp, batch.adv)
         return out.loss * s
     seq, old_seq = lp.sum(dim=-1), batch.old_logp.sum(dim=-1)                    # [S, B, K]
-    if method in ("tpo", "tpo_no_anchor"):
-        out = obj.tpo_loss(seq, old_seq, batch.scores, eta=cfg.tpo_eta, anchor=method == "tpo")
-    elif method == "group_pg":
-        out = obj.group_pg_loss(seq, batch.scores, eta=cfg.tpo_eta)
-    elif method == "grpo_masked":
+    if o.name in ("tpo", "tpo_no_anchor"):
+        out = o.fn(seq, old_seq, batch.scores, eta=cfg.tpo_eta)
+    elif o.name == "group_pg":
+        out = o.fn(seq, batch.scores, eta=cfg.tpo_eta)
+    elif o.name == "grpo_masked":
         # Normalised by each seed's own number of informative groups (the paper's per-seed run), so per seed.
-        return sum(obj.grpo_loss(seq[i], old_seq[i], batch.scores[i], clip_eps=cfg.clip_eps, beta=cfg.grpo_beta,
-                                 mask_zero_var=True).loss for i in range(s))
+        return sum(o.fn(seq[i], old_seq[i], batch.scores[i], clip_eps=cfg.clip_eps, **_beta(cfg, o)).loss
+                   for i in range(s))
     else:
-        beta = 0.0 if method == "grpo_no_kl" else cfg.grpo_beta
-        out = obj.grpo_loss(seq, old_seq, batch.scores, clip_eps=cfg.clip_eps, beta=beta)
+        out = o.fn(seq, old_seq, batch.scores, clip_eps=cfg.clip_eps, **_beta(cfg, o))
     return out.loss * s
 
 
 @torch.no_grad()
 def diagnostics(cfg: TrialConfig, method: str, batch: Batch) -> dict[str, Tensor]:
     """Per-seed diagnostics (docs/experiments.md §E8) of an episode's batch (grad_norm is added by the training step)."""
-    kind = METHODS[method].rollout
+    kind, name = METHODS[method].rollout, METHODS[method].objective
     out: dict[str, Tensor] = {}
     if kind == "single":
         ok = tasks.exact_match(batch.actions[:, :, 0], tasks.targets(batch.prompts, cfg.task, cfg.vocab))  # [S, B]
         out["frac_success"] = _seed_mean(ok)
-        if method == "dg":
+        if name == "dg":
             w = obj.delight_gate(batch.old_logp[:, :, 0], batch.adv, cfg.dg_eta) * batch.adv
         else:
             w = batch.adv
@@ -458,9 +459,9 @@ def diagnostics(cfg: TrialConfig, method: str, batch: Batch) -> dict[str, Tensor
             ok = scores > 0
         out["frac_success"] = _seed_mean(ok.any(dim=-1))
         out["frac_zero_var"] = _seed_mean(obj.zero_variance_groups(scores))
-        if method in ("tpo", "tpo_token", "tpo_no_anchor"):
-            w = obj.tpo_target(old, scores, cfg.tpo_eta, anchor=method != "tpo_no_anchor")
-        elif method == "group_pg":
+        if name in ("tpo", "tpo_token", "tpo_no_anchor"):
+            w = obj.tpo_target(old, scores, cfg.tpo_eta, anchor=name != "tpo_no_anchor")
+        elif name == "group_pg":
             w = obj.standardize_scores(scores).abs() / cfg.tpo_eta
         else:
             w = obj.group_advantages(scores).abs()

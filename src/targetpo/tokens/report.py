@@ -25,26 +25,6 @@ EXTRA_COLORS = {"tpo_1ep": "#ff9896", "dg_4ep": "#aec7e8", "tpo_no_anchor": "#e3
 SWEEP_COLORS = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d")
 
 
-config_doc = tc.config_doc
-
-
-def check_methods(methods, allowed: tuple[str, ...]) -> None:
-    """Like common.check_methods, also accepting the named variants of VARIANTS."""
-    tc.check_methods(methods, allowed, tuple(VARIANTS))
-
-
-def check_positive(cfg, *names: str) -> None:
-    small = {n: getattr(cfg, n) for n in names if getattr(cfg, n) < 1}
-    if small:
-        raise ValueError(f"these config fields must be >= 1: {small}")
-
-
-def check_subset(name: str, values, allowed) -> None:
-    bad = [v for v in values if v not in allowed]
-    if bad or not values:
-        raise ValueError(f"{name} must be a non-empty subset of {tuple(allowed)}, got {tuple(values)}")
-
-
 def resolve(cfg, method: str, **overrides) -> tuple[TrialConfig, str]:
     """(TrialConfig, engine method) for `method`, a METHODS key or a VARIANTS name, with extra overrides."""
     base, fixed = VARIANTS.get(method, (method, {}))

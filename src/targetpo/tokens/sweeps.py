@@ -23,11 +23,11 @@ to 16, 30 seeds × 2000 episodes). Smaller batches (B = 32) make every method's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
+from targetpo.runs.config import config, default, param, unused
+from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import trial_config
 
 NAME = "token-sweeps"
@@ -38,48 +38,31 @@ SWEEPS = ("k", "epochs", "masking")
 TORCH_THREADS = tc.TORCH_THREADS
 
 
-@dataclass(frozen=True)
-class Config:
-    seeds: int = 30
-    seed: int = 0
-    episodes: int = 2000
-    sweeps: tuple[str, ...] = SWEEPS
-    ks: tuple[int, ...] = (4, 8, 16, 32, 64)
-    epoch_counts: tuple[int, ...] = (1, 2, 4, 8, 16)
-    methods: tuple[str, ...] = METHODS
-    task: str = "reverse_copy"
-    reward: str = "terminal"
-    length: int = 8
-    vocab: int = 2
-    batch: int = 256
-    k: int = 32
-    epochs: int = 4
-    lr: float = 1e-3
-    clip_eps: float = 0.2
-    grpo_beta: float = 0.04
-    tpo_eta: float = 1.0
-    heads: int = 2
-    optimizer: str = "optax"
+@config
+class Config(TokenConfig):
+    sweeps: tuple[str, ...] = param(SWEEPS, "which sweeps to run: k (Fig. 12), epochs (Fig. 13), masking (Fig. 15)",
+                                    choices=SWEEPS)
+    ks: tuple[int, ...] = param((4, 8, 16, 32, 64), "group sizes K of the K sweep (at `epochs` epochs)", ge=2)
+    epoch_counts: tuple[int, ...] = param((1, 2, 4, 8, 16), "epochs per batch E of the epoch sweep (at K = `k`)",
+                                          ge=1)
+    seeds = default(30, note="the paper: 30; the authors' code default: 10")
+    episodes = 2000
+    reward = "terminal"
+    length = 8
+    batch = 256
+    k = default(32, help="K, the base group size (epoch sweep and masking)")
+    epochs = default(4, help="the base epochs per batch (K sweep and masking)")
+    methods = default(METHODS, choices=("tpo", "grpo", "grpo_no_kl", "tpo_no_anchor", "group_pg"),
+                      help="methods of the K and epoch sweeps (the masking sweep always runs tpo, grpo and "
+                      "grpo_masked)")
+    dg_epochs = unused("group methods only")
+    dg_eta = unused("group methods only")
+    match = unused("group methods only")
+    interaction_lr_scale = unused("group methods only")
 
-    def validate(self) -> None:
-        tr.check_methods(self.methods, ("tpo", "grpo", "grpo_no_kl", "tpo_no_anchor", "group_pg"))
-        tr.check_positive(self, "seeds", "episodes")
-        tr.check_subset("sweeps", self.sweeps, SWEEPS)
-        if "k" in self.sweeps and (not self.ks or min(self.ks) < 2):
-            raise ValueError(f"ks must be a non-empty list of K >= 2, got {self.ks}")
-        if "epochs" in self.sweeps and (not self.epoch_counts or min(self.epoch_counts) < 1):
-            raise ValueError(f"epoch_counts must be a non-empty list of E >= 1, got {self.epoch_counts}")
+    def check(self) -> None:
         trial_config(self)
 
-
-Config.__doc__ = tr.config_doc("""seeds: independent seeds, vectorised as one batch inside each unit (the paper: 30; the authors' code default: 10)
-episodes: episodes per unit (the paper: 2000)
-sweeps: which sweeps to run: k (Fig. 12), epochs (Fig. 13), masking (Fig. 15)
-ks: group sizes K of the K sweep (at `epochs` epochs)
-epoch_counts: epochs per batch E of the epoch sweep (at K = `k`)
-methods: methods of the K and epoch sweeps (the masking sweep always runs tpo, grpo and grpo_masked)
-k: K, the base group size (epoch sweep and masking)
-epochs: the base epochs per batch (K sweep and masking)""")
 
 PRESETS = {
     "smoke": Config(seeds=2, episodes=2, ks=(2, 4), epoch_counts=(1, 2), length=3, batch=8, k=4, epochs=2),
@@ -87,6 +70,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "cpu"
+RUNTIME = "H = 5, K ∈ {4, 8, 16}, E ∈ {1, 2, 4}, masking, ~4 min"
 
 
 def configs(cfg: Config) -> dict[str, list[tuple[int, int, str]]]:
@@ -152,14 +136,11 @@ def _paper_value(sweep: str, x: int, m: str) -> float | None:
 def report(run, section) -> None:
     cfg = run.config
     cur = _curves(run)
-    section.text(__doc__.split("\n\n", 1)[1])
-    if run.meta.get("preset") != "paper":
-        section.text(tr.horizon_note(run, "30 seeds × 2000 episodes, H = 8, B = 256, base K = 32, 4 epochs",
-                                     f"{cfg['seeds']} seeds × {cfg['episodes']} episodes, H = {cfg['length']}, "
-                                     f"B = {cfg['batch']}, base K = {cfg['k']}, {cfg['epochs']} epochs")
-                     + " Paper values are at H = 8 and 2000 episodes.")
-    if not cur:
-        section.text("No metrics recorded yet.")
+    if not tc.intro(section, run, __doc__, cur,
+                    tr.horizon_note(run, "30 seeds × 2000 episodes, H = 8, B = 256, base K = 32, 4 epochs",
+                                    f"{cfg['seeds']} seeds × {cfg['episodes']} episodes, H = {cfg['length']}, "
+                                    f"B = {cfg['batch']}, base K = {cfg['k']}, {cfg['epochs']} epochs")
+                    + " Paper values are at H = 8 and 2000 episodes."):
         return
     plan = configs(_cfg(cfg))
     grid = {}

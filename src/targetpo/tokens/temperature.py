@@ -17,11 +17,11 @@ to 1%) does not match Table 1's 58 for the same nominal setting, so neither choi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
+from targetpo.runs.config import config, default, param, swept, unused
+from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import trial_config
 
 NAME = "token-temperature"
@@ -31,39 +31,28 @@ LEVELS = {"token": "tpo_token", "sequence": "tpo"}
 TORCH_THREADS = tc.TORCH_THREADS
 
 
-@dataclass(frozen=True)
-class Config:
-    seeds: int = 10
-    seed: int = 0
-    episodes: int = 1000
-    etas: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
-    level: str = "token"
-    task: str = "reverse_copy"
-    reward: str = "bag"
-    length: int = 10
-    vocab: int = 2
-    batch: int = 100
-    k: int = 8
-    epochs: int = 4
-    lr: float = 1e-3
-    heads: int = 2
-    optimizer: str = "optax"
+@config
+class Config(TokenConfig):
+    etas: tuple[float, ...] = param((0.25, 0.5, 1.0, 2.0, 4.0), "TPO target temperatures η to sweep", gt=0)
+    level: str = param("token", "token (TPO_token over K next-token candidates per state; default, the authors' "
+                       "closest command) or sequence (TPO over K full answers scored by fraction correct); the "
+                       "paper does not say which (docs/differences.md §9)", choices=tuple(LEVELS))
+    tpo_eta = swept("etas")
+    methods = default(tuple(LEVELS.values()), fixed="set by level")
+    clip_eps = unused("TPO only")
+    grpo_beta = unused("TPO only")
+    dg_epochs = unused("TPO only")
+    dg_eta = unused("TPO only")
+    match = unused("TPO only")
+    interaction_lr_scale = unused("TPO only")
+    seeds = 10
 
-    def validate(self) -> None:
-        tr.check_positive(self, "seeds", "episodes")
-        if self.level not in LEVELS:
-            raise ValueError(f"level must be one of {tuple(LEVELS)}, got {self.level!r}")
-        if not self.etas or min(self.etas) <= 0:
-            raise ValueError(f"etas must be a non-empty list of η > 0, got {self.etas}")
+    def check(self) -> None:
         if self.level == "token" and self.reward == "terminal":
             raise ValueError("level=token needs a dense reward (bag or sequential), got reward=terminal")
         for eta in self.etas:
             trial_config(self, tpo_eta=eta)
 
-
-Config.__doc__ = tr.config_doc("""episodes: episodes per unit (the paper: 1000)
-etas: TPO target temperatures η to sweep (the paper: 0.25, 0.5, 1, 2, 4)
-level: token (TPO_token over K next-token candidates per state; default, the authors' closest command) or sequence (TPO over K full answers scored by fraction correct); the paper does not say which (docs/differences.md §9)""")
 
 PRESETS = {
     "smoke": Config(seeds=2, episodes=3, etas=(0.5, 2.0), length=4, batch=8, k=4),
@@ -71,6 +60,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "cpu"
+RUNTIME = "η ∈ {0.25, …, 4}, ~3.5 min"
 
 
 def units(cfg: Config) -> list[str]:

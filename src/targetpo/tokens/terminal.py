@@ -14,10 +14,10 @@ mistake, before the update; the paper's "final error" is the seed mean at the la
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from targetpo import paper
 from targetpo.tokens import common as tc
+from targetpo.runs.config import config, default, param, swept
+from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import MATCHES, METHODS as ENGINE_METHODS, run_trial, trial_config
 
 NAME = "token-terminal"
@@ -27,47 +27,22 @@ METHODS = ("ppo", "dg", "tpo", "grpo", "grpo_no_kl")
 TORCH_THREADS = tc.TORCH_THREADS
 
 
-@dataclass(frozen=True)
-class Config:
-    seeds: int = 20
-    seed: int = 0
-    episodes: int = 2000
-    lengths: tuple[int, ...] = (7, 8, 9, 10)
-    matches: tuple[str, ...] = MATCHES
-    methods: tuple[str, ...] = METHODS
-    task: str = "reverse_copy"
-    reward: str = "terminal"
-    vocab: int = 2
-    batch: int = 100
-    k: int = 8
-    epochs: int = 4
-    dg_epochs: int = 1
-    lr: float = 1e-3
-    clip_eps: float = 0.2
-    grpo_beta: float = 0.04
-    dg_eta: float = 1.0
-    tpo_eta: float = 1.0
-    interaction_lr_scale: bool = True
-    heads: int = 2
-    optimizer: str = "optax"
-
-    def validate(self) -> None:
-        tc.check_methods(self.methods, ("reinforce", "ppo", "dg", "tpo", "tpo_no_anchor", "group_pg", "grpo",
+@config
+class Config(TokenConfig):
+    lengths: tuple[int, ...] = param((7, 8, 9, 10), "answer lengths H to sweep", ge=1)
+    matches: tuple[str, ...] = param(MATCHES, "prompts and/or interactions (grouped methods are the same in both "
+                                     "and run once)", choices=MATCHES)
+    length = swept("lengths")
+    match = swept("matches")
+    episodes = 2000
+    reward = "terminal"
+    methods = default(METHODS, choices=("reinforce", "ppo", "dg", "tpo", "tpo_no_anchor", "group_pg", "grpo",
                                         "grpo_no_kl", "grpo_masked"))
-        if self.seeds < 1:
-            raise ValueError(f"seeds must be >= 1, got {self.seeds}")
-        if not self.lengths or min(self.lengths) < 1:
-            raise ValueError(f"lengths must be a non-empty list of H >= 1, got {self.lengths}")
-        bad = [m for m in self.matches if m not in MATCHES]
-        if bad or not self.matches:
-            raise ValueError(f"matches must be a non-empty subset of {MATCHES}, got {self.matches}")
+
+    def check(self) -> None:
         for h in self.lengths:
             trial_config(self, length=h)
 
-
-Config.__doc__ = tc.config_doc("""episodes: episodes per unit (the paper: 2000)
-lengths: answer lengths H to sweep (the paper: 7, 8, 9, 10)
-matches: prompts and/or interactions (grouped methods are the same in both and run once)""")
 
 PRESETS = {
     "smoke": Config(seeds=2, episodes=3, lengths=(3,), batch=8, k=4),
@@ -77,6 +52,7 @@ PRESETS = {
     "paper": Config(),
 }
 REPRODUCE_PRESET = "cpu"
+RUNTIME = "H = 6, both matchings, ~7 min"
 
 
 def _single(method: str) -> bool:
@@ -144,17 +120,14 @@ def summary(run) -> str:
 def report(run, section) -> None:
     cfg = run.config
     data = _table(run)
-    section.text(__doc__.split("\n\n", 1)[1])
-    if run.meta.get("preset") != "paper":
-        section.text(f"Preset `{run.meta.get('preset')}`: {cfg['seeds']} seeds × {cfg['episodes']} episodes, "
-                     f"H ∈ {{{', '.join(map(str, cfg['lengths']))}}}, B = {cfg['batch']}, K = {cfg['k']} (the paper: "
-                     "20 seeds × 2000 episodes, H ∈ {7, 8, 9, 10}, B = 100, K = 8). Paper cells are shown only "
-                     "where the paper has the same H; claims compare methods within this run. At this horizon "
-                     "the slower baselines are still early in training (the paper's GRPO is at 84% error at "
-                     "episode 500 for H = 10), so their order among themselves can differ from Table 3's final "
-                     "one.")
-    if not data:
-        section.text("No metrics recorded yet.")
+    if not tc.intro(section, run, __doc__, data,
+                    f"Preset `{run.meta.get('preset')}`: {cfg['seeds']} seeds × {cfg['episodes']} episodes, "
+                    f"H ∈ {{{', '.join(map(str, cfg['lengths']))}}}, B = {cfg['batch']}, K = {cfg['k']} (the paper: "
+                    "20 seeds × 2000 episodes, H ∈ {7, 8, 9, 10}, B = 100, K = 8). Paper cells are shown only "
+                    "where the paper has the same H; claims compare methods within this run. At this horizon "
+                    "the slower baselines are still early in training (the paper's GRPO is at 84% error at "
+                    "episode 500 for H = 10), so their order among themselves can differ from Table 3's final "
+                    "one."):
         return
     cols = list(data)
     methods = [m for m in cfg["methods"] if any(m in d for d in data.values())]
@@ -181,7 +154,7 @@ def report(run, section) -> None:
     section.table(head, rows, "Episodes to 5% error (first episode with seed-mean error < 0.05; – = not reached)")
 
     ref_curve = paper.TERMINAL_H10_CURVE_PCT.values
-    refs = {f"prompt-matched, H = 10": {m: [(e, v / 100) for e, v in ref_curve[m].items()] for m in ref_curve}}
+    refs = {"prompt-matched, H = 10": {m: [(e, v / 100) for e, v in ref_curve[m].items()] for m in ref_curve}}
     panels = {(f"{'prompt' if mt == 'prompts' else 'interaction'}-matched, H = {h}"): data[(mt, h)] for mt, h in cols}
     tc.curve_grid(section, panels, "token_terminal",
                   "Exact-match error by episode, seed mean ± s.e. (circles: the authors' H = 10 curves, Fig. 1b)",

@@ -5,7 +5,6 @@ import json
 import pytest
 import torch
 
-from targetpo.cli import main
 from targetpo.experiments import load
 from targetpo.experiments import run_experiment
 from targetpo.runs.config import make_config
@@ -55,11 +54,11 @@ def test_token_terminal_smoke_run_resume_and_report(tmp_path):
 
 def test_token_configs_reject_bad_values():
     exp = load("token-dense")
-    with pytest.raises(ValueError, match="not part of this experiment"):
+    with pytest.raises(ValueError, match="item 'tpo' must be one of"):
         make_config(exp, "smoke", overrides=["methods=tpo"])
     with pytest.raises(ValueError, match="vocabs"):
         make_config(exp, "smoke", overrides=["vocabs=1"])
-    with pytest.raises(ValueError, match="unknown methods"):
+    with pytest.raises(ValueError, match="item 'sft' must be one of"):
         make_config(exp, "smoke", overrides=["methods=ppo,sft"])
     term = load("token-terminal")
     with pytest.raises(ValueError, match="matches"):
@@ -69,11 +68,3 @@ def test_token_configs_reject_bad_values():
     cfg = make_config(term, "paper")
     assert (cfg.seeds, cfg.episodes, cfg.lengths, cfg.lr, cfg.heads) == (20, 2000, (7, 8, 9, 10), 1e-3, 2)
 
-
-def test_cli_help_documents_every_token_field(capsys):
-    with pytest.raises(SystemExit):
-        main(["run", "--help"])
-    text = capsys.readouterr().out
-    for field in ("vocabs=", "lengths=", "interaction_lr_scale=", "dg_epochs=", "optimizer="):
-        assert field in text
-    assert "the authors' code" in text

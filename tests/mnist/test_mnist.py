@@ -10,13 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import SHARED_DATA
 from targetpo.mnist.mlp import bank_forward, bank_forward_shared, init_bank, network_params
 from targetpo.runs.data import MissingDataError
 from targetpo.mnist import data as D
 from targetpo.mnist import bandit as MB
-
-MNIST_DIR = SHARED_DATA / "mnist"
 
 
 # ----------------------------------------------------------------------------- synthetic IDX files
@@ -146,8 +143,8 @@ def test_load_with_download_fills_the_cache_dir(tmp_path, monkeypatch):
     assert len(data.train_y) == 20 and len(data.test_y) == 9000
 
 
-def test_loader_reads_the_real_mnist_test_split():
-    data = D.load(MNIST_DIR)
+def test_loader_reads_the_real_mnist_test_split(mnist_dir):
+    data = D.load(mnist_dir)
     counts = torch.cat([data.train_y, data.test_y]).bincount().tolist()
     assert counts == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]  # data/README.md
     assert data.train_x.max() == 1.0 and data.train_x.min() == 0.0
@@ -290,12 +287,12 @@ def metric_lines(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_mnist_smoke_run_report_and_determinism(tmp_path):
+def test_mnist_smoke_run_report_and_determinism(tmp_path, mnist_dir):
     from targetpo.experiments import run_experiment
     from targetpo.report import write_report
 
     run_dir = run_experiment("mnist", "smoke", out=tmp_path / "a", progress=False, quiet=True, threads=1,
-                             overrides=[f"data_dir={MNIST_DIR}"])
+                             overrides=[f"data_dir={mnist_dir}"])
     meta = json.loads((run_dir / "run.json").read_text())
     assert "TEST SPLIT ONLY" in meta["data_source"] and "8,000 train / 2,000 test" in meta["data_source"]
     recs = [r for r in metric_lines(run_dir) if "step" in r]
@@ -310,7 +307,7 @@ def test_mnist_smoke_run_report_and_determinism(tmp_path):
     assert "TEST SPLIT ONLY" in text and "mnist_error.png" in text and (run_dir / "mnist_error.png").exists()
     assert "TPO reaches 5 % test error before DG" in text
     # Same seed + config -> identical metrics; a seed's results do not depend on the seeds beside it.
-    short = [f"data_dir={MNIST_DIR}", "steps=40"]
+    short = [f"data_dir={mnist_dir}", "steps=40"]
     b, c, d = (run_experiment("mnist", "smoke", out=tmp_path / n, progress=False, quiet=True, threads=1, overrides=o)
                for n, o in (("b", short), ("c", short), ("d", short + ["seeds=1"])))
     rb, rc, rd = metric_lines(b), metric_lines(c), metric_lines(d)
@@ -334,12 +331,12 @@ def test_cli_data_flags(tmp_path, monkeypatch, capsys):
     assert "**NOT RUN.**" in report and "targetpo run mnist --preset smoke --data-dir DIR" in report
 
 
-def test_mnist_mechanism_smoke(tmp_path):
+def test_mnist_mechanism_smoke(tmp_path, mnist_dir):
     from targetpo.experiments import run_experiment
     from targetpo.report import write_report
 
     run_dir = run_experiment("mnist-mechanism", "smoke", out=tmp_path / "m", progress=False, quiet=True, threads=1,
-                             overrides=[f"data_dir={MNIST_DIR}", "steps=60", "checkpoint_label=20"])
+                             overrides=[f"data_dir={mnist_dir}", "steps=60", "checkpoint_label=20"])
     recs = [r for r in metric_lines(run_dir) if "step" in r]
     last = recs[-1]
     for m in ("pg", "group_pg"):  # exactly scalar: no surplus (NaN only where a bin is empty)
@@ -356,12 +353,12 @@ def test_mnist_mechanism_smoke(tmp_path):
     assert "label 20 (measured after 40 updates)" in text and "mnist_mechanism.png" in text
 
 
-def test_mnist_staleness_smoke(tmp_path):
+def test_mnist_staleness_smoke(tmp_path, mnist_dir):
     from targetpo.experiments import run_experiment
     from targetpo.report import write_report
 
     run_dir = run_experiment("mnist-staleness", "smoke", out=tmp_path / "s", progress=False, quiet=True, threads=1,
-                             overrides=[f"data_dir={MNIST_DIR}", "steps=40", "delays=0,1000"])
+                             overrides=[f"data_dir={mnist_dir}", "steps=40", "delays=0,1000"])
     recs = [r for r in metric_lines(run_dir) if "step" in r]
     assert [r["step"] for r in recs] == [20, 40]
     for r in recs:
@@ -376,7 +373,7 @@ def test_mnist_staleness_smoke(tmp_path):
     assert "D=1000" in text and "REINFORCE collapses" in text and "mnist_staleness.png" in text
 
 
-def test_staleness_actor_uses_the_parameters_from_d_updates_ago():
+def test_staleness_actor_uses_the_parameters_from_d_updates_ago(mnist_dir):
     """The queue formulation against a direct one that keeps every parameter snapshot θ_0, θ_1, ..."""
     from dataclasses import replace
 
@@ -384,7 +381,7 @@ def test_staleness_actor_uses_the_parameters_from_d_updates_ago():
     from targetpo.mnist import staleness as ST
 
     cfg = replace(ST.PRESETS["smoke"], seeds=1, steps=6, eval_every=3, delays=(0, 2, 4), lr=0.05,
-                  methods=("reinforce", "tpo"), data_dir=str(MNIST_DIR))
+                  methods=("reinforce", "tpo"), data_dir=str(mnist_dir))
 
     class Ctx:
         records = []
@@ -401,7 +398,7 @@ def test_staleness_actor_uses_the_parameters_from_d_updates_ago():
     ctx = Ctx()
     ST.run_unit(cfg, ST.UNIT, ctx)
 
-    data = D.load(MNIST_DIR)
+    data = D.load(mnist_dir)
     groups, per = len(cfg.delays), len(cfg.methods)
     params, opt = E.init_policies(cfg, groups * per)
     stream = MB.BatchStream(E.seed_values(cfg), len(data.train_y), cfg.batch)

@@ -1,5 +1,7 @@
 """The tabular experiments reproduce the reference runs of the authors' code (docs/experiments.md §E1, §E2)."""
 
+import pytest
+
 from targetpo.experiments import run_experiment
 from targetpo.report import write_report
 from targetpo.runs.stats import first_below, mean_se
@@ -21,6 +23,7 @@ def test_tabular_single_paper_preset_matches_reference(tmp_path):
     assert "**FAIL**" not in text and text.count("**PASS**") == 5
 
 
+@pytest.mark.slow
 def test_tabular_multi_paper_preset_matches_reference(tmp_path):
     run = Run.load(run_experiment("tabular-multi", "paper", out=tmp_path / "m", progress=False, quiet=True))
     ref = {"pg": 956, "dg": 860, "tpo": 696, "grpo": 752, "ce": 679}

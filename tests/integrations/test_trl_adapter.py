@@ -6,6 +6,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
+
+pytestmark = [pytest.mark.integration, pytest.mark.llm]
+pytest.importorskip("trl", reason="needs the trl extra: pip install -e '.[trl]'")
+
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 

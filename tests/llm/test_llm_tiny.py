@@ -1,6 +1,10 @@
 """The tiny offline model and character tokenizer: lossless round trips, saved and reloaded without a hub."""
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.llm
+pytest.importorskip("transformers", reason="needs the llm extra: pip install -e '.[llm]'")
 
 from targetpo.llm.models import CHARS, build_char_tokenizer, build_tiny_model, load_tiny_model, save_tiny_model
 

@@ -12,13 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
+pytestmark = [pytest.mark.integration, pytest.mark.llm]
+pytest.importorskip("verl", reason="needs the verl extra: pip install -e '.[verl]'")
+
 from verl.trainer.ppo import core_algos  # `import verl` loads the plugin through the entry point
 from verl.workers.config.actor import ActorConfig, PolicyLossConfig
 
 from targetpo.integrations import verl_plugin
 from targetpo.objectives import tpo_sequence_loss
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REWARD = ROOT / "examples" / "verl" / "app_g_reward.py"
 
 
@@ -57,6 +61,7 @@ def tpo_advantages(b):
     return adv
 
 
+@pytest.mark.slow  # a fresh interpreter imports verl (and ray)
 def test_entry_point_is_discoverable_and_import_verl_registers_tpo_lazily():
     eps = [ep for ep in entry_points(group="verl.plugins") if ep.value == "targetpo.integrations.verl_plugin"]
     assert len(eps) == 1, "reinstall with `make install` so the verl.plugins entry point is in the metadata"

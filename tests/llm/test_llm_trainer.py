@@ -9,6 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+pytestmark = pytest.mark.llm
+pytest.importorskip("transformers", reason="needs the llm extra: pip install -e '.[llm]'")
+pytest.importorskip("reasoning_gym", reason="needs the llm extra: pip install -e '.[llm]'")
+
+from safetensors.torch import load_file
+
 from targetpo.experiments import run_experiment
 from targetpo.llm import trainer as trainer_mod
 from targetpo.llm.data import load_task, parse_options, train_and_heldout
@@ -17,7 +23,6 @@ from targetpo.llm.templates import Template
 from targetpo.llm.models import build_char_tokenizer, build_tiny_model
 from targetpo.llm.trainer import RLVRTrainer, TrainerConfig, add_lora, micro_batch_loss
 from targetpo.runs.store import read_metrics
-from safetensors.torch import load_file
 
 K, B = 4, 3
 
@@ -120,9 +125,9 @@ def test_layouts_that_would_split_a_group_are_rejected(setup):
         TrainerConfig(k=4, batch_prompts=3, micro_batch_size=6).validate()
     with pytest.raises(ValueError, match="updates_per_epoch"):
         TrainerConfig(k=4, batch_prompts=3, updates_per_epoch=2).validate()
-    with pytest.raises(ValueError, match="mixed"):
+    with pytest.raises(ValueError, match="mix groups"):
         check_whole_groups(torch.tensor([0, 0, 1, 1, 1, 1, 0, 0]), 4)
-    with pytest.raises(ValueError, match="split across"):
+    with pytest.raises(ValueError, match="spread over several blocks"):
         check_whole_groups(torch.tensor([0, 0, 1, 1, 0, 0]), 2)
     with pytest.raises(ValueError, match="multiple of K"):
         check_whole_groups(torch.tensor([0, 0, 0]), 2)
@@ -204,12 +209,19 @@ def test_rlvr_cli_documents_every_field_and_maps_flags(capsys):
     from targetpo.cli import build_parser
     from targetpo.llm import experiment as rlvr
     from targetpo.llm.cli import _methods
+    from targetpo.runs.config import field_help
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["rlvr", "--help"])
-    text = capsys.readouterr().out
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    helps = field_help(rlvr.Config)
+    head = next(i for i, line in enumerate(lines) if line.startswith("config fields (key=value; defaults of the cpu"))
+    fields = lines[head + 1:]
     for name in rlvr.Config.__dataclass_fields__:
-        assert f"{name}=" in text, name
+        documented = [line for line in fields if line.startswith(f"{name}=")]
+        assert helps.get(name) and len(documented) == 1, (name, documented)
+        assert documented[0].split(None, 1)[1].startswith(helps[name]), (name, documented)
+    text = "\n".join(lines)
     for flag in ("--preset", "--model", "--task", "--objective", "--seq-logp", "--out", "--resume"):
         assert flag in text
     assert _methods("tpo,grpo", "both") == "tpo_sum,tpo_mean,grpo"

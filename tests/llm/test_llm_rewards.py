@@ -5,13 +5,14 @@ import json
 
 import pytest
 
-from conftest import SHARED_DATA
+pytestmark = pytest.mark.llm
+pytest.importorskip("transformers", reason="needs the llm extra: pip install -e '.[llm]'")
+pytest.importorskip("reasoning_gym", reason="needs the llm extra: pip install -e '.[llm]'")
+
 from targetpo.llm.data import Problem, load_task, parse_options, train_and_heldout
 from targetpo.llm.rewards import gsm8k_gold, score_gsm8k
 from targetpo.llm.templates import Template
 from targetpo.llm.models import build_char_tokenizer
-
-GSM8K = SHARED_DATA / "gsm8k"
 
 
 @pytest.fixture(autouse=True)
@@ -74,8 +75,8 @@ def test_chat_template_without_answer_tag_scores_zero():
     assert _score_through(tpl, task, p, f"let me think <answer>{p.answer}</answer>") == 1.0
 
 
-def test_gsm8k_gold_answers_score_one_and_perturbed_zero():
-    task = load_task("gsm8k", data_path=str(GSM8K))
+def test_gsm8k_gold_answers_score_one_and_perturbed_zero(gsm8k_dir):
+    task = load_task("gsm8k", data_path=str(gsm8k_dir))
     problems = task.problems("heldout", 25, seed=0)
     for p in problems:
         assert p.answer == gsm8k_gold(p.entry["solution"])
@@ -95,8 +96,8 @@ def test_gsm8k_matching_is_numeric_and_ignores_thousands_separators():
         gsm8k_gold("no final answer")
 
 
-def test_gsm8k_train_split_is_seeded_and_missing_files_are_named(tmp_path):
-    task = load_task("gsm8k", data_path=str(GSM8K))
+def test_gsm8k_train_split_is_seeded_and_missing_files_are_named(tmp_path, gsm8k_dir):
+    task = load_task("gsm8k", data_path=str(gsm8k_dir))
     assert task.problems("train", 5, seed=1) == task.problems("train", 5, seed=1)
     assert task.problems("train", 5, seed=1) != task.problems("train", 5, seed=2)
     with pytest.raises(FileNotFoundError, match="train.jsonl"):

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from targetpo import objectives as O
-from targetpo.tabular.bandit import beta_dg, beta_grpo, beta_pg, beta_tpo, correct_direction, exact_update
+from targetpo.tabular.bandit import beta_dg, beta_grpo, beta_tpo, correct_direction, exact_update, tpo_lambda
 
 
 
@@ -37,26 +37,31 @@ def test_tpo_one_hot_update_is_beta_times_correct_direction():
     torch.testing.assert_close(g, beta * v)
     assert abs(beta.item() - 0.730) < 5e-4
     assert abs(beta_tpo(torch.tensor(0.1), 10).item() - beta.item()) < 1e-12
-    assert math.isclose(math.log(28.03), 10 / 3, rel_tol=1e-3)  # λ = e^{10/3} ≈ 28.03
+    assert tpo_lambda(10) == pytest.approx(math.exp(10 / 3)) == pytest.approx(28.03, rel=1e-3)  # λ = e^{K/√(K−1)}
 
 
 @settings(max_examples=40, deadline=None)
-@given(p=st.floats(0.001, 0.99), k=st.integers(3, 30))
-def test_property_beta_coefficients_match_closed_forms(p, k):
+@given(p=st.floats(0.001, 0.99), k=st.integers(3, 30), eta=st.floats(0.25, 4.0))
+def test_property_beta_coefficients_match_closed_forms(p, k, eta):
     probs = _policy(p, k)
     v = correct_direction(probs)
     pt = torch.tensor(p)
-    for method, beta in [("pg", beta_pg(pt)), ("dg", pt / (1 + pt)), ("grpo", torch.sqrt(pt / (1 - pt))),
-                         ("tpo", beta_tpo(pt, k))]:
+    # App. B's closed forms, written out here rather than taken from the code under test.
+    lam = math.exp(k / math.sqrt(k - 1))
+    for method, beta in [("pg", pt), ("dg", pt / (1 + pt)), ("grpo", torch.sqrt(pt / (1 - pt))),
+                         ("tpo", pt * (lam - 1) / (1 - pt + lam * pt))]:
         # TPO anchors on log(π + 1e-8) as the authors' code does, hence the 1e-5 relative tolerance.
         torch.testing.assert_close(exact_update(method, probs), beta * v, atol=1e-8, rtol=1e-5)
-    torch.testing.assert_close(beta_dg(pt), pt / (1 + pt))
-    torch.testing.assert_close(beta_grpo(pt), torch.sqrt(pt / (1 - pt + 1e-8)))
+    # DG at any η: p·σ(−log p / η) = p / (1 + p^{1/η}).
+    torch.testing.assert_close(beta_dg(pt, eta), pt / (1 + pt ** (1 / eta)))
+    torch.testing.assert_close(exact_update("dg", probs, eta=eta), pt / (1 + pt ** (1 / eta)) * v)
+    torch.testing.assert_close(beta_tpo(pt, k) * v, exact_update("tpo", probs), atol=1e-8, rtol=1e-5)
 
 
 def test_tpo_beta_stays_order_one_where_pg_and_dg_vanish():
-    p = torch.tensor(0.01)
-    assert beta_tpo(p, 10) > 0.2 and beta_pg(p) == 0.01 and beta_dg(p) < 0.01
+    probs = _policy(0.01)
+    size = {m: (exact_update(m, probs)[0, 0] / correct_direction(probs)[0, 0]).item() for m in ("tpo", "pg", "dg")}
+    assert size["tpo"] > 0.2 and size["pg"] == pytest.approx(0.01) and size["dg"] < 0.01
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -189,9 +194,16 @@ def test_sapo_gate_is_policy_gradient_on_policy_and_soft_off_policy():
     out.loss.backward()
     adv = O.group_advantages(scores).unsqueeze(-1)
     torch.testing.assert_close(logp.grad, -(adv * tm) / tm.sum())  # f'(1) = 1
-    r = torch.tensor([3.0])
-    gate_grad = 4 * torch.sigmoid(r - 1) * (1 - torch.sigmoid(r - 1))
-    assert gate_grad < 0.5  # far off-policy tokens are damped, not cut
+    # ρ = 3 on every token: d f_τ(ρ) / d log π = ρ · 4σ(τ(ρ−1))(1 − σ(τ(ρ−1))), τ chosen by the sign of A.
+    logp.grad = None
+    O.sapo_loss(logp, logp.detach() - math.log(3.0), scores, token_mask=tm, loss_agg="token-mean",
+                tau_pos=1.0, tau_neg=2.0).loss.backward()
+    tau = torch.where(adv > 0, 1.0, 2.0)
+    s = torch.sigmoid(tau * 2.0)
+    gate = 4 * s * (1 - s)
+    torch.testing.assert_close(logp.grad, -(3.0 * gate * adv * tm) / tm.sum())
+    # Damped, not cut: every token keeps a gradient (PPO's clip would zero the positive-advantage ones).
+    assert torch.all(logp.grad[tm] != 0) and gate.max() < 0.5
 
 
 def test_cispo_keeps_gradient_of_every_token_with_truncated_weight():

@@ -1,0 +1,26 @@
+"""The fields the three MNIST bandit experiments share, declared once."""
+
+from __future__ import annotations
+
+from targetpo.mnist.data import DATASETS
+from targetpo.runs.config import RunConfig, config, default, param
+
+
+@config
+class MnistConfig(RunConfig):
+    seeds = default(10, help="independent seeds, vectorised as one batched network")
+    steps: int = param(4000, "Adam updates (one batch each)", ge=1)
+    batch: int = param(100, "images per update, drawn uniformly with replacement (GRPO standardizes over it)",
+                       ge=2)
+    lr: float = param(1e-3, "Adam learning rate", gt=0)
+    eta: float = param(1.0, "temperature of TPO's target and DG's gate", gt=0)
+    eval_every: int = param(200, "updates between test-error evaluations (steps must be a multiple)", ge=1)
+    hidden: int = param(50, "width of both hidden layers", ge=1)
+    dataset: str = param("mnist", "mnist or fashion-mnist (same IDX format)", choices=DATASETS)
+    data_dir: str | None = param(None, "directory with the IDX files (default: $TARGETPO_MNIST_DIR; fashion-mnist: "
+                                 "/usr/share/datasets/fashion-mnist)")
+    download: bool = param(False, "fetch the official files (MD5-checked) into data_dir or ~/.cache/targetpo first")
+
+    def check(self) -> None:
+        if self.steps % self.eval_every:
+            raise ValueError(f"steps={self.steps}: must be a multiple of eval_every ({self.eval_every})")

@@ -1,0 +1,17 @@
+"""The config every token experiment extends: the run's seeds and methods plus every :class:`TrialConfig` field,
+each declared once (help and bounds) in :mod:`targetpo.tokens.engine`. An experiment module adds only its sweep
+fields and the defaults in which it differs. A field it sweeps per unit is marked ``swept(...)`` and one that none
+of its methods reads ``unused(...)``: setting either is an error, never silently ignored."""
+
+from __future__ import annotations
+
+from targetpo.runs.config import RunConfig, config, default
+from targetpo.tokens.engine import METHODS, TrialConfig
+
+
+@config
+class TokenConfig(TrialConfig, RunConfig):
+    seeds = 20
+    seed = default(0, help="first seed (seeds are seed, seed+1, ...); seed s alone fixes its initial model and "
+                           "prompts")
+    methods = default(tuple(METHODS), choices=tuple(METHODS))

@@ -1,0 +1,112 @@
+"""The own loop's memory options change memory, never the update: token-budget micro-batches (with padding
+trimmed per micro-batch) and gradient checkpointing give the same gradients as one whole-batch pass."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.llm
+pytest.importorskip("transformers", reason="needs the llm extra: pip install -e '.[llm]'")
+pytest.importorskip("reasoning_gym", reason="needs the llm extra: pip install -e '.[llm]'")
+
+from targetpo.llm.data import load_task, parse_options, train_and_heldout  # noqa: E402
+from targetpo.llm.models import build_char_tokenizer, build_tiny_model  # noqa: E402
+from targetpo.llm.rollout import token_micro_batches  # noqa: E402
+from targetpo.llm.templates import Template  # noqa: E402
+from targetpo.llm.trainer import RLVRTrainer, TrainerConfig  # noqa: E402
+
+K, B = 4, 4
+
+
+@pytest.fixture(scope="module")
+def trainer_parts():
+    tok = build_char_tokenizer()
+    task = load_task("basic_arithmetic", compact=True, options=parse_options(
+        ["operators=+", "min_terms=2", "max_terms=3", "min_digits=1", "max_digits=3", "allow_parentheses=false",
+         "allow_negation=false"]))
+    train, held = train_and_heldout(task, 40, 4, seed=0)
+    return tok, task, train, held
+
+
+def make(parts, **kw):
+    tok, task, train, held = parts
+    model = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64,
+                             seed=5)
+    cfg = TrainerConfig(**{"k": K, "batch_prompts": B, "max_new_tokens": 8, "lr": 1e-2, **kw})
+    return RLVRTrainer(model, tok, task, Template("plain"), train, held, cfg)
+
+
+def update_grads(tr, batch) -> torch.Tensor:
+    """The gradient the trainer's update accumulates (lr = 0 step, so weights stay and grads are kept)."""
+    for g in tr.optimizer.param_groups:
+        g["lr"] = 0.0
+    tr.update(batch, 0)
+    return torch.cat([p.grad.reshape(-1) for p in tr.params])
+
+
+@pytest.mark.parametrize("objective", ["tpo", "dapo"])
+def test_token_budget_micro_batches_and_checkpointing_give_the_same_gradient(trainer_parts, objective):
+    base = make(trainer_parts, objective=objective)
+    batch, _ = base.rollout(0)
+    r = torch.rand(batch.rewards.shape, generator=torch.Generator().manual_seed(1))
+    batch = dataclasses.replace(batch, rewards=r)
+    ref = update_grads(base, batch)
+    assert ref.abs().max() > 1e-5
+    lengths = batch.completion_mask.sum(1)
+    assert lengths.min() < lengths.max(), "the test needs completions of different lengths"
+    for kw in ({"micro_batch_tokens": 40}, {"gradient_checkpointing": True},
+               {"micro_batch_tokens": 60, "gradient_checkpointing": True}):
+        other = make(trainer_parts, objective=objective, **kw)
+        torch.testing.assert_close(update_grads(other, batch), ref, rtol=1e-4, atol=1e-6, msg=str(kw))
+
+
+def test_token_micro_batches_hold_whole_groups_within_the_budget(trainer_parts):
+    tr = make(trainer_parts)
+    batch, _ = tr.rollout(0)
+    order = torch.tensor([3, 1, 0, 2])
+    budget = 60
+    micros = token_micro_batches(batch.prompt_mask, batch.completion_mask, K, budget, order)
+    groups = [sorted(set((m // K).tolist())) for m in micros]
+    assert [g for gs in groups for g in gs] != [] and sorted(g for gs in groups for g in gs) == [0, 1, 2, 3]
+    assert [int(m[0]) // K for m in micros] == [gs[0] for gs in groups] and int(micros[0][0]) // K == 3  # in order
+    for m in micros:
+        sub = batch.rows(m).trimmed()
+        cost = sub.prompt_ids.shape[0] * (sub.prompt_ids.shape[1] + sub.completion_ids.shape[1])
+        assert cost <= budget or len(m) == K  # a lone group over budget gets its own micro-batch
+    assert len(micros) > 1
+    with pytest.raises(ValueError, match="max_tokens=0"):
+        token_micro_batches(batch.prompt_mask, batch.completion_mask, K, 0)
+
+
+def test_trimmed_rollout_drops_only_unused_padding(trainer_parts):
+    tr = make(trainer_parts)
+    batch, _ = tr.rollout(0)
+    sub = batch.rows(torch.arange(K)).trimmed()
+    assert sub.prompt_mask[:, 0].any() and sub.completion_mask[:, -1].any()
+    assert int(sub.completion_mask.sum()) == int(batch.rows(torch.arange(K)).completion_mask.sum())
+
+
+def test_memory_options_are_validated():
+    with pytest.raises(ValueError, match="set one of them"):
+        TrainerConfig(micro_batch_size=8, micro_batch_tokens=100).validate()
+    with pytest.raises(ValueError, match="micro_batch_tokens=-1"):
+        TrainerConfig(micro_batch_tokens=-1).validate()
+
+
+def test_gradient_checkpointing_recomputes_the_decoder_layers(trainer_parts, monkeypatch):
+    tr = make(trainer_parts, gradient_checkpointing=True)
+    batch, _ = tr.rollout(0)
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in tr.model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    assert len(layers) == 2 and all(m.gradient_checkpointing for m in layers)
+    calls = []
+    for m in layers:
+        inner = m._gradient_checkpointing_func
+        monkeypatch.setattr(m, "_gradient_checkpointing_func", lambda *a, _f=inner, **k: calls.append(1) or _f(*a, **k))
+    update_grads(tr, batch)
+    assert len(calls) == 2  # each of the 2 layers, once for the one (whole) micro-batch
+    assert not any(m.training for m in tr.model.modules())  # eval mode (no dropout) restored after the update

@@ -1,0 +1,64 @@
+"""The installed package declares ranges a library can live with: it admits the pins of the stacks users run
+(verl[vllm] 0.9.1 pins torch 2.11.0 and transformers 5.9.0) and the versions CI tests (constraints.txt)."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def requirements(dist: str, extra: str | None = None) -> dict[str, Requirement]:
+    """{name: Requirement} of `dist`'s installed metadata, for the base install or one extra."""
+    out = {}
+    for text in md.requires(dist) or []:
+        req = Requirement(text)
+        env = {"extra": extra or ""}
+        if req.marker is None and extra is None or req.marker is not None and req.marker.evaluate(env):
+            out[req.name.lower()] = req
+    return out
+
+
+def admits(req: Requirement, version: str) -> bool:
+    return req.specifier.contains(Version(version), prereleases=True)
+
+
+def test_ranges_admit_the_gpu_stacks_users_run():
+    base, llm = requirements("targetpo"), requirements("targetpo", "llm")
+    for v in ("2.9.0", "2.11.0", "2.13.0"):
+        assert admits(base["torch"], v), (base["torch"], v)
+    for v in ("5.9.0", "5.10.4"):
+        assert admits(llm["transformers"], v), (llm["transformers"], v)
+    assert not any(str(r.specifier).startswith("==") for r in base.values()), "no exact pins in the library"
+    trl, verl = requirements("targetpo", "trl"), requirements("targetpo", "verl")
+    assert admits(trl["trl"], "1.16.0") and admits(verl["verl"], "0.9.1")
+
+
+def test_ranges_admit_verl_vllm_pins_read_from_verl_itself():
+    pytest.importorskip("verl", reason="needs the verl extra")
+    pins = requirements("verl", "vllm")
+    ours = {**requirements("targetpo"), **requirements("targetpo", "llm")}
+    checked = []
+    for name in ("torch", "transformers"):
+        pin = pins.get(name)
+        if pin is not None and str(pin.specifier).startswith("=="):
+            version = str(pin.specifier)[2:]
+            assert admits(ours[name], version), f"verl[vllm] pins {name}=={version}; we declare {ours[name]}"
+            checked.append(name)
+    assert checked == ["torch", "transformers"], f"verl's vllm extra no longer pins these: {pins}"
+
+
+def test_constraints_pin_what_ci_installs_and_fit_the_ranges():
+    lines = [l.split("#")[0].strip() for l in (ROOT / "constraints.txt").read_text().splitlines()]
+    pins = {Requirement(l).name.lower(): str(Requirement(l).specifier)[2:] for l in lines if "==" in l}
+    assert pins["torch"] == "2.13.0"  # the CPU wheel on disk; an unpinned torch pulls a CUDA build
+    declared = {**requirements("targetpo"), **requirements("targetpo", "llm"), **requirements("targetpo", "trl"),
+                **requirements("targetpo", "verl")}
+    for name, req in declared.items():
+        if name in pins and name != "targetpo":
+            assert admits(req, pins[name]), f"constraints.txt pins {name}=={pins[name]} outside {req}"
