@@ -317,6 +317,7 @@ def test_launch_scripts_compose_with_verls_config_and_pair_grpo_with_tpo(script)
     assert Path(tpo.reward.custom_reward_function.path) == RECIPES / "app_g_reward.py"
 
 
+@pytest.mark.slow  # a fresh interpreter imports verl (and ray)
 def test_launcher_refuses_a_group_splitting_config_before_starting_anything(tmp_path):
     """`python -m targetpo.integrations.verl_trainer` validates at step 0, before Ray or any model."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
