@@ -15,8 +15,9 @@ several GPUs; TPO's loss is one cross-entropy per group, so that split is fatal 
 - :func:`main` (``python -m targetpo.integrations.verl_trainer``): verl's ``main_ppo`` after validating all of the
   above and handing η to every Ray worker (the loss runs in the workers, which see only ``actor_rollout_ref``).
 
-Everything that runs without a GPU is tested on CPU (tests/integrations/test_verl_trainer.py); the trainer
-class itself needs verl's TransferQueue and GPUs.
+Everything that runs without a GPU is tested on CPU (tests/integrations/test_verl_trainer.py), the trainer's
+balancing and η check on verl's own ``PPOTrainerSync`` with its serving modules stubbed; a training run needs
+verl's TransferQueue and GPUs.
 """
 
 from __future__ import annotations
