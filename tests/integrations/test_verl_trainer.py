@@ -293,11 +293,25 @@ def script_runs(script):
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_launch_scripts_compose_with_verls_config_and_pair_grpo_with_tpo(script):
+def test_launch_scripts_compose_with_verls_config_and_pair_grpo_with_tpo(script, monkeypatch):
+    import types
+
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    # verl's validate_config looks up vLLM's allowed LoRA ranks in its vLLM rollout package, which imports vLLM.
+    lora_ranks = []
+    pkg = types.ModuleType("verl.workers.rollout.vllm_rollout")
+    pkg.__path__ = []
+    utils = types.ModuleType("verl.workers.rollout.vllm_rollout.utils")
+    utils.get_vllm_max_lora_rank = lora_ranks.append
+    monkeypatch.setitem(sys.modules, pkg.__name__, pkg)
+    monkeypatch.setitem(sys.modules, utils.__name__, utils)
     runs = script_runs(script)
     assert len(runs) == 2
     grpo, tpo = (compose_verl(r) for r in runs)
     for cfg in (grpo, tpo):
+        validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
         actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)  # verl's own validation
         assert actor.optim.lr == 1e-5 and cfg.actor_rollout_ref.rollout.n == 16
         assert cfg.data.train_batch_size == 16 and cfg.trainer.n_gpus_per_node == 4
@@ -312,6 +326,7 @@ def test_launch_scripts_compose_with_verls_config_and_pair_grpo_with_tpo(script)
     gsm8k = script == "run_gsm8k.sh"
     assert tpo.actor_rollout_ref.model.lora_rank == (32 if gsm8k else 0)
     assert tpo.actor_rollout_ref.actor.use_kl_loss is gsm8k
+    assert lora_ranks == ([32, 32] if gsm8k else [])
     if gsm8k:
         assert tpo.actor_rollout_ref.actor.kl_loss_coef == 1e-3
     assert Path(tpo.reward.custom_reward_function.path) == RECIPES / "app_g_reward.py"
