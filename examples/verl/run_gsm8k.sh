@@ -53,6 +53,7 @@ COMMON=(
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16
   actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16
   algorithm.use_kl_in_reward=False
+  critic.enable=False
   reward.custom_reward_function.path="$HERE/app_g_reward.py"
   reward.custom_reward_function.name=compute_score
   trainer.v1.trainer_mode=tpo_sync
