@@ -87,4 +87,4 @@ def test_bash_block_commands_parse(line, lang, code, reason):
         overrides = list(getattr(args, "overrides", None) or []) + extra
         assert all("=" in e for e in extra), f"README.md:{line}: `{cmd}` has unknown arguments {extra}"
         if args.command == "run":  # the overrides must be fields of that experiment, with allowed values
-            make_config(load(args.name), args.preset, seeds=args.seeds, overrides=overrides)
+            make_config(load(args.name), args.preset or "cpu", seeds=args.seeds, overrides=overrides)

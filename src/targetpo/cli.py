@@ -56,13 +56,12 @@ def cmd_run(args) -> int:
 
     exp = load(args.name)
     overrides = _data_overrides(args, exp, strict=True) + list(args.overrides or [])
-    run_experiment(exp, args.preset, out=args.out, seeds=args.seeds, overrides=overrides,
-                   resume=args.resume, force=args.force, device=args.device, progress=not args.no_progress,
-                   threads=args.threads)
+    run_dir = run_experiment(exp, args.preset, out=args.out, seeds=args.seeds, overrides=overrides,
+                             resume=args.resume, force=args.force, device=args.device,
+                             progress=not args.no_progress, threads=args.threads)
     if not args.no_report:
         from targetpo.report import write_report
 
-        run_dir = Path(args.out) if args.out else Path("results") / f"{args.name}-{args.preset}"
         print(f"report: {write_report(run_dir)}")
     return 0
 
@@ -117,8 +116,8 @@ def cmd_rlvr(args) -> int:
     from targetpo.report import write_report
     from targetpo.runs.runner import run_experiment
 
-    out = Path(args.out) if args.out else Path("results") / f"rlvr-{args.preset}"
-    run_experiment(load("rlvr"), args.preset, out=out, overrides=rlvr_overrides(args), resume=args.resume,
+    out = Path(args.out) if args.out else Path("results") / f"rlvr-{args.preset or 'cpu'}"
+    out = run_experiment(load("rlvr"), args.preset, out=out, overrides=rlvr_overrides(args), resume=args.resume,
                    force=args.force, device=args.device, progress=not args.no_progress, threads=args.threads)
     if not args.no_report:
         print(f"report: {write_report(out)}")
@@ -165,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run one experiment", epilog=_experiment_epilog(),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=list(EXPERIMENTS), help="experiment to run")
-    p.add_argument("--preset", default="cpu", help="smoke (seconds), cpu (minutes on 2 cores; default) or paper "
+    p.add_argument("--preset", default=None, help="smoke (seconds), cpu (minutes on 2 cores; default) or paper "
                    "(the paper's exact protocol)")
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (overrides the preset)")
     p.add_argument("--out", default=None, help="run directory (default results/NAME-PRESET)")

@@ -134,3 +134,69 @@ def test_per_token_form_takes_an_llm_batch_and_rejects_misaligned_ones(name):
         fn(_randn(1, K, T), _randn(1, K, T), good["scores"])
     with pytest.raises(ValueError, match="token_mask"):
         fn(good["logp"], good["old_logp"], good["scores"], token_mask=tm[..., :-1])
+
+
+# ----------------------------------------------------------------------------- bad values, same table
+
+def _bad_values(name: str) -> list:
+    """Values that break the rule of hyperparameter `name` (see objectives._checks.HYPERPARAMETERS)."""
+    allowed, _ = obj._checks.HYPERPARAMETERS[name]
+    bad = [float("nan"), float("inf"), "0.2", True]
+    bad += [0.0, -1.0] if allowed.startswith(">") and not allowed.startswith(">=") else [-1e-3]
+    return bad
+
+
+@pytest.mark.parametrize("name", obj.available())
+def test_objective_rejects_bad_values_naming_the_argument(name):
+    o = obj.get(name)
+    good, kw = good_inputs(o.level), keywords(o)
+    first = positional(o)[0]
+    empty = {k: v[:0] for k, v in good.items()}
+    with pytest.raises(ValueError, match="is empty"):
+        call(o, empty)
+    nan = dict(good)
+    nan[first] = good[first].clone().float()
+    nan[first].view(-1)[0] = float("nan")
+    if first != "candidates":
+        with pytest.raises(ValueError, match=f"{first} contains 1 NaN/inf"):
+            call(o, nan)
+    for mask_name in ("mask", "token_mask"):
+        if mask_name in kw and not (mask_name == "token_mask" and o.level in ("group", "token-candidates")):
+            like = good["logp"] if mask_name == "token_mask" else good.get("scores", good.get("logp"))
+            half = torch.full(like.shape, 0.5)
+            with pytest.raises(ValueError, match=f"{mask_name} must be a bool tensor"):
+                call(o, good, **{mask_name: half})
+    checked_params = [p for p in kw if p in obj._checks.HYPERPARAMETERS]
+    for p in checked_params:
+        for value in _bad_values(p):
+            with pytest.raises(ValueError, match=f"^{p}="):
+                call(o, good, **{p: value})
+
+
+def test_every_temperature_and_coefficient_is_declared():
+    """The hyperparameters that exist across the objectives all have a rule (a new one must be added)."""
+    seen = set()
+    for name in obj.available():
+        seen |= {p for p, v in inspect.signature(obj.get(name).fn).parameters.items()
+                 if v.kind == v.KEYWORD_ONLY and isinstance(v.default, float)}
+    assert seen <= set(obj._checks.HYPERPARAMETERS), seen - set(obj._checks.HYPERPARAMETERS)
+
+
+@pytest.mark.parametrize("name", [n for n in obj.available() if "scores" in positional(obj.get(n))
+                                  or "advantages" in positional(obj.get(n)) or "rewards" in positional(obj.get(n))])
+def test_huge_finite_scores_give_a_finite_loss(name):
+    o = obj.get(name)
+    good = good_inputs(o.level)
+    for key in ("scores", "advantages", "rewards"):
+        if key in good:
+            good[key] = good[key].sign() * 1e20
+            good[key].view(-1)[0] = -3e19
+    out = call(o, good)
+    assert torch.isfinite(out.loss), (name, out.loss)
+    if "scores" in positional(o):
+        # standardized within groups: the loss does not change with the scale of the scores; centred only
+        # (RLOO, Dr. GRPO): it scales with them. Either way it is the small-score loss, not an overflow.
+        ref = call(o, {**good, "scores": good["scores"] / 1e20}).loss
+        same = torch.allclose(out.loss, ref, rtol=1e-4, atol=1e-5)
+        linear = torch.allclose(out.loss / 1e20, ref, rtol=1e-4, atol=1e-5)
+        assert same or linear, (name, out.loss, ref)

@@ -62,7 +62,7 @@ def add_rlvr_parser(subparsers) -> argparse.ArgumentParser:
                     "experiment: a supervised warm start (if warmstart_steps > 0) shared by every method, then one "
                     "RL unit per method; writes run.json, metrics.jsonl, checkpoints and REPORT.md to --out.",
         epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="cpu", choices=list(rlvr.PRESETS),
+    p.add_argument("--preset", default=None, choices=list(rlvr.PRESETS),
                    help="smoke (seconds), cpu (tiny model on 2 CPU cores, ~10 min; default) or paper (App. G: "
                         "Qwen3-1.7B on GSM8K, K=16, LoRA r=32, KL 1e-3; needs a GPU; untested here)")
     p.add_argument("--model", default=None, help="Hugging Face model directory or hub name (sets model=; "

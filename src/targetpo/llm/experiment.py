@@ -23,6 +23,7 @@ import numpy as np
 
 from targetpo import paper
 from targetpo.runs import plots
+from targetpo.runs.data import MissingDataError
 from targetpo.runs.stats import fmt
 from targetpo.runs.config import RunConfig, config, default, param
 
@@ -170,6 +171,21 @@ def problems(cfg: Config):
                      options=parse_options(cfg.task_options))
     train, heldout = train_and_heldout(task, cfg.train_size, cfg.eval_size, cfg.seed)
     return task, Template(cfg.template), train, heldout
+
+
+def check_data(cfg: Config) -> None:
+    """Before a run folder is written: the model is a local directory (never downloaded) and GSM8K's files
+    exist. (The runner calls this; errors are one line.)"""
+    from targetpo.llm.models import check_model_dir
+
+    if cfg.model != "tiny":
+        check_model_dir(cfg.model)
+    if cfg.task == "gsm8k":
+        d = Path(cfg.data_path).expanduser()
+        missing = [f for f in ("train.jsonl", "test.jsonl") if not (d / f).is_file()]
+        if not cfg.data_path or missing:
+            raise MissingDataError(f"task gsm8k needs data_path=DIR with train.jsonl and test.jsonl; {str(d)!r} "
+                                   f"lacks {', '.join(missing or ['both'])} (fetch them: `targetpo data gsm8k DIR`)")
 
 
 def data_source(cfg: Config) -> str:

@@ -119,13 +119,27 @@ def load_tokenizer(directory: str | Path):
     return AutoTokenizer.from_pretrained(str(directory))
 
 
+def check_model_dir(path: str | Path) -> Path:
+    """`path` as a local Hugging Face model directory (with config.json), or a FileNotFoundError that says what is
+    wrong. targetpo never downloads a model implicitly: a hub name must be fetched first, by the user."""
+    p = Path(path).expanduser()
+    fetch = (f"targetpo never downloads models implicitly: fetch it first (e.g. `hf download {path} --local-dir DIR`) "
+             f"and pass the directory")
+    if not p.exists():
+        raise FileNotFoundError(f"model {str(path)!r}: no such directory; {fetch}")
+    if not p.is_dir() or not (p / "config.json").is_file():
+        raise FileNotFoundError(f"model {str(path)!r} is not a Hugging Face model directory (it has no config.json); "
+                                f"{fetch}")
+    return p
+
+
 def load_model(path: str | Path, dtype: str = "float32"):
-    """(model, tokenizer) from a local directory or a hub name (downloads only if the hub is reachable and
-    HF_HUB_OFFLINE is unset)."""
+    """(model, tokenizer) from a local model directory (see :func:`check_model_dir`), loaded offline."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+    path = check_model_dir(path)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), local_files_only=True)
     tok = load_tokenizer(path)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token  # generation pads finished rows; masks keep padding out of every loss

@@ -7,6 +7,9 @@ bf16/fp16, and the objectives are cheap next to the model that produced their in
 
 from __future__ import annotations
 
+import functools
+import inspect
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -22,9 +25,11 @@ class LossOutput:
 
 
 def as_float(name: str, x: Tensor) -> Tensor:
-    """Return `x` as a floating tensor of at least float32 precision, rejecting NaN/inf."""
+    """Return `x` as a floating tensor of at least float32 precision, rejecting NaN/inf and empty batches."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(x.shape)}): a batch needs at least one group or sample")
     if not x.is_floating_point():
         x = x.to(torch.float32)
     elif x.dtype in (torch.float16, torch.bfloat16):
@@ -81,6 +86,13 @@ def group_layout(logp: Tensor, scores: Tensor, token_mask: Tensor | None = None,
     return per_token
 
 
+def check_bool(name: str, mask: Tensor) -> None:
+    """Masks must be bool: a float mask of 0.5 (or 2) would be neither a selection nor a documented weight."""
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+        raise ValueError(f"{name} must be a bool tensor (True = valid), got {got}")
+
+
 def check_token_mask(token_mask: Tensor | None, logp: Tensor) -> None:
     """Raise ValueError unless `token_mask` (when given) has exactly the shape of the per-token `logp`; a mask of
     another shape would broadcast and weight the wrong tokens."""
@@ -88,6 +100,8 @@ def check_token_mask(token_mask: Tensor | None, logp: Tensor) -> None:
         raise ValueError(
             f"token_mask has shape {tuple(token_mask.shape)} but logp has shape {tuple(logp.shape)}; they must match"
         )
+    if token_mask is not None:
+        check_bool("token_mask", token_mask)
 
 
 def check_group_size(name: str, x: Tensor, minimum: int = 2) -> None:
@@ -103,7 +117,7 @@ def as_mask(name: str, mask: Tensor | None, like: Tensor, *, require_nonempty_gr
         return None
     if mask.shape != like.shape:
         raise ValueError(f"{name} has shape {tuple(mask.shape)} but the scores/log-probs have {tuple(like.shape)}")
-    mask = mask.to(torch.bool)
+    check_bool(name, mask)
     if require_nonempty_groups:
         empty = ~mask.any(dim=-1)
         if empty.any():
@@ -122,7 +136,7 @@ def as_token_mask(name: str, token_mask: Tensor | None, like: Tensor) -> Tensor:
     if token_mask.shape != like.shape:
         raise ValueError(f"{name} has shape {tuple(token_mask.shape)} but the per-token log-probs (logp) have shape "
                          f"{tuple(like.shape)}; they must match")
-    token_mask = token_mask.to(torch.bool)
+    check_bool(name, token_mask)
     empty = ~token_mask.any(dim=-1)
     if empty.any():
         raise ValueError(
@@ -134,3 +148,47 @@ def as_token_mask(name: str, token_mask: Tensor | None, like: Tensor) -> Tensor:
 def check_positive(name: str, value: float) -> None:
     if not value > 0:
         raise ValueError(f"{name} must be > 0, got {value}")
+
+
+# The hyperparameters of every objective, by argument name: declared once, checked by `@checked` on each
+# public function, so a new objective that reuses a name gets the same rule.
+HYPERPARAMETERS: dict[str, tuple[str, object]] = {
+    "eta": ("> 0 (a temperature)", lambda v: v > 0),
+    "beta": (">= 0", lambda v: v >= 0),
+    "clip_eps": ("> 0", lambda v: v > 0),
+    "clip_eps_high": ("> 0 or None", lambda v: v is None or v > 0),
+    "tau_pos": ("> 0", lambda v: v > 0),
+    "tau_neg": ("> 0", lambda v: v > 0),
+    "eps": (">= 0", lambda v: v >= 0),
+    "adv_eps": (">= 0", lambda v: v >= 0),
+    "log_ratio_clip": ("> 0 or None", lambda v: v is None or v > 0),
+    "ratio_min": (">= 0", lambda v: v >= 0),
+    "ratio_max": ("> 0", lambda v: v > 0),
+    "norm_len": ("> 0 or None", lambda v: v is None or v > 0),
+}
+
+
+def check_hyperparameter(name: str, value) -> None:
+    allowed, ok = HYPERPARAMETERS[name]
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not math.isfinite(value)):
+        raise ValueError(f"{name}={value!r}: must be a finite number, {allowed}")
+    if not ok(value):
+        raise ValueError(f"{name}={value!r}: must be {allowed}")
+
+
+def checked(fn):
+    """Validate `fn`'s hyperparameters (those named in :data:`HYPERPARAMETERS`) before it runs."""
+    sig = inspect.signature(fn)
+    names = [n for n in sig.parameters if n in HYPERPARAMETERS]
+    if not names:
+        return fn
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        for n in names:
+            check_hyperparameter(n, bound.arguments.get(n, sig.parameters[n].default))
+        return fn(*args, **kwargs)
+
+    return wrapper

@@ -12,12 +12,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from targetpo.objectives._checks import (LossOutput, as_float, as_mask, as_token_mask, check_group_size,
-                                         check_same_shape, check_token_mask, group_layout)
+from targetpo.objectives._checks import (
+    LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_same_shape, check_token_mask,
+    checked, group_layout,
+)
 from targetpo.objectives.aggregation import aggregate
 from targetpo.objectives.scores import ZERO_VARIANCE_STD, group_advantages, zero_variance_groups
 
 
+@checked
 def k3_kl(logp: Tensor, ref_logp: Tensor, *, log_ratio_clip: float | None = 20.0) -> Tensor:
     r"""Schulman's k3 estimator of KL(π_θ ‖ π_ref) per sample: exp(−Δ) + Δ − 1 with Δ = log π_θ − log π_ref.
     Non-negative, exactly 0 (with zero gradient) when the policies agree on the sample."""
@@ -39,6 +42,7 @@ def _clip_fraction(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float, 
     return (active & valid).float().sum() / valid.float().sum().clamp_min(1.0)
 
 
+@checked
 def ppo_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -74,6 +78,7 @@ def ppo_loss(
     return LossOutput(loss, metrics)
 
 
+@checked
 def grpo_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -156,6 +161,7 @@ def grpo_loss(
     return LossOutput(loss, metrics)
 
 
+@checked
 def dr_grpo_loss(logp: Tensor, old_logp: Tensor, scores: Tensor, *, beta: float = 0.0, norm_len: float | None = None,
                  **kwargs) -> LossOutput:
     r"""Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): GRPO without the two biases —
@@ -166,6 +172,7 @@ def dr_grpo_loss(logp: Tensor, old_logp: Tensor, scores: Tensor, *, beta: float 
     return grpo_loss(logp, old_logp, scores, beta=beta, scale_advantages=False, norm_len=norm_len, **kwargs)
 
 
+@checked
 def dapo_loss(logp: Tensor, old_logp: Tensor, scores: Tensor, *, clip_eps: float = 0.2, clip_eps_high: float = 0.28,
               **kwargs) -> LossOutput:
     r"""DAPO (Yu et al. 2025): GRPO with decoupled clip-higher (ε_low = 0.2, ε_high = 0.28), token-level
@@ -192,6 +199,7 @@ def _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps):
     return lp, old, tm, group_advantages(s, mask, eps=adv_eps)
 
 
+@checked
 def gspo_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -219,6 +227,7 @@ def gspo_loss(
     return LossOutput(loss, metrics)
 
 
+@checked
 def sapo_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -243,6 +252,7 @@ def sapo_loss(
     return LossOutput(loss, {"gate_mean": gate.detach()[tm].mean()})
 
 
+@checked
 def cispo_loss(
     logp: Tensor,
     old_logp: Tensor,

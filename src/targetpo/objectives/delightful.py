@@ -13,15 +13,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from targetpo.objectives._checks import LossOutput, as_float, check_positive, check_same_shape, check_token_mask
+from targetpo.objectives._checks import (
+    LossOutput, as_float, check_positive, check_same_shape, check_token_mask, checked,
+)
 from targetpo.objectives.aggregation import aggregate
 
 
+@checked
 def delight_gate(logp: Tensor, advantages: Tensor, eta: float = 1.0) -> Tensor:
     """σ(A·(−log π)/η), detached."""
     return torch.sigmoid(advantages * (-logp.detach()) / eta)
 
 
+@checked
 def dg_loss(
     logp: Tensor,
     advantages: Tensor,

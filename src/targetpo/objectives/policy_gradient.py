@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from targetpo.objectives._checks import (LossOutput, as_float, as_mask, as_token_mask, check_group_size,
-                                         check_positive, check_same_shape, check_token_mask, group_layout)
+from targetpo.objectives._checks import (
+    LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_positive, check_same_shape,
+    check_token_mask, checked, group_layout,
+)
 from targetpo.objectives.aggregation import aggregate
 from targetpo.objectives.scores import rloo_advantages, standardize_scores
 
@@ -18,6 +20,7 @@ def _default_agg(x: Tensor, loss_agg: str | None) -> str:
     return loss_agg if loss_agg is not None else ("mean" if x.dim() == 1 else "sum-mean")
 
 
+@checked
 def reinforce_loss(
     logp: Tensor,
     advantages: Tensor,
@@ -40,6 +43,7 @@ def reinforce_loss(
     return LossOutput(loss, {"adv_mean": a.mean(), "adv_abs_mean": a.abs().mean()})
 
 
+@checked
 def importance_weighted_pg_loss(
     logp: Tensor,
     behaviour_logp: Tensor,
@@ -58,6 +62,7 @@ def importance_weighted_pg_loss(
     return LossOutput(loss, {"ratio_mean": ratio.mean(), "ratio_max": ratio.max()})
 
 
+@checked
 def batch_standardized_pg_loss(logp: Tensor, rewards: Tensor, *, eps: float = 1e-8) -> LossOutput:
     r"""Single-sample "GRPO" of the paper's MNIST bandit (docs/experiments.md §E3): REINFORCE with batch-standardized rewards,
     Â = (r − mean_B r)/(std_B r + ε) with the population std; L = −mean(Â·log π(a)). No clipping, no KL.
@@ -76,6 +81,7 @@ def batch_standardized_pg_loss(logp: Tensor, rewards: Tensor, *, eps: float = 1e
     return reinforce_loss(lp.reshape(-1), adv.reshape(-1))
 
 
+@checked
 def rloo_loss(
     logp: Tensor,
     scores: Tensor,
@@ -106,6 +112,7 @@ def rloo_loss(
     return LossOutput(aggregate(per, loss_agg), {})
 
 
+@checked
 def group_pg_loss(
     logp: Tensor,
     scores: Tensor,

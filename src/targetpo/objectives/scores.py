@@ -10,26 +10,38 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from targetpo.objectives._checks import as_float, as_mask, check_group_size
+from targetpo.objectives._checks import as_float, as_mask, check_group_size, checked
 
 # The paper's code treats a group as zero-variance when its population std is at or below this.
 ZERO_VARIANCE_STD = 1e-6
 
 
 def _masked_moments(s: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    """Population mean and std over the last dim, counting only valid entries. Returns (mean, std, count)."""
-    if mask is None:
-        n = torch.full_like(s[..., :1], s.shape[-1])
-        mean = s.mean(dim=-1, keepdim=True)
-        var = (s - mean).square().mean(dim=-1, keepdim=True)
-    else:
-        m = mask.to(s.dtype)
-        n = m.sum(dim=-1, keepdim=True).clamp_min(1.0)
-        mean = (s * m).sum(dim=-1, keepdim=True) / n
-        var = ((s - mean).square() * m).sum(dim=-1, keepdim=True) / n
+    """Population mean and std over the last dim, counting only valid entries. Returns (mean, std, count).
+
+    Scores with a huge but finite range (|s| ~ 1e20) overflow the squared deviations in float32; those groups'
+    std is recomputed on scores divided by the group's largest |s| (the same std, scaled back), so u and the
+    advantages stay finite. Ordinary scores never take that path, so their numbers are unchanged."""
+    m = None if mask is None else mask.to(s.dtype)
+    n = torch.full_like(s[..., :1], s.shape[-1]) if m is None else m.sum(dim=-1, keepdim=True).clamp_min(1.0)
+
+    def moments(x: Tensor) -> tuple[Tensor, Tensor]:
+        if m is None:
+            mean = x.mean(dim=-1, keepdim=True)
+            return mean, (x - mean).square().mean(dim=-1, keepdim=True)
+        mean = (x * m).sum(dim=-1, keepdim=True) / n
+        return mean, ((x - mean).square() * m).sum(dim=-1, keepdim=True) / n
+
+    mean, var = moments(s)
+    if not torch.isfinite(var).all():
+        scale = (s.abs() if m is None else s.abs() * m).amax(dim=-1, keepdim=True).clamp_min(1.0)
+        mean_n, var_n = moments(s / scale)
+        mean, std = mean_n * scale, var_n.sqrt() * scale
+        return mean, std, n
     return mean, var.sqrt(), n
 
 
+@checked
 def standardize_scores(scores: Tensor, mask: Tensor | None = None, *, eps: float = ZERO_VARIANCE_STD) -> Tensor:
     r"""TPO's within-group standardized scores u (paper App. A; docs/method.md §1).
 
@@ -54,6 +66,7 @@ def standardize_scores(scores: Tensor, mask: Tensor | None = None, *, eps: float
     return u if mask is None else u.masked_fill(~mask, 0.0)
 
 
+@checked
 def group_advantages(scores: Tensor, mask: Tensor | None = None, *, eps: float = 1e-8, scale: bool = True) -> Tensor:
     r"""GRPO's group-relative advantages (Shao et al. 2024, DeepSeekMath; docs/method.md §3).
 
@@ -90,6 +103,7 @@ def rloo_advantages(scores: Tensor, mask: Tensor | None = None) -> Tensor:
     return ((s - (total - s) / (n - 1)) * m)
 
 
+@checked
 def zero_variance_groups(scores: Tensor, mask: Tensor | None = None, *, eps: float = ZERO_VARIANCE_STD) -> Tensor:
     """Bool [...]: groups whose valid scores have population std ≤ eps (all-fail or all-success groups)."""
     s = as_float("scores", scores)

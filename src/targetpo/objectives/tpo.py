@@ -28,14 +28,8 @@ import torch
 from torch import Tensor
 
 from targetpo.objectives._checks import (
-    LossOutput,
-    as_float,
-    as_mask,
-    as_token_mask,
-    check_group_size,
-    check_positive,
-    check_same_shape,
-    group_layout,
+    LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_positive, check_same_shape,
+    checked, group_layout,
 )
 from targetpo.objectives.scores import ZERO_VARIANCE_STD, standardize_scores
 
@@ -55,6 +49,7 @@ def _masked_log_softmax(x: Tensor, mask: Tensor | None) -> Tensor:
     return _log_softmax(x)
 
 
+@checked
 def tpo_target(
     old_logp: Tensor,
     scores: Tensor,
@@ -113,6 +108,7 @@ def _tpo_from_group_logp(logp: Tensor, q: Tensor, mask: Tensor | None, u: Tensor
     return LossOutput(loss=loss, metrics=metrics)
 
 
+@checked
 def tpo_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -141,6 +137,7 @@ def tpo_loss(
     return _tpo_from_group_logp(lp, q.to(lp.dtype), mask, u)
 
 
+@checked
 def tpo_token_loss(
     token_logp: Tensor,
     candidates: Tensor,
@@ -194,6 +191,7 @@ def sequence_logp(token_logp: Tensor, token_mask: Tensor | None = None, reduce: 
     raise ValueError(f"seq_logp/reduce must be 'sum' or 'mean', got {reduce!r}")
 
 
+@checked
 def tpo_sequence_loss(
     logp: Tensor,
     old_logp: Tensor,

@@ -46,6 +46,26 @@ class RunContext:
 
 # ----------------------------------------------------------------------------- running
 
+def config_differences(a: Any, b: Any) -> dict[str, tuple[Any, Any]]:
+    """{field: (value in a, value in b)} for the fields where two configs of one class differ."""
+    da, db = dataclasses.asdict(a), dataclasses.asdict(b)
+    return {k: (da[k], db[k]) for k in da if da[k] != db.get(k)}
+
+
+def make_run_dir(run_dir: Path) -> None:
+    """Create the run directory, or say which path cannot be written and why (one line, no traceback)."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        blocker = next((p for p in [run_dir, *run_dir.parents] if p.exists()), None)
+        why = exc.strerror or str(exc)
+        if blocker is not None and not blocker.is_dir():
+            why = f"{blocker} is a file, not a directory"
+        raise OSError(f"cannot write the run directory {run_dir}: {why}") from None
+
 def units_of(exp: ModuleType, cfg: Any) -> list[str]:
     """An experiment's resumable units; by default one per method."""
     return exp.units(cfg) if hasattr(exp, "units") else list(cfg.methods)
@@ -78,7 +98,7 @@ def mark_not_run(run_dir: str | Path, exp: ModuleType, preset: str, reason: str)
 
 def run_experiment(
     exp: ModuleType,
-    preset: str = "cpu",
+    preset: str | None = None,
     *,
     out: str | Path | None = None,
     seeds: int | None = None,
@@ -91,24 +111,32 @@ def run_experiment(
     threads: int | None = None,
 ) -> Path:
     """Run (or resume) one experiment (its module, see :mod:`targetpo.experiments`) and return its run
-    directory."""
+    directory. `preset` None means the stored run's preset on resume and "cpu" otherwise; a resume that asks for
+    another preset, seed count or overrides than the stored run is refused, naming the fields that differ."""
     name = exp.NAME
     # Tiny-tensor experiments run far faster on one thread: OpenMP hand-offs cost more than the math.
     threads = threads or getattr(exp, "TORCH_THREADS", None)
     if threads:
         torch.set_num_threads(threads)
-    run_dir = Path(out) if out is not None else Path("results") / f"{name}-{preset}"
+    run_dir = Path(out) if out is not None else Path("results") / f"{name}-{preset or 'cpu'}"
     meta_path = run_dir / RUN_FILE
     if resume and meta_path.exists():
         meta = json.loads(meta_path.read_text())
         if meta["experiment"] != name:
             raise ValueError(f"{run_dir} holds a {meta['experiment']} run, not {name}")
         cfg = validated(config_from_dict(exp, meta["config"]))
-        if overrides or seeds is not None:
-            requested = dataclasses.asdict(make_config(exp, meta["preset"], seeds, overrides))
-            if requested != dataclasses.asdict(cfg):
-                raise ValueError(f"--resume continues the config stored in {meta_path}; drop the overrides or use a new --out")
+        if (preset is not None and preset != meta["preset"]) or overrides or seeds is not None:
+            requested = make_config(exp, preset or meta["preset"], seeds, overrides)
+            differ = config_differences(cfg, requested)
+            if differ or (preset is not None and preset != meta["preset"]):
+                what = f"preset {preset!r} differs" if preset is not None and preset != meta["preset"] else "the overrides differ"
+                fields = "; ".join(f"{k}: stored {a!r}, asked {b!r}" for k, (a, b) in differ.items()) or "no field"
+                raise ValueError(f"--resume continues the {meta['preset']} run stored in {run_dir}, but {what} "
+                                 f"({fields}); drop --preset/--seeds/overrides to continue it, or use a new "
+                                 f"--out")
+        preset = meta["preset"]
     else:
+        preset = preset or "cpu"
         cfg = make_config(exp, preset, seeds, overrides)  # validated before anything on disk is touched
         if meta_path.exists() or (run_dir / METRICS_FILE).exists():
             if not force:
@@ -122,7 +150,7 @@ def run_experiment(
                 "status": "running", "wall_time_s": 0.0, "runs": []}
     if hasattr(exp, "check_data"):  # fail before creating anything when the data set cannot be found
         exp.check_data(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_run_dir(run_dir)
 
     existing = {record_key(r): r for r in read_metrics(run_dir / METRICS_FILE, repair=True)}
     done = {k[0] for k in existing if k[2] == "done"}

@@ -1,0 +1,70 @@
+"""Bad input at the command line: exit code 2, one readable line, and nothing written to disk."""
+
+from __future__ import annotations
+
+import pytest
+
+from targetpo.cli import main
+
+
+def _run(argv, capsys) -> tuple[int, list[str]]:
+    code = main(argv)
+    return code, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+def test_resume_with_another_preset_or_overrides_is_refused_naming_the_fields(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "tabular-multi", "--preset", "smoke", "--out", str(out), "--no-progress", "--no-report"]) == 0
+    capsys.readouterr()
+    before = (out / "metrics.jsonl").read_bytes()
+    code, err = _run(["run", "tabular-multi", "--out", str(out), "--resume", "--preset", "paper", "--no-progress"],
+                     capsys)
+    assert code == 2 and len(err) == 1
+    assert "smoke run" in err[0] and "preset 'paper' differs" in err[0] and "steps: stored 50, asked 1000" in err[0]
+    code, err = _run(["run", "tabular-multi", "--out", str(out), "--resume", "steps=70", "--no-progress"], capsys)
+    assert code == 2 and "steps: stored 50, asked 70" in err[0]
+    assert (out / "metrics.jsonl").read_bytes() == before
+    # no preset given: the stored one is continued
+    assert main(["run", "tabular-multi", "--out", str(out), "--resume", "--no-progress", "--no-report"]) == 0
+
+
+def test_unwritable_output_path_is_named(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, err = _run(["run", "tabular-single", "--preset", "smoke", "--out", str(blocker / "run"), "--no-progress"],
+                     capsys)
+    assert code == 2 and len(err) == 1
+    assert f"cannot write the run directory {blocker / 'run'}" in err[0] and "is a file, not a directory" in err[0]
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["lr=-1"], "lr=-1.0: must be > 0"),
+    (["lr=nan"], "lr=nan"),
+    (["eta=0"], "eta=0.0: must be > 0"),
+    (["seeds=0"], "seeds=0: must be >= 1"),
+    (["steps=ten"], "steps='ten': expected an integer"),
+    (["lrr=0.1"], "did you mean 'lr'"),
+    (["methods=tpo,foo"], "'foo' must be one of"),
+])
+def test_bad_config_values_exit_2_and_leave_no_run_folder(tmp_path, capsys, argv, expected):
+    out = tmp_path / "run"
+    code, err = _run(["run", "tabular-single", "--preset", "smoke", "--out", str(out), "--no-progress", *argv], capsys)
+    assert code == 2 and len(err) == 1 and expected in err[0], err
+    assert not out.exists()
+
+
+def test_rlvr_model_path_must_exist_and_is_never_downloaded(tmp_path, capsys):
+    pytest.importorskip("transformers", reason="needs the llm extra")
+    out = tmp_path / "run"
+    code, err = _run(["rlvr", "--preset", "smoke", "--model", str(tmp_path / "nope"), "--out", str(out),
+                      "--no-progress"], capsys)
+    assert code == 2 and len(err) == 1
+    assert "no such directory" in err[0] and "never downloads models implicitly" in err[0]
+    (tmp_path / "notamodel").mkdir()
+    code, err = _run(["rlvr", "--preset", "smoke", "--model", str(tmp_path / "notamodel"), "--out", str(out),
+                      "--no-progress"], capsys)
+    assert code == 2 and "no config.json" in err[0]
+    code, err = _run(["rlvr", "--preset", "smoke", "--task", "gsm8k", "--data-path", str(tmp_path), "--out", str(out),
+                      "--no-progress"], capsys)
+    assert code == 2 and "lacks train.jsonl, test.jsonl" in err[0]
+    assert not out.exists()
