@@ -137,6 +137,7 @@ def train(cfg, data: mnist_data.MnistData, ctx, diagnostics=None) -> None:
                 rec.update(diagnostics(probs, data.test_y))
             reward.zero_()
             ctx.log(rec)
+            ctx.check_finite(t, {"parameters": params})  # NaN weights still give a finite test error
             ctx.advance(cfg.eval_every)
 
 

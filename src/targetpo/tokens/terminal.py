@@ -25,6 +25,7 @@ TITLE = "Terminal-reward token reversal, sequence-level groups (paper §3.6, Tab
 PAPER_REF = "§3.6, Table 3, Fig. 7, Fig. 1b; docs/experiments.md §E6"
 METHODS = ("ppo", "dg", "tpo", "grpo", "grpo_no_kl")
 TORCH_THREADS = tc.TORCH_THREADS
+NAN_MEANS_EMPTY = tc.NAN_MEANS_EMPTY
 
 
 @config
@@ -79,7 +80,7 @@ def _parse(unit: str) -> tuple[int, str, str | None]:
 def run_unit(cfg: Config, unit: str, ctx) -> None:
     h, method, match = _parse(unit)
     trial = trial_config(cfg, length=h, match=match or "prompts")
-    run_trial(trial, method, tc.seed_list(cfg), ctx.device, ctx.log, ctx.advance)
+    run_trial(trial, method, tc.seed_list(cfg), ctx.device, ctx.log, ctx.advance, ctx.check_finite)
 
 
 # ----------------------------------------------------------------------------- report
