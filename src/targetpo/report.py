@@ -55,6 +55,7 @@ class Section:
 
     def figure(self, fig, name: str, caption: str) -> Path:
         path = self.run.path / f"{name}.png"
+        plots.finish_figure(fig)
         fig.savefig(path, dpi=110, bbox_inches="tight")
         plots.pyplot().close(fig)
         rel = os.path.relpath(path, self.report_dir)

@@ -41,19 +41,78 @@ def curve(ax, steps: np.ndarray, values: np.ndarray, label: str, color: str | No
     ax.fill_between(steps, lo, hi, color=color, alpha=0.2, lw=0)
 
 
+PAPER = "paper"  # gid of the hollow reference markers: finish_figure gives them one legend entry
+
+
 def paper_points(ax, steps, values, color: str | None = None, label: str | None = None):
     """The paper's reference numbers as hollow markers over our curves."""
     pts = [(s, v) for s, v in zip(steps, values) if v is not None]
     if pts:
         xs, ys = zip(*pts)
-        ax.scatter(xs, ys, marker="o", facecolors="none", edgecolors=color or "k", s=28, zorder=5, label=label)
+        ax.scatter(xs, ys, marker="o", facecolors="none", edgecolors=color or "k", s=28, zorder=5, label=label,
+                   gid=PAPER)
 
 
-def finish(ax, title: str, xlabel: str, ylabel: str, log: bool = False):
+def finish(ax, title: str, xlabel: str, ylabel: str, log: bool = False, ylim: tuple[float, float] | None = None):
+    """Title, axis labels, grid and scale of one panel. The legend is drawn once per figure by
+    :func:`finish_figure` (outside the panels, so it never covers data)."""
+    from matplotlib import ticker
+
     if log:
         ax.set_yscale("log")
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    if log:
+        # Plain numbers (0.05, 0.1, ...) rather than 5×10⁻², and enough of them to read a value off a short axis:
+        # every minor tick under one decade, 1-2-5 steps under three.
+        lo, hi = ax.get_ylim()
+        decades = np.log10(hi / max(lo, 1e-300))
+        if 1 <= decades < 3:
+            ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(_plain))
+        ax.yaxis.set_minor_formatter(ticker.FuncFormatter(_plain) if decades < 1 else ticker.NullFormatter())
+    if ax.get_xscale() == "linear" and _integer_x(ax):
+        ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))  # steps and episodes: no 0.5 ticks
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+
+
+def finish_figure(fig) -> None:
+    """One legend for the whole figure, outside the panels (right of a single panel, below a row of them),
+    with one entry per label and a "paper" entry when any panel shows the paper's hollow markers; then a tight
+    layout so no label overlaps its neighbour. Section.figure calls this for every report plot."""
+    from matplotlib.lines import Line2D
+
+    handles: dict[str, object] = {}
+    has_paper = False
+    for ax in fig.axes:
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if not lab.startswith("_"):
+                handles.setdefault(lab, h)
+        has_paper = has_paper or any(c.get_gid() == PAPER for c in ax.collections)
+    if has_paper:
+        handles["paper (hollow circles)"] = Line2D([], [], ls="none", marker="o", markerfacecolor="none",
+                                                   markeredgecolor="k")
+    fig.tight_layout()
+    if not handles:
+        return
+    if len(fig.axes) == 1:
+        fig.legend(handles.values(), handles.keys(), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
+                   frameon=False)
+    else:
+        fig.legend(handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, 0.0), fontsize=8,
+                   frameon=False, ncol=min(len(handles), 6))
+
+
+def _plain(v: float, _pos=None) -> str:
+    return f"{v:g}"
+
+
+def _integer_x(ax) -> bool:
+    xs = [np.asarray(line.get_xdata(), dtype=float) for line in ax.get_lines()]
+    xs = [x for x in xs if x.size]
+    return bool(xs) and all(np.all(x == np.round(x)) for x in xs)
