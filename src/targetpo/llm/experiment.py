@@ -324,6 +324,9 @@ def summary(run) -> str:
         f"{LABELS.get(m, m)} {v[0].mean():.3f} -> {v[-1].mean():.3f}" for m, (s, v) in acc.items())
 
 
+ACCURACY_AXIS = (-0.02, 1.02)  # [0, 1] with a margin that keeps a curve at 0 or 1 off the axis line
+
+
 def report(run, section) -> None:
     cfg = run.config
     section.text(__doc__.split("\n\n", 1)[1])
@@ -358,13 +361,20 @@ def report(run, section) -> None:
     fig, axes = plots.figure(3 if len(ws_steps) else 2)
     for m, (steps, vals) in reward.items():
         plots.curve(axes[0], steps, _smooth(vals, window), LABELS.get(m, m), COLORS.get(m))
-    plots.finish(axes[0], f"Training reward (moving average, {window} steps)", "RL step", "mean reward")
+    # Rewards are scores in [0, 1] (llm/rewards.py): the axis shows no negative values and stops just above the
+    # data; the 2 % margin below 0 keeps a curve at 0 visible above the axis line.
+    top = min(1.0, max(0.05, 1.15 * max(float(_smooth(vals, window).max()) for _, vals in reward.values())))
+    plots.finish(axes[0], f"Training reward (moving average, {window} step{'s' if window != 1 else ''})",
+                 "RL step (updates)", "mean reward per completion", ylim=(-0.02 * top, top))
     for m, (steps, vals) in acc.items():
         plots.curve(axes[1], steps, vals, LABELS.get(m, m), COLORS.get(m))
-    plots.finish(axes[1], "Held-out accuracy (greedy)", "RL step", "accuracy")
+    # An accuracy is a fraction: the ± s.e. band must not stretch the axis below 0 or above 1.
+    plots.finish(axes[1], "Held-out accuracy (greedy)", "RL step (updates)", "accuracy (fraction correct)",
+                 ylim=ACCURACY_AXIS)
     if len(ws_steps):
         axes[2].plot(ws_steps, np.asarray(ws_acc)[:, 0], color="k", lw=1.6, label="warm start")
-        plots.finish(axes[2], "Supervised warm start", "SFT step", "held-out accuracy")
+        plots.finish(axes[2], "Supervised warm start", "SFT step (updates)", "held-out accuracy (fraction correct)",
+                     ylim=ACCURACY_AXIS)
     section.figure(fig, "rlvr_curves", "RLVR: training reward and held-out accuracy per method (mean ± s.e. over seeds)")
 
     ref = paper.LLM_RLVR

@@ -80,32 +80,42 @@ def finish(ax, title: str, xlabel: str, ylabel: str, log: bool = False, ylim: tu
 
 
 def finish_figure(fig) -> None:
-    """One legend for the whole figure, outside the panels (right of a single panel, below a row of them),
-    with one entry per label and a "paper" entry when any panel shows the paper's hollow markers; then a tight
-    layout so no label overlaps its neighbour. Section.figure calls this for every report plot."""
-    from matplotlib.lines import Line2D
-
-    handles: dict[str, object] = {}
-    has_paper = False
+    """Legends outside the panels, so they never cover data, with a "paper" entry wherever the paper's hollow
+    markers are drawn; then a tight layout so no label overlaps its neighbour. Panels that show the same series
+    share one legend (right of a single panel, below a row); panels with different series (sweeps, a warm-start
+    panel) each get theirs below their x label. Section.figure calls this for every report plot."""
+    panels = [(ax, _legend_entries(ax)) for ax in fig.axes]
+    panels = [(ax, entries) for ax, entries in panels if entries]
     for ax in fig.axes:
         if ax.get_legend() is not None:
             ax.get_legend().remove()
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if not lab.startswith("_"):
-                handles.setdefault(lab, h)
-        has_paper = has_paper or any(c.get_gid() == PAPER for c in ax.collections)
-    if has_paper:
-        handles["paper (hollow circles)"] = Line2D([], [], ls="none", marker="o", markerfacecolor="none",
-                                                   markeredgecolor="k")
-    fig.tight_layout()
-    if not handles:
+    if panels and all(list(e) == list(panels[0][1]) for _, e in panels):
+        entries = panels[0][1]
+        fig.tight_layout()
+        if len(fig.axes) == 1:
+            fig.legend(entries.values(), entries.keys(), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
+                       frameon=False)
+        else:
+            fig.legend(entries.values(), entries.keys(), loc="upper center", bbox_to_anchor=(0.5, 0.0), fontsize=8,
+                       frameon=False, ncol=min(len(entries), 8))
         return
-    if len(fig.axes) == 1:
-        fig.legend(handles.values(), handles.keys(), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
-                   frameon=False)
-    else:
-        fig.legend(handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, 0.0), fontsize=8,
-                   frameon=False, ncol=min(len(handles), 6))
+    for ax, entries in panels:
+        ax.legend(entries.values(), entries.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8,
+                  frameon=False, ncol=min(len(entries), 3))
+    fig.tight_layout()
+
+
+def _legend_entries(ax) -> dict[str, object]:
+    from matplotlib.lines import Line2D
+
+    entries: dict[str, object] = {}
+    for h, lab in zip(*ax.get_legend_handles_labels()):
+        if not lab.startswith("_"):
+            entries.setdefault(lab, h)
+    if any(c.get_gid() == PAPER for c in ax.collections):
+        entries["paper (hollow circles)"] = Line2D([], [], ls="none", marker="o", markerfacecolor="none",
+                                                   markeredgecolor="k")
+    return entries
 
 
 def _plain(v: float, _pos=None) -> str:
