@@ -263,8 +263,10 @@ def run_experiment(
 def add_runner_arguments(parser, *, unit: str = "units", threads_default: str = "the experiment's choice") -> None:
     """The command-line options of :func:`run_experiment` shared by `targetpo run` and `targetpo rlvr`."""
     parser.add_argument("--resume", action="store_true", help=f"continue the run stored in --out: finished {unit} "
-                        "are skipped, a partial one is replayed without rewriting the lines already on disk")
-    parser.add_argument("--force", action="store_true", help="delete an existing run in --out and start over")
+                        "(done or diverged) are skipped, a partial one is replayed without rewriting the lines "
+                        "already on disk")
+    parser.add_argument("--force", action="store_true", help="delete an existing run in --out and start over; "
+                        f"with --resume, replay diverged {unit} instead")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--threads", type=int, default=None, help=f"torch CPU threads (default: {threads_default})")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
