@@ -84,8 +84,8 @@ class Section:
         if diverged:
             listed = ", ".join(f"`{u}` at step {step} ({metric})" for u, (step, metric) in diverged.items())
             head += [f"**Diverged ({len(diverged)} unit{'s' if len(diverged) != 1 else ''}):** {listed}: a NaN/inf "
-                     "value stopped the unit there, so its curves end before that step and its numbers below cover only "
-                     "the steps before it.", ""]
+                     "value stopped the unit there, so its curves end before that step and its numbers below "
+                     "cover only the steps before it.", ""]
         if self.claims:
             na = "n/a" if self.gives_verdicts else f"n/a ({meta.get('preset')} preset)"
             head += ["| paper claim | result | evidence (ours) |", "|---|---|---|"]
