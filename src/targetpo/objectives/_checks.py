@@ -153,7 +153,7 @@ def check_positive(name: str, value: float) -> None:
 # The hyperparameters of every objective, by argument name: declared once, checked by `@checked` on each
 # public function, so a new objective that reuses a name gets the same rule.
 HYPERPARAMETERS: dict[str, tuple[str, object]] = {
-    "eta": ("> 0 (a temperature)", lambda v: v > 0),
+    "eta": ("> 0 (a temperature; TPO also takes \"adaptive\")", lambda v: v > 0),
     "beta": (">= 0", lambda v: v >= 0),
     "clip_eps": ("> 0", lambda v: v > 0),
     "clip_eps_high": ("> 0 or None", lambda v: v is None or v > 0),
@@ -165,11 +165,22 @@ HYPERPARAMETERS: dict[str, tuple[str, object]] = {
     "ratio_min": (">= 0", lambda v: v >= 0),
     "ratio_max": ("> 0", lambda v: v > 0),
     "norm_len": ("> 0 or None", lambda v: v is None or v > 0),
+    "alpha": ("in [0, 1] or None (the α-divergence between reverse (0) and forward (1) KL)",
+              lambda v: v is None or 0 <= v <= 1),
+    "kl_budget": ("> 0 or None (the KL(q ‖ p_old) an adaptive η targets)", lambda v: v is None or v > 0),
+    "std_floor": (">= 0", lambda v: v >= 0),
+    "std_shrink": (">= 0", lambda v: v >= 0),
 }
+
+# Words a hyperparameter accepts besides numbers: TPO's η may be chosen per group from a KL budget
+# (docs/method.md §8); the objective that takes the word checks its companion arguments.
+HYPERPARAMETER_WORDS: dict[str, tuple[str, ...]] = {"eta": ("adaptive",)}
 
 
 def check_hyperparameter(name: str, value) -> None:
     allowed, ok = HYPERPARAMETERS[name]
+    if isinstance(value, str) and value in HYPERPARAMETER_WORDS.get(name, ()):
+        return
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                               or not math.isfinite(value)):
         raise ValueError(f"{name}={value!r}: must be a finite number, {allowed}")
