@@ -369,3 +369,10 @@ def test_defaults_are_the_papers_numbers_bit_for_bit():
     # The paper's formula written out: q = softmax(log_softmax(old) + u), L = −mean Σ q log_softmax(logits).
     q = torch.softmax(torch.log_softmax(old.float(), -1) + standardize_scores(scores.float()), -1)
     assert torch.allclose(base.loss, -(q * torch.log_softmax(logits.float(), -1)).sum(-1).mean(), atol=1e-6)
+
+
+def test_only_tpo_takes_the_word_adaptive_for_eta():
+    with pytest.raises(ValueError, match="^eta='adaptive': must be a finite number"):
+        obj.dg_loss(torch.randn(4), torch.randn(4), eta="adaptive")
+    with pytest.raises(ValueError, match="or one of 'adaptive'"):
+        tpo_target(torch.randn(2, 4), torch.randn(2, 4), "hot")

@@ -153,7 +153,7 @@ def check_positive(name: str, value: float) -> None:
 # The hyperparameters of every objective, by argument name: declared once, checked by `@checked` on each
 # public function, so a new objective that reuses a name gets the same rule.
 HYPERPARAMETERS: dict[str, tuple[str, object]] = {
-    "eta": ("> 0 (a temperature; TPO also takes \"adaptive\")", lambda v: v > 0),
+    "eta": ("> 0 (a temperature)", lambda v: v > 0),
     "beta": (">= 0", lambda v: v >= 0),
     "clip_eps": ("> 0", lambda v: v > 0),
     "clip_eps_high": ("> 0 or None", lambda v: v is None or v > 0),
@@ -172,15 +172,14 @@ HYPERPARAMETERS: dict[str, tuple[str, object]] = {
     "std_shrink": (">= 0", lambda v: v >= 0),
 }
 
-# Words a hyperparameter accepts besides numbers: TPO's η may be chosen per group from a KL budget
-# (docs/method.md §8); the objective that takes the word checks its companion arguments.
-HYPERPARAMETER_WORDS: dict[str, tuple[str, ...]] = {"eta": ("adaptive",)}
 
-
-def check_hyperparameter(name: str, value) -> None:
+def check_hyperparameter(name: str, value, words: tuple[str, ...] = ()) -> None:
+    """Raise ValueError unless `value` obeys `name`'s rule in :data:`HYPERPARAMETERS` or is one of `words`."""
     allowed, ok = HYPERPARAMETERS[name]
-    if isinstance(value, str) and value in HYPERPARAMETER_WORDS.get(name, ()):
+    if isinstance(value, str) and value in words:
         return
+    if words:
+        allowed = f"{allowed}, or one of {', '.join(map(repr, words))}"
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                               or not math.isfinite(value)):
         raise ValueError(f"{name}={value!r}: must be a finite number, {allowed}")
@@ -188,18 +187,24 @@ def check_hyperparameter(name: str, value) -> None:
         raise ValueError(f"{name}={value!r}: must be {allowed}")
 
 
-def checked(fn):
-    """Validate `fn`'s hyperparameters (those named in :data:`HYPERPARAMETERS`) before it runs."""
+def checked(fn=None, *, words: dict[str, tuple[str, ...]] | None = None):
+    """Validate `fn`'s hyperparameters (those named in :data:`HYPERPARAMETERS`) before it runs.
+
+    `@checked(words={"eta": ("adaptive",)})` lets that function (and no other) also take the listed words for a
+    hyperparameter (TPO's per-group η, docs/method.md §8); the function checks the word's companion arguments."""
+    if fn is None:
+        return functools.partial(checked, words=words)
     sig = inspect.signature(fn)
     names = [n for n in sig.parameters if n in HYPERPARAMETERS]
     if not names:
         return fn
+    words = words or {}
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         bound = sig.bind(*args, **kwargs)
         for n in names:
-            check_hyperparameter(n, bound.arguments.get(n, sig.parameters[n].default))
+            check_hyperparameter(n, bound.arguments.get(n, sig.parameters[n].default), words.get(n, ()))
         return fn(*args, **kwargs)
 
     return wrapper

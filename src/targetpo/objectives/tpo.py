@@ -64,6 +64,7 @@ PROJECTIONS: tuple[str, ...] = ("forward_kl", "reverse_kl", "js", "alpha")
 # ln(1e7) is below float64's resolution of log η, so the result does not depend on the step count any more).
 ADAPTIVE_ETA_BRACKET = (1e-3, 1e4)
 ADAPTIVE_ETA_STEPS = 60
+ADAPTIVE = {"eta": ("adaptive",)}  # the word TPO's η takes besides a number
 
 
 class Target(NamedTuple):
@@ -164,7 +165,7 @@ def _check_options(eta, kl_budget, anchor: bool, projection=None, alpha=None) ->
 
 # ----------------------------------------------------------------------------- the target and the loss
 
-@checked
+@checked(words=ADAPTIVE)
 def tpo_target(
     old_logp: Tensor,
     scores: Tensor,
@@ -254,7 +255,7 @@ def _tpo_from_group_logp(logp: Tensor, target: Target, mask: Tensor | None, proj
     return LossOutput(loss=loss, metrics=metrics)
 
 
-@checked
+@checked(words=ADAPTIVE)
 def tpo_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -295,7 +296,7 @@ def tpo_loss(
     return _tpo_from_group_logp(lp, target, mask, projection, alpha)
 
 
-@checked
+@checked(words=ADAPTIVE)
 def tpo_token_loss(
     token_logp: Tensor,
     candidates: Tensor,
@@ -356,7 +357,7 @@ def sequence_logp(token_logp: Tensor, token_mask: Tensor | None = None, reduce: 
     raise ValueError(f"seq_logp/reduce must be 'sum' or 'mean', got {reduce!r}")
 
 
-@checked
+@checked(words=ADAPTIVE)
 def tpo_sequence_loss(
     logp: Tensor,
     old_logp: Tensor,
