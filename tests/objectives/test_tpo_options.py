@@ -277,6 +277,18 @@ def test_kl_to_old_decreases_with_eta(k, seed):
     assert (kls[0] > kls[-1]).all()
 
 
+@settings(max_examples=25, deadline=None)
+@given(k=st.integers(2, 12), seed=st.integers(0, 10_000))
+def test_a_larger_kl_budget_gives_a_smaller_eta_and_a_sharper_target(k, seed):
+    _, old, scores = _groups(4, k, seed)
+    log_old, u = torch.log_softmax(old, -1), standardize_scores(scores)
+    budgets = [0.001, 0.01, 0.05, 0.2]
+    etas = torch.cat([adaptive_eta(log_old, u, b) for b in budgets], -1)  # [4 groups, 4 budgets]
+    assert (etas[:, 1:] <= etas[:, :-1]).all()
+    gain = [(tpo_target(old, scores, "adaptive", kl_budget=b) * u).sum(-1) for b in budgets]  # E_q[u]
+    assert all((hi >= lo - 1e-12).all() for lo, hi in zip(gain, gain[1:]))
+
+
 def test_adaptive_eta_is_a_constant_of_the_target():
     logits, old, scores = _groups(4, 6, seed=4)
     old = old.clone().requires_grad_(True)
