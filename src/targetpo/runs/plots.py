@@ -42,6 +42,7 @@ def curve(ax, steps: np.ndarray, values: np.ndarray, label: str, color: str | No
 
 
 PAPER = "paper"  # gid of the hollow reference markers: finish_figure gives them one legend entry
+PAPER_ENTRY = "paper (hollow circles)"
 
 
 def paper_points(ax, steps, values, color: str | None = None, label: str | None = None):
@@ -89,8 +90,9 @@ def finish_figure(fig) -> None:
     for ax in fig.axes:
         if ax.get_legend() is not None:
             ax.get_legend().remove()
-    if panels and all(list(e) == list(panels[0][1]) for _, e in panels):
-        entries = panels[0][1]
+    series = [[k for k in e if k != PAPER_ENTRY] for _, e in panels]
+    if panels and all(s == series[0] for s in series):
+        entries = {k: h for _, e in panels for k, h in e.items()}  # the paper entry if any panel has one
         fig.tight_layout()
         if len(fig.axes) == 1:
             fig.legend(entries.values(), entries.keys(), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
@@ -113,7 +115,7 @@ def _legend_entries(ax) -> dict[str, object]:
         if not lab.startswith("_"):
             entries.setdefault(lab, h)
     if any(c.get_gid() == PAPER for c in ax.collections):
-        entries["paper (hollow circles)"] = Line2D([], [], ls="none", marker="o", markerfacecolor="none",
+        entries[PAPER_ENTRY] = Line2D([], [], ls="none", marker="o", markerfacecolor="none",
                                                    markeredgecolor="k")
     return entries
 

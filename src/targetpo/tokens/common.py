@@ -78,7 +78,8 @@ def curve_grid(section, panels: dict[str, dict[str, Curve]], name: str, caption:
     for ax, (title, by_method) in zip(axes, panels.items()):
         for m, c in by_method.items():
             plots.curve(ax, c.steps, c.values, label(m), plots.COLORS.get(m), floor=1e-4 if log else None)
-            for_m = (refs or {}).get(title, {}).get(m)
+            # The paper's points inside this run's episodes only: a short run is not stretched to the paper's.
+            for_m = [(e, v) for e, v in (refs or {}).get(title, {}).get(m, []) if e <= c.steps[-1]]
             if for_m:
                 plots.paper_points(ax, *zip(*for_m), color=plots.COLORS.get(m))
         if threshold is not None:

@@ -159,7 +159,7 @@ def report(run, section) -> None:
     panels = {(f"{'prompt' if mt == 'prompts' else 'interaction'}-matched, H = {h}"): data[(mt, h)] for mt, h in cols}
     tc.curve_grid(section, panels, "token_terminal",
                   "Exact-match error by episode, seed mean ± s.e. (circles: the authors' H = 10 curves, Fig. 1b)",
-                  ylabel="exact-match error (fraction of prompts)", refs=refs, threshold=None)
+                  ylabel="exact-match error (fraction)", refs=refs, threshold=None)
 
     # Claims, from the data (tail means: the single last episode of a few seeds is too noisy to rank).
     for mt in cfg["matches"]:
