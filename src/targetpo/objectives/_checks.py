@@ -171,8 +171,8 @@ HYPERPARAMETERS: dict[str, tuple[str, object]] = {
     "kl_clip": ("> 0 or None", lambda v: v is None or v > 0),
     "log_ratio_max": ("> 0 or None", lambda v: v is None or v > 0),
     "clip_cov_ratio": ("> 0 and <= 1 (fraction of tokens)", lambda v: 0 < v <= 1),
-    "clip_cov_lb": ("a finite number", lambda v: True),
-    "clip_cov_ub": ("a finite number", lambda v: True),
+    "clip_cov_lb": (">= 0", lambda v: v >= 0),
+    "clip_cov_ub": ("> 0", lambda v: v > 0),
     "kl_cov_ratio": ("> 0 and <= 1 (fraction of tokens)", lambda v: 0 < v <= 1),
     "ppo_kl_coef": (">= 0", lambda v: v >= 0),
 }

@@ -370,3 +370,154 @@ def cispo_loss(
     w = ratio.clamp(ratio_min, ratio_max)
     loss = aggregate(-w * adv * lp, loss_agg, token_mask=tm, per_token=True)
     return LossOutput(loss, {"clip_frac": ((ratio > ratio_max) | (ratio < ratio_min))[tm].float().mean()})
+
+
+# ----------------------------------------------------------------------------- objectives verl has (docs/conventions.md)
+
+def _token_advantages(tm: Tensor, adv: Tensor) -> Tensor:
+    """Per-token advantages [..., K, T]: the candidate's A on its valid tokens, 0 on padding (as verl's)."""
+    return torch.where(tm, adv.unsqueeze(-1), torch.zeros_like(tm, dtype=adv.dtype))
+
+
+def _masked_mean(x: Tensor, m: Tensor) -> Tensor:
+    # verl's masked_mean (utils/torch_functional.py): Σ m·x / (Σ m + 1e-8)
+    return torch.where(m, x, torch.zeros_like(x)).sum() / (m.sum() + 1e-8)
+
+
+@with_convention("verl_only")
+@checked
+def clip_cov_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    scores: Tensor,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    clip_cov_ratio: float = 0.0002,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+    token_mask: Tensor | None = None,
+    mask: Tensor | None = None,
+    loss_agg: str = "token-mean",
+    adv_eps: float = 1e-8,
+    std_ddof: int = 0,
+    singleton: str = "zero",
+    generator: torch.Generator | None = None,
+) -> LossOutput:
+    r"""Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617; verl
+    `compute_policy_loss_clip_cov`, core_algos.py): PPO's clipped surrogate, except that a random
+    `clip_cov_ratio` fraction of the tokens whose centred covariance
+
+    .. math::  \mathrm{cov}_t = (A_t - \bar A)(\log\pi_\theta(y_t) - \overline{\log\pi_\theta})
+
+    lies in (`clip_cov_lb`, `clip_cov_ub`) (and which PPO did not already clip) get no gradient — the tokens that
+    drive entropy collapse. At least one token is detached. The pick draws `torch.randperm` from `generator`
+    (the global generator when None, which is what verl does, so seeding it reproduces verl's pick).
+    """
+    lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps, std_ddof, singleton)
+    hi = clip_eps if clip_eps_high is None else clip_eps_high
+    a = _token_advantages(tm, adv)
+    ratio = torch.exp(lp - old)
+    pg1, pg2 = -a * ratio, -a * ratio.clamp(1.0 - clip_eps, 1.0 + hi)
+    with torch.no_grad():
+        cov = (a - _masked_mean(a, tm)) * (lp - _masked_mean(lp, tm))
+        eligible = tm & ~(pg2 > pg1) & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+        idx = torch.nonzero(eligible.reshape(-1, lp.shape[-1]))
+        n_clip = max(int(clip_cov_ratio * tm.sum().item()), 1)
+        corr = torch.ones_like(lp).reshape(-1, lp.shape[-1])
+        if idx.shape[0] > 0:
+            pick = idx[torch.randperm(idx.shape[0], generator=generator)[:min(n_clip, idx.shape[0])]]
+            corr[pick[:, 0], pick[:, 1]] = 0.0
+        corr = corr.reshape(lp.shape)
+    per = torch.maximum(pg1, pg2) * corr
+    loss = aggregate(per, loss_agg, token_mask=tm, per_token=True)
+    with torch.no_grad():
+        metrics = {"cov_clip_frac": (corr == 0)[tm].float().mean(), "clip_frac": (pg2 > pg1)[tm].float().mean()}
+    return LossOutput(loss, metrics)
+
+
+@with_convention("verl_only")
+@checked
+def kl_cov_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    scores: Tensor,
+    *,
+    kl_cov_ratio: float = 0.0002,
+    ppo_kl_coef: float = 1.0,
+    token_mask: Tensor | None = None,
+    mask: Tensor | None = None,
+    loss_agg: str = "token-mean",
+    adv_eps: float = 1e-8,
+    std_ddof: int = 0,
+    singleton: str = "zero",
+) -> LossOutput:
+    r"""KL-Cov (Cui et al. 2025, arXiv 2505.22617; verl `compute_policy_loss_kl_cov`, core_algos.py): the
+    unclipped surrogate −ρA on every token, plus a penalty `ppo_kl_coef`·|log ρ| on the `kl_cov_ratio` fraction
+    (at least one) of valid tokens with the largest covariance (A_t − Ā)(log π_θ(y_t) − mean log π_θ):
+
+    .. math::  \ell_t = -\rho_t A_t + \mathbb 1[t \in \mathrm{top}_k(\mathrm{cov})]\,c\,|\log\rho_t|
+
+    `ppo_kl_coef` defaults to 1 (the paper; verl's `PolicyLossConfig` default is 0.1 and its loss falls back to 1
+    only when the field is None)."""
+    lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps, std_ddof, singleton)
+    a = _token_advantages(tm, adv)
+    delta = lp - old
+    ratio = torch.exp(delta)
+    per = -a * ratio
+    with torch.no_grad():
+        flat_valid = tm.reshape(-1).nonzero(as_tuple=True)[0]
+        av, lv = a.reshape(-1)[flat_valid], lp.detach().reshape(-1)[flat_valid]
+        cov = (av - av.mean()) * (lv - lv.mean())
+        k = max(1, int(cov.numel() * kl_cov_ratio))
+        penalised = torch.zeros(lp.numel(), dtype=torch.bool, device=lp.device)
+        penalised[flat_valid[torch.topk(cov, k, largest=True).indices]] = True
+        penalised = penalised.reshape(lp.shape)
+    per = torch.where(penalised, per + ppo_kl_coef * delta.abs(), per)
+    loss = aggregate(per, loss_agg, token_mask=tm, per_token=True)
+    return LossOutput(loss, {"kl_cov_frac": penalised[tm].float().mean(), "abs_kl": delta.detach().abs()[tm].mean()})
+
+
+@with_convention("verl_only")
+@checked
+def gmpo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    scores: Tensor,
+    *,
+    clip_eps: float = 0.4,
+    clip_eps_high: float | None = None,
+    token_mask: Tensor | None = None,
+    mask: Tensor | None = None,
+    adv_eps: float = 1e-8,
+    std_ddof: int = 0,
+    singleton: str = "zero",
+) -> LossOutput:
+    r"""GMPO (Zhao et al. 2025, Geometric-Mean Policy Optimization, arXiv 2507.20673; verl
+    `compute_policy_loss_geo_mean`, core_algos.py): the *geometric* mean of the token ratios, each clipped in
+    log space on the pessimistic side:
+
+    .. math::
+        \tilde\Delta_t = \mathrm{sgn}(A)\min(\mathrm{sgn}(A)\Delta_t, \mathrm{sgn}(A)\,\mathrm{clip}(\Delta_t, -\epsilon_{low}, \epsilon_{high})),\quad
+        L = -\mathrm{mean}_i\; A_i \exp\Big(\tfrac{1}{|y_i| + 10^{-8}}\sum_t \tilde\Delta_t\Big)
+
+    with Δ_t = log π_θ − log π_old (unclamped) and A_i averaged over the tokens (A_i·|y_i|/(|y_i| + 10⁻⁸), as
+    verl). The paper's range is ε = 0.4 in log space (verl passes its `clip_ratio`, default 0.2). Sequences of
+    masked candidates are left out of the mean."""
+    lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps, std_ddof, singleton)
+    hi = clip_eps if clip_eps_high is None else clip_eps_high
+    a = _token_advantages(tm, adv)
+    delta = lp - old
+    sgn = torch.sign(a)
+    clipped = sgn * torch.minimum(sgn * delta, sgn * delta.clamp(-clip_eps, hi))
+    m = tm.to(lp.dtype)
+    n = m.sum(dim=-1)
+    ratio = torch.exp((clipped * m).sum(dim=-1) / (n + 1e-8))
+    a_seq = (a * m).sum(dim=-1) / (n + 1e-8)
+    valid = tm.any(dim=-1)
+    per = -a_seq * ratio
+    loss = torch.where(valid, per, torch.zeros_like(per)).sum() / valid.sum().clamp_min(1)
+    with torch.no_grad():
+        was_clipped = (delta != delta.clamp(-clip_eps, hi)) & tm
+        metrics = {"clip_frac": was_clipped.float().sum() / tm.sum().clamp_min(1), "ratio_mean": ratio[valid].mean()}
+    return LossOutput(loss, metrics)
