@@ -55,7 +55,7 @@ def verl_batch(logp, old, ref, scores, tm, mask):
     rows = torch.ones(G, K, dtype=torch.bool) if mask is None else mask
     flat = rows.reshape(-1)
     index = np.repeat(np.arange(G), K)[flat.numpy()]
-    rmask = tm.reshape(G * K, T)[flat].to(torch.float64)
+    rmask = tm.reshape(G * K, T)[flat].to(logp.dtype)
     rewards = torch.zeros_like(rmask)
     rewards[:, 0] = scores.reshape(-1)[flat]
     return (logp.reshape(G * K, T)[flat], old.reshape(G * K, T)[flat], ref.reshape(G * K, T)[flat],
@@ -100,6 +100,40 @@ def test_grpo_verl_convention_is_verl_vanilla_loss_plus_kl_loss(loss_agg, seed):
     ours = obj.grpo_loss(logp, old, scores, token_mask=tm, mask=mask, ref_logp=ref, beta=0.05, clip_eps=0.2,
                          clip_eps_high=0.28, loss_agg=loss_agg, convention="verl").loss
     assert_same(ours, theirs, logp)
+
+
+@pytest.mark.parametrize("estimator,verl_name", [("k1", "k1"), ("k2", "k2"), ("abs", "abs")])
+def test_grpo_kl_estimator_flag_is_verls_kl_loss_type(estimator, verl_name):
+    ca = verl()
+    logp, old, ref, scores, tm, _ = ragged_batch(4)
+    lp, o, r, rewards, rmask, index = verl_batch(logp, old, ref, scores, tm, None)
+    adv, _ = ca.compute_grpo_outcome_advantage(rewards, rmask, index, epsilon=1e-6)
+    pg, _ = ca.compute_policy_loss_vanilla(o, lp, adv, rmask, config=verl_config(clip_ratio=0.2))
+    theirs = pg + 0.05 * ca.agg_loss(ca.kl_penalty(lp, r, verl_name), rmask, "token-mean")
+    ours = obj.grpo_loss(logp, old, scores, token_mask=tm, ref_logp=ref, beta=0.05, kl_estimator=estimator,
+                         convention="verl").loss
+    assert_same(ours, theirs, logp)
+
+
+def test_float32_inputs_agree_with_verl_and_trl_to_1e_6():
+    ca = verl()
+    logp, old, ref, scores, tm, mask = ragged_batch(6, singleton=True)
+    logp, old, ref, scores = (x.detach().float() for x in (logp, old, ref, scores))
+    logp.requires_grad_(True)
+    lp, o, r, rewards, rmask, index = verl_batch(logp, old, ref, scores, tm, mask)
+    adv, _ = ca.compute_grpo_outcome_advantage(rewards, rmask, index, epsilon=1e-6)
+    pg, _ = ca.compute_policy_loss_vanilla(o, lp, adv, rmask, config=verl_config(clip_ratio=0.2))
+    theirs = pg + 0.05 * ca.agg_loss(ca.kl_penalty(lp, r, "low_var_kl"), rmask, "token-mean")
+    ours = obj.grpo_loss(logp, old, scores, token_mask=tm, mask=mask, ref_logp=ref, beta=0.05, convention="verl").loss
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad(ours, logp), grad(theirs, logp), rtol=1e-6, atol=1e-6)
+    logp, old, ref, scores, tm, _ = ragged_batch(6)
+    logp, old, ref, scores = (x.detach().float() for x in (logp, old, ref, scores))
+    logp.requires_grad_(True)
+    theirs = trl_loss(logp, old, ref, scores, tm, loss_type="dapo", beta=0.04)
+    ours = obj.grpo_loss(logp, old, scores, token_mask=tm, ref_logp=ref, beta=0.04, convention="trl").loss
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad(ours, logp), grad(theirs, logp), rtol=1e-6, atol=1e-6)
 
 
 def test_grpo_verl_convention_differs_from_the_default_where_verl_does():
