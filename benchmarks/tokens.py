@@ -6,8 +6,8 @@ Three measurements:
    K = 8, with S seeds vectorised; sequence-level costs are measured from a fresh (near-uniform) policy, their
    worst case (a confident policy repeats answers, which the engine computes once).
 2. the configuration of the authors' `transformer --smoke` preset end to end (2 seeds × 50 episodes, H = 10,
-   V = 2, B = 100, K = 8; ppo, dg, tpo_token, grpo_token), to compare with the authors' JAX code (about
-   650–700 s on the same 2-core machine, compile included; docs/experiments.md §Compute).
+   V = 2, B = 100, K = 8; ppo, dg, tpo_token, grpo_token), to compare with the authors' JAX code (186–190 s on a
+   quiet 2-core machine by its own "Completed in", compile included; docs/experiments.md §Compute).
 3. side by side in one process: one TPO_token episode of the engine vs the same episode computed the way the
    authors' code does (a full forward per sampled token, no KV cache; one forward per prefix state in training),
    so the ratio is robust to a busy machine.
@@ -35,7 +35,7 @@ from targetpo.tokens import tasks
 SECTION = "## Token experiments: engine speed"
 TOKEN_METHODS = ("tpo_token", "grpo_token", "ppo", "dg")
 SEQUENCE_METHODS = ("tpo", "grpo", "ppo@interactions")
-JAX_SMOKE_S = (650, 700)
+JAX_SMOKE_S = (186, 190)  # the authors' code, quiet 2-core machine
 
 
 def _episode_timer(cfg: te.TrialConfig, method: str, seeds: list[int], episodes: int) -> float:
@@ -152,7 +152,7 @@ def main():
         "| method (task, H = 10, V = 2, B = 100, K = 8) | seconds per episode per seed |", "|---|---|", *rows, "",
         "The authors' `transformer --smoke` configuration (2 seeds × 50 episodes, H = 10, V = 2, B = 100, K = 8; "
         "ppo, dg, tpo_token, grpo_token), in one process (interpreter start-up excluded):", "",
-        "| | wall (s) | vs authors' JAX (650–700 s) |", "|---|---|---|",
+        "| | wall (s) | vs authors' JAX (186–190 s) |", "|---|---|---|",
         f"| targetpo engine | {smoke_s:.1f} | {JAX_SMOKE_S[0] / smoke_s:.1f}–{JAX_SMOKE_S[1] / smoke_s:.1f}× faster |", "",
         "Error at episode 50 (2-seed mean): " + ", ".join(f"{m} {v:.3f}" for m, v in finals.items())
         + " (the authors' run: tpo_token ≈ 0.01, the others 0.37–0.43).", "",

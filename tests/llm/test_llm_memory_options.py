@@ -110,3 +110,12 @@ def test_gradient_checkpointing_recomputes_the_decoder_layers(trainer_parts, mon
     update_grads(tr, batch)
     assert len(calls) == 2  # each of the 2 layers, once for the one (whole) micro-batch
     assert not any(m.training for m in tr.model.modules())  # eval mode (no dropout) restored after the update
+
+
+def test_a_step_whose_groups_all_have_equal_rewards_is_reported(trainer_parts, caplog, monkeypatch):
+    tr = make(trainer_parts)
+    monkeypatch.setattr(tr, "score", lambda problems, texts, k: torch.zeros(len(texts)))  # every completion fails
+    with caplog.at_level("WARNING", logger="targetpo.llm.trainer"):
+        metrics = tr.step(0)
+    assert metrics["groups_without_signal"] == B and metrics["frac_zero_var"] == 1.0
+    assert f"all {B} groups have zero-variance rewards" in caplog.text

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import logging
 import math
 import os
 import random
@@ -53,6 +54,8 @@ from targetpo.llm.rollout import (
     token_logprobs,
     token_micro_batches,
 )
+
+logger = logging.getLogger(__name__)
 
 # Objectives the trainer can call: the registry's group objectives with a per-token [G, K, T] form.
 OBJECTIVES = tuple(n for n in obj.available() if obj.get(n).needs_groups and obj.get(n).per_token_fn is not None)
@@ -393,8 +396,14 @@ class RLVRTrainer:
         t1 = time.perf_counter()
         upd = self.update(batch, step)
         r = batch.rewards.reshape(-1, batch.k)
+        no_signal = int(zero_variance_groups(r).sum())
+        if no_signal == r.shape[0]:
+            # Every group scored all-equal: TPO's target is p_old and GRPO's advantages are 0, so the policy loss
+            # carries no signal this step (only a KL term moves the weights). Say so rather than look like training.
+            logger.warning("step %d: all %d groups have zero-variance rewards; the policy loss has no signal this "
+                           "step", step, no_signal)
         return {"reward": float(r.mean()), "accuracy": float((r >= 1.0).float().mean()),
-                "frac_zero_var": float(zero_variance_groups(r).float().mean()),
+                "frac_zero_var": no_signal / r.shape[0], "groups_without_signal": no_signal,
                 "completion_len": float(batch.completion_mask.sum(-1).float().mean()), **upd,
                 "wall_rollout_s": t1 - t0, "wall_step_s": time.perf_counter() - t0}
 
