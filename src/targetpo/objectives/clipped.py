@@ -227,7 +227,9 @@ def dr_grpo_loss(logp: Tensor, old_logp: Tensor, scores: Tensor, *, beta: float 
                  **kwargs) -> LossOutput:
     r"""Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): GRPO without the two biases —
     advantages s − s̄ (no std division) and per-sequence token *sums* divided by a constant length
-    (`norm_len`, default the padded T) instead of each sequence's own length. Per-token inputs `[G, K, T]`."""
+    (`norm_len`, default the padded T) instead of each sequence's own length. Per-token inputs `[G, K, T]`.
+    Every other `grpo_loss` keyword passes through, `convention=` included (TRL's loss_type "dr_grpo" is
+    `convention="trl", norm_len=max_completion_length`)."""
     group_layout(logp, scores, kwargs.get("token_mask"), candidate=False)
     kwargs.setdefault("loss_agg", "seq-mean-token-sum-norm")
     return grpo_loss(logp, old_logp, scores, beta=beta, scale_advantages=False, norm_len=norm_len, **kwargs)
@@ -238,7 +240,8 @@ def dapo_loss(logp: Tensor, old_logp: Tensor, scores: Tensor, *, clip_eps: float
               **kwargs) -> LossOutput:
     r"""DAPO (Yu et al. 2025): GRPO with decoupled clip-higher (ε_low = 0.2, ε_high = 0.28), token-level
     aggregation ("token-mean": every token of the batch weighs the same) and no KL. Dynamic sampling (dropping
-    zero-variance groups) is a data step; `mask_zero_var=True` gives its effect on a fixed batch."""
+    zero-variance groups) is a data step; `mask_zero_var=True` gives its effect on a fixed batch. Every other
+    `grpo_loss` keyword passes through, `convention=` included."""
     group_layout(logp, scores, kwargs.get("token_mask"), candidate=False)
     kwargs.setdefault("loss_agg", "token-mean")
     kwargs.setdefault("beta", 0.0)
