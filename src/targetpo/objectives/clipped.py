@@ -228,8 +228,8 @@ def dr_grpo_loss(logp: Tensor, old_logp: Tensor, scores: Tensor, *, beta: float 
     r"""Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): GRPO without the two biases —
     advantages s − s̄ (no std division) and per-sequence token *sums* divided by a constant length
     (`norm_len`, default the padded T) instead of each sequence's own length. Per-token inputs `[G, K, T]`.
-    Every other `grpo_loss` keyword passes through, `convention=` included (TRL's loss_type "dr_grpo" is
-    `convention="trl", norm_len=max_completion_length`)."""
+    Every other `grpo_loss` keyword passes through, `convention=` included (TRL's loss_type "dr_grpo" with
+    scale_rewards="none" is `convention="trl", norm_len=max_completion_length`)."""
     group_layout(logp, scores, kwargs.get("token_mask"), candidate=False)
     kwargs.setdefault("loss_agg", "seq-mean-token-sum-norm")
     return grpo_loss(logp, old_logp, scores, beta=beta, scale_advantages=False, norm_len=norm_len, **kwargs)
