@@ -345,7 +345,7 @@ class _Accelerator:
 
 
 def trl_loss(logp, old, ref, scores, tm, *, loss_type, beta=0.0, epsilon=0.2, epsilon_high=None,
-             importance_sampling_level="token", max_completion_length=T):
+             importance_sampling_level="token", max_completion_length=T, scale_rewards="group"):
     """TRL's `GRPOTrainer._compute_loss` on a trainer object holding only what it reads, with advantages from
     the formula of `_generate_and_score_completions` (TRL's own `nanstd`, + 1e-4)."""
     gt = trl_trainer()
@@ -354,7 +354,9 @@ def trl_loss(logp, old, ref, scores, tm, *, loss_type, beta=0.0, epsilon=0.2, ep
     rewards = scores.reshape(-1)
     mean = torch.nanmean(rewards.view(-1, K), dim=1).repeat_interleave(K)
     std = nanstd(rewards.view(-1, K), dim=1).repeat_interleave(K)
-    advantages = (rewards - mean) / (std + 1e-4)
+    advantages = rewards - mean
+    if scale_rewards != "none":
+        advantages = advantages / (std + 1e-4)
 
     trainer = object.__new__(gt.GRPOTrainer)
     per_token = logp.reshape(G * K, T)
@@ -397,6 +399,13 @@ def test_grpo_trl_convention_default_aggregation_is_trls_default_loss_type():
     logp, old, ref, scores, tm, _ = ragged_batch(22)
     theirs = trl_loss(logp, old, ref, scores, tm, loss_type="dapo", beta=0.04)  # GRPOConfig.loss_type default
     ours = obj.grpo_loss(logp, old, scores, token_mask=tm, ref_logp=ref, beta=0.04, convention="trl").loss
+    assert_same(ours, theirs, logp)
+
+
+def test_dr_grpo_trl_convention_is_trls_dr_grpo_without_reward_scaling():
+    logp, old, _, scores, tm, _ = ragged_batch(26)
+    theirs = trl_loss(logp, old, old, scores, tm, loss_type="dr_grpo", scale_rewards="none")
+    ours = obj.dr_grpo_loss(logp, old, scores, token_mask=tm, norm_len=T, convention="trl").loss
     assert_same(ours, theirs, logp)
 
 
