@@ -41,13 +41,27 @@ from targetpo.objectives.scores import (
     zero_variance_groups,
 )
 from targetpo.objectives.supervised import ce_loss
-from targetpo.objectives.tpo import sequence_logp, tpo_loss, tpo_sequence_loss, tpo_target, tpo_token_loss
+from targetpo.objectives.tpo import (
+    PROJECTIONS,
+    adaptive_eta,
+    alpha_projection,
+    jensen_shannon_projection,
+    kl_to_old,
+    reverse_kl_projection,
+    sequence_logp,
+    tpo_loss,
+    tpo_sequence_loss,
+    tpo_target,
+    tpo_token_loss,
+)
 
 __all__ = [
     "LossOutput", "Objective", "aggregate", "available", "get", "resolve",
     "standardize_scores", "group_advantages", "rloo_advantages", "zero_variance_groups",
     "expected_baseline", "batch_mean_baseline",
     "tpo_target", "tpo_loss", "tpo_token_loss", "tpo_sequence_loss", "sequence_logp",
+    "PROJECTIONS", "reverse_kl_projection", "jensen_shannon_projection", "alpha_projection", "adaptive_eta",
+    "kl_to_old",
     "reinforce_loss", "importance_weighted_pg_loss", "batch_standardized_pg_loss", "rloo_loss", "group_pg_loss",
     "ppo_loss", "grpo_loss", "dr_grpo_loss", "dapo_loss", "gspo_loss", "sapo_loss", "cispo_loss",
     "clip_cov_loss", "kl_cov_loss", "gmpo_loss", "dual_clip", "kl_estimate", "CONVENTIONS",

@@ -55,6 +55,13 @@ _register(
               "TPO where each prefix state's group is K candidate next tokens"),
     Objective("tpo_sequence", tpo.tpo_sequence_loss, True, True, "sequence", "Kaddour 2026 §3.6/§3.8",
               "TPO on per-token log-probs [G,K,T] reduced by sum or mean"),
+    # Options beyond the paper (its §6 open questions; docs/method.md §8): other projections onto the same target.
+    Objective("tpo_reverse_kl", partial(tpo.tpo_loss, projection="reverse_kl"), True, True, "group",
+              "LPO, arXiv 2605.06139; docs/method.md §8", "TPO's target fitted by reverse KL(p_θ ‖ q)",
+              per_token_fn=partial(tpo.tpo_sequence_loss, projection="reverse_kl")),
+    Objective("tpo_js", partial(tpo.tpo_loss, projection="js"), True, True, "group", "docs/method.md §8",
+              "TPO's target fitted by Jensen–Shannon divergence",
+              per_token_fn=partial(tpo.tpo_sequence_loss, projection="js")),
     Objective("reinforce", policy_gradient.reinforce_loss, False, False, "single", "Williams 1992",
               "−A·log π with a caller-chosen baseline"),
     Objective("pg_is", policy_gradient.importance_weighted_pg_loss, False, True, "single", "Precup et al. 2000",
