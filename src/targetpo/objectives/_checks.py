@@ -170,6 +170,16 @@ HYPERPARAMETERS: dict[str, tuple[str, object]] = {
     "kl_budget": ("> 0 or None (the KL(q ‖ p_old) an adaptive η targets)", lambda v: v is None or v > 0),
     "std_floor": (">= 0", lambda v: v >= 0),
     "std_shrink": (">= 0", lambda v: v >= 0),
+    # Engine conventions and verl's objectives (docs/conventions.md).
+    "std_ddof": ("0 or 1", lambda v: v in (0, 1)),
+    "dual_clip_c": ("> 1 or None (dual-clip bound)", lambda v: v is None or v > 1),
+    "kl_clip": ("> 0 or None", lambda v: v is None or v > 0),
+    "log_ratio_max": ("> 0 or None", lambda v: v is None or v > 0),
+    "clip_cov_ratio": ("> 0 and <= 1 (fraction of tokens)", lambda v: 0 < v <= 1),
+    "clip_cov_lb": (">= 0", lambda v: v >= 0),
+    "clip_cov_ub": ("> 0", lambda v: v > 0),
+    "kl_cov_ratio": ("> 0 and <= 1 (fraction of tokens)", lambda v: 0 < v <= 1),
+    "ppo_kl_coef": (">= 0", lambda v: v >= 0),
 }
 
 

@@ -90,15 +90,20 @@ def standardize_scores(scores: Tensor, mask: Tensor | None = None, *, eps: float
 
 @checked
 def group_advantages(scores: Tensor, mask: Tensor | None = None, *, eps: float = 1e-8, scale: bool = True,
-                     std_floor: float = 0.0, std_shrink: float = 0.0) -> Tensor:
+                     std_floor: float = 0.0, std_shrink: float = 0.0, std_ddof: int = 0,
+                     singleton: str = "zero") -> Tensor:
     r"""GRPO's group-relative advantages (Shao et al. 2024, DeepSeekMath; docs/method.md §3).
 
     .. math::  A_i = (s_i - \bar s) / (\sigma + \epsilon)
 
-    with the population std, as in the paper's code (TRL uses the Bessel-corrected std; pass that yourself if
-    you need it). A zero-variance group gives A = 0. `scale=False` returns s_i − s̄ (Dr. GRPO, Liu et al. 2025).
+    with the population std (`std_ddof=0`), as in the paper's code; `std_ddof=1` is the Bessel-corrected std of
+    verl's `compute_grpo_outcome_advantage` (`torch.std`) and TRL's `nanstd` (docs/conventions.md). A
+    zero-variance group gives A = 0. `scale=False` returns s_i − s̄ (Dr. GRPO, Liu et al. 2025).
     `std_floor` / `std_shrink` replace σ by max(√(σ² + c²), σ_min) as in :func:`standardize_scores`
     (docs/method.md §8); they need `scale=True`.
+
+    A group with one valid candidate (a `mask` that leaves one) gets A = 0 (`singleton="zero"`), or verl's
+    s/(1 + ε) (`singleton="verl"`: verl sets such a group's mean to 0 and std to 1; s unscaled when `scale=False`).
     """
     s = as_float("scores", scores)
     check_group_size("scores", s, minimum=2)
@@ -106,10 +111,17 @@ def group_advantages(scores: Tensor, mask: Tensor | None = None, *, eps: float =
     if not scale and (std_floor or std_shrink):
         raise ValueError(f"std_floor={std_floor!r}/std_shrink={std_shrink!r} change the std that scale=True divides "
                          "by; with scale=False there is no std (leave them at 0)")
-    mean, std, _ = _masked_moments(s, mask)
+    if singleton not in ("zero", "verl"):
+        raise ValueError(f"singleton={singleton!r}: must be 'zero' or 'verl'")
+    mean, std, n = _masked_moments(s, mask)
+    if std_ddof == 1:
+        # Bessel's correction; a singleton's variance is undefined and taken as 0 (its centred score is 0 anyway).
+        std = torch.where(n > 1, std * (n / (n - 1).clamp_min(1.0)).sqrt(), torch.zeros_like(std))
     a = s - mean
     if scale:
         a = a / (group_scale(std, std_floor=std_floor, std_shrink=std_shrink) + eps)
+    if singleton == "verl":
+        a = torch.where(n == 1, s / (1.0 + eps) if scale else s, a)
     return a if mask is None else a.masked_fill(~mask, 0.0)
 
 
