@@ -145,9 +145,6 @@ def as_token_mask(name: str, token_mask: Tensor | None, like: Tensor) -> Tensor:
     return token_mask
 
 
-def check_positive(name: str, value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
 
 
 # The hyperparameters of every objective, by argument name: declared once, checked by `@checked` on each

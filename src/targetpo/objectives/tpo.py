@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from targetpo.objectives._checks import (
-    LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_positive, check_same_shape,
+    LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_same_shape,
     checked, group_layout,
 )
 from targetpo.objectives.scores import ZERO_VARIANCE_STD, standardize_scores
@@ -200,8 +200,6 @@ def tpo_target(
 
 def _target(old_logp, scores, eta, mask, anchor, kl_budget=None, std_floor=0.0, std_shrink=0.0) -> Target:
     _check_options(eta, kl_budget, anchor)
-    if eta != "adaptive":
-        check_positive("eta", eta)
     s = as_float("scores", scores)
     old = as_float("old_logp", old_logp)
     check_same_shape(old_logp=old, scores=s)
