@@ -5,6 +5,7 @@ step, AdamW lr 1e-5, LoRA rank 32, KL 1e-3 to the reference model, vLLM generati
 use the same seed, data order, generation and batching; they differ only in the trainer (TPO's loss and its
 group-keeping batch shuffle vs GRPO's clipped surrogate). Needs a GPU and ``pip install 'trl[vllm]' peft``.
 
+    targetpo data gsm8k /path/to/gsm8k          # once: GSM8K's train.jsonl / test.jsonl, checksum-verified
     python examples/trl/train_gsm8k.py --model /path/to/Qwen3-1.7B --gsm8k-dir /path/to/gsm8k --out runs/trl
 
 vLLM's importance-sampling correction (TRL's ``vllm_importance_sampling_correction``) is switched off for both
@@ -22,7 +23,7 @@ METHODS = ("tpo", "grpo")
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="model directory (or hub name), e.g. a local Qwen3-1.7B")
+    p.add_argument("--model", required=True, help="local model directory, e.g. Qwen3-1.7B (never downloaded)")
     p.add_argument("--gsm8k-dir", type=Path, required=True, help="directory holding GSM8K's train.jsonl")
     p.add_argument("--out", type=Path, required=True, help="output directory (one subfolder per method)")
     p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))

@@ -4,6 +4,7 @@
 # Assumes 1 node x 4 GPUs (the paper used 4 x A100-80GB); set GPUS for another count (train batch, mini-batch
 # and GPU count must keep whole groups per GPU: the launcher refuses otherwise, before any model is loaded).
 #
+#   targetpo data gsm8k /path/to/gsm8k       # GSM8K's train.jsonl / test.jsonl, checksum-verified
 #   python examples/verl/prepare_data.py gsm8k --gsm8k-dir /path/to/gsm8k --out ~/data/verl/gsm8k
 #   MODEL=/path/to/Qwen3-1.7B bash examples/verl/run_gsm8k.sh
 #

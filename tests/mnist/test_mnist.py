@@ -392,6 +392,9 @@ def test_staleness_actor_uses_the_parameters_from_d_updates_ago(mnist_dir):
         def advance(self, n):
             pass
 
+        def check_finite(self, step, values):
+            pass
+
         def set_data_source(self, s):
             pass
 

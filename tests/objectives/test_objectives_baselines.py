@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from targetpo import objectives as O
-from targetpo.tabular.bandit import beta_dg, beta_grpo, beta_tpo, correct_direction, exact_update, tpo_lambda
+from targetpo.tabular.bandit import beta_dg, beta_tpo, correct_direction, exact_update, tpo_lambda
 
 
 

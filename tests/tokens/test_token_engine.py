@@ -1,6 +1,5 @@
 """The token-experiment engine: per-seed losses and gradients, metrics, matching modes, determinism."""
 
-import math
 
 import numpy as np
 import pytest

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 
 from targetpo.experiments import load
 from targetpo.experiments import run_experiment

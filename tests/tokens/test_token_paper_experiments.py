@@ -105,6 +105,9 @@ class _Ctx:
     def advance(self, n=1):
         pass
 
+    def check_finite(self, step, values):
+        pass
+
 
 def test_variants_interaction_matching_is_a_noop_with_token_methods(monkeypatch):
     exp = load("token-variants")

@@ -16,6 +16,7 @@ preset holds the App. G settings for a real model on a GPU (not run here).
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -25,7 +26,8 @@ from targetpo import paper
 from targetpo.runs import plots
 from targetpo.runs.data import MissingDataError
 from targetpo.runs.stats import fmt
-from targetpo.runs.config import RunConfig, config, default, param
+from targetpo.llm.trainer import TrainerConfig
+from targetpo.runs.config import RunConfig, config, default, param, swept
 
 NAME = "rlvr"
 TITLE = "LLM RLVR: TPO vs GRPO on verifiable rewards (paper §3.8)"
@@ -37,7 +39,7 @@ METHODS = tuple(f"{o}_{r}" for o in ("tpo", "tpo_no_anchor") for r in ("sum", "m
 
 
 @config
-class Config(RunConfig):
+class Config(TrainerConfig, RunConfig):
     methods = default(("tpo_sum", "tpo_mean", "grpo"), choices=METHODS,
                       help="compared methods: tpo_sum, tpo_mean (TPO with the sum / mean sequence log-score), "
                       "tpo_no_anchor_sum, tpo_no_anchor_mean, grpo, dr_grpo, dapo, gspo, sapo, cispo")
@@ -71,30 +73,17 @@ class Config(RunConfig):
     warmstart_batch: int = param(64, "warm-start batch size", ge=1)
     warmstart_lr: float = param(3e-3, "warm-start AdamW learning rate", gt=0)
     steps: int = param(200, "RL steps per method (one rollout batch each)", ge=1)
-    k: int = param(8, "completions per prompt (K)", ge=2)
-    batch_prompts: int = param(16, "prompts per step (B)", ge=1)
-    epochs: int = param(1, "μ, epochs over each rollout batch", ge=1)
-    updates_per_epoch: int = param(1, "AdamW steps per epoch (whole-group mini-batches)", ge=1)
-    micro_batch_size: int = param(0, "rows per forward/backward, a multiple of k (0 = whole mini-batch); gradients "
-                                  "accumulate", ge=0)
-    micro_batch_tokens: int = param(0, "instead of micro_batch_size: micro-batches of whole groups of at most this "
-                                    "many padded tokens, padding trimmed (0 = off)", ge=0)
-    gradient_checkpointing: bool = param(False, "recompute decoder-layer activations in backward (less memory, "
-                                         "~1 more forward)")
-    lr: float = param(3e-4, "RL AdamW learning rate", gt=0)
-    weight_decay: float = param(0.0, "AdamW weight decay", ge=0)
-    max_grad_norm: float = param(1.0, "gradient clipping (0 = off)", ge=0)
-    kl_coef: float = param(0.0, "β of the k3 KL to the frozen starting model (0 = off)", ge=0)
     lora_r: int = param(0, "LoRA rank (0 = full fine-tuning)", ge=0)
     lora_alpha: float = param(0.0, "LoRA alpha (0 = 2·rank)", ge=0)
-    eta: float = param(1.0, "TPO target temperature η", gt=0)
-    temperature: float = param(1.0, "sampling temperature", gt=0)
-    max_new_tokens: int = param(5, "completion length limit", ge=1)
-    eval_every: int = param(10, "held-out evaluation every N RL steps (and before and after training; 0 = only "
-                            "then)", ge=0)
-    eval_batch: int = param(200, "prompts per held-out generation batch", ge=1)
-    checkpoint_every: int = param(25, "save a resumable trainer checkpoint every N steps (0 = never; a killed unit "
-                                  "then restarts)", ge=0)
+    # TrainerConfig's fields, with this experiment's defaults (help and bounds are declared there)
+    objective = swept("methods")
+    seq_logp = swept("methods")
+    batch_prompts = 16
+    lr = 3e-4
+    max_new_tokens = 5
+    eval_every = 10
+    eval_batch = 200
+    checkpoint_every = default(25, note="0 = never; a killed unit then restarts")
 
     def check(self) -> None:
         for m in self.methods:
@@ -151,16 +140,10 @@ def unit_steps(cfg: Config, unit: str) -> int:
 
 
 def trainer_config(cfg: Config, method: str, s: int):
-    from targetpo.llm.trainer import TrainerConfig
-
+    """The TrainerConfig of one (method, seed) unit: the shared fields by name, the method's objective."""
     objective, red = method_objective(method)
-    return TrainerConfig(objective=objective, seq_logp=red, eta=cfg.eta, k=cfg.k, batch_prompts=cfg.batch_prompts,
-                         epochs=cfg.epochs, updates_per_epoch=cfg.updates_per_epoch,
-                         micro_batch_size=cfg.micro_batch_size, micro_batch_tokens=cfg.micro_batch_tokens,
-                         gradient_checkpointing=cfg.gradient_checkpointing, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                         max_grad_norm=cfg.max_grad_norm, kl_coef=cfg.kl_coef, temperature=cfg.temperature,
-                         max_new_tokens=cfg.max_new_tokens, eval_every=cfg.eval_every, eval_batch=cfg.eval_batch,
-                         checkpoint_every=cfg.checkpoint_every, seed=cfg.seed + s)
+    shared = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainerConfig)}
+    return TrainerConfig(**{**shared, "objective": objective, "seq_logp": red, "seed": cfg.seed + s})
 
 
 def problems(cfg: Config):
@@ -324,6 +307,9 @@ def summary(run) -> str:
         f"{LABELS.get(m, m)} {v[0].mean():.3f} -> {v[-1].mean():.3f}" for m, (s, v) in acc.items())
 
 
+ACCURACY_AXIS = (-0.02, 1.02)  # [0, 1] with a margin that keeps a curve at 0 or 1 off the axis line
+
+
 def report(run, section) -> None:
     cfg = run.config
     section.text(__doc__.split("\n\n", 1)[1])
@@ -358,13 +344,20 @@ def report(run, section) -> None:
     fig, axes = plots.figure(3 if len(ws_steps) else 2)
     for m, (steps, vals) in reward.items():
         plots.curve(axes[0], steps, _smooth(vals, window), LABELS.get(m, m), COLORS.get(m))
-    plots.finish(axes[0], f"Training reward (moving average, {window} steps)", "RL step", "mean reward")
+    # Rewards are scores in [0, 1] (llm/rewards.py): the axis shows no negative values and stops just above the
+    # data; the 2 % margin below 0 keeps a curve at 0 visible above the axis line.
+    top = min(1.0, max(0.05, 1.15 * max(float(_smooth(vals, window).max()) for _, vals in reward.values())))
+    plots.finish(axes[0], f"Training reward (moving average, {window} step{'s' if window != 1 else ''})",
+                 "RL step (updates)", "mean reward per completion", ylim=(-0.02 * top, top))
     for m, (steps, vals) in acc.items():
         plots.curve(axes[1], steps, vals, LABELS.get(m, m), COLORS.get(m))
-    plots.finish(axes[1], "Held-out accuracy (greedy)", "RL step", "accuracy")
+    # An accuracy is a fraction: the ± s.e. band must not stretch the axis below 0 or above 1.
+    plots.finish(axes[1], "Held-out accuracy (greedy)", "RL step (updates)", "accuracy (fraction correct)",
+                 ylim=ACCURACY_AXIS)
     if len(ws_steps):
         axes[2].plot(ws_steps, np.asarray(ws_acc)[:, 0], color="k", lw=1.6, label="warm start")
-        plots.finish(axes[2], "Supervised warm start", "SFT step", "held-out accuracy")
+        plots.finish(axes[2], "Supervised warm start", "SFT step (updates)", "held-out accuracy (fraction correct)",
+                     ylim=ACCURACY_AXIS)
     section.figure(fig, "rlvr_curves", "RLVR: training reward and held-out accuracy per method (mean ± s.e. over seeds)")
 
     ref = paper.LLM_RLVR

@@ -34,7 +34,7 @@ import os
 import random
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Callable
 
@@ -54,6 +54,7 @@ from targetpo.llm.rollout import (
     token_logprobs,
     token_micro_batches,
 )
+from targetpo.runs.config import Validated, config, param
 
 logger = logging.getLogger(__name__)
 
@@ -61,69 +62,45 @@ logger = logging.getLogger(__name__)
 OBJECTIVES = tuple(n for n in obj.available() if obj.get(n).needs_groups and obj.get(n).per_token_fn is not None)
 
 
-@dataclass(frozen=True)
-class TrainerConfig:
-    """objective: a group objective of targetpo.objectives with a per-token form (OBJECTIVES: tpo, tpo_no_anchor, grpo, dr_grpo, dapo, gspo, sapo, cispo, ...)
-    seq_logp: TPO's sequence log-score: "sum" of token log-probs (the paper) or "mean" (length-normalised)
-    eta: TPO's target temperature η
-    objective_options: extra keyword arguments of the objective, e.g. {"clip_eps": 0.2}
-    k: completions per prompt (the group size K)
-    batch_prompts: prompts per step (B); a step samples B·K completions
-    epochs: μ, passes over each rollout batch (targets and old log-probs stay frozen)
-    updates_per_epoch: optimizer steps per epoch (whole-group mini-batches; must divide B)
-    micro_batch_size: rows per forward/backward (a multiple of K; 0 = a whole mini-batch); gradients accumulate
-    micro_batch_tokens: instead of a fixed row count, micro-batches of whole groups holding at most this many
-      padded tokens (rows × (prompt + completion) length, padding trimmed per micro-batch); 0 = off
-    gradient_checkpointing: recompute each decoder layer's activations in backward instead of keeping them
-      (transformers' gradient checkpointing; dropout stays off)
-    lr: AdamW learning rate
-    weight_decay: AdamW weight decay
-    adam_betas: AdamW (β1, β2)
-    max_grad_norm: gradient clipping by global norm (0 = off)
-    kl_coef: β of the k3 KL to a frozen reference (0 = no reference model is kept)
-    temperature: sampling temperature (log-probs use the same temperature)
-    max_new_tokens: completion length limit
-    eval_every: greedy held-out evaluation every N steps (0 = only before and after training)
-    eval_batch: prompts per greedy evaluation batch
-    checkpoint_every: save a resumable checkpoint every N steps (0 = never)
-    seed: seeds prompt draws, sampling and epoch shuffles (a step's randomness depends on (seed, step) only)"""
+@config
+class TrainerConfig(Validated):
+    """Every setting of :class:`RLVRTrainer`, declared once (the `rlvr` experiment extends this)."""
 
-    objective: str = "tpo"
-    seq_logp: str = "sum"
-    eta: float = 1.0
-    objective_options: dict = field(default_factory=dict)
-    k: int = 8
-    batch_prompts: int = 8
-    epochs: int = 1
-    updates_per_epoch: int = 1
-    micro_batch_size: int = 0
-    micro_batch_tokens: int = 0
-    gradient_checkpointing: bool = False
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float = 1.0
-    kl_coef: float = 0.0
-    temperature: float = 1.0
-    max_new_tokens: int = 32
-    eval_every: int = 0
-    eval_batch: int = 64
-    checkpoint_every: int = 0
-    seed: int = 0
+    objective: str = param("tpo", "a group objective of targetpo.objectives with a per-token form",
+                           choices=OBJECTIVES)
+    seq_logp: str = param("sum", "TPO's sequence log-score: sum of token log-probs (the paper) or mean "
+                          "(length-normalised)", choices=("sum", "mean"))
+    eta: float = param(1.0, "TPO target temperature η", gt=0)
+    objective_options: dict = field(default_factory=dict, metadata={
+        "help": "extra keyword arguments of the objective, e.g. {\"clip_eps\": 0.2} (Python API only)"})
+    k: int = param(8, "completions per prompt (K)", ge=2)
+    batch_prompts: int = param(8, "prompts per step (B); a step samples B·K completions", ge=1)
+    epochs: int = param(1, "μ, passes over each rollout batch (targets and old log-probs stay frozen)", ge=1)
+    updates_per_epoch: int = param(1, "AdamW steps per epoch (whole-group mini-batches; must divide B)", ge=1)
+    micro_batch_size: int = param(0, "rows per forward/backward, a multiple of k (0 = whole mini-batch); gradients "
+                                  "accumulate", ge=0)
+    micro_batch_tokens: int = param(0, "instead of micro_batch_size: micro-batches of whole groups of at most this "
+                                    "many padded tokens, padding trimmed (0 = off)", ge=0)
+    gradient_checkpointing: bool = param(False, "recompute decoder-layer activations in backward (less memory, "
+                                         "~1 more forward; dropout stays off)")
+    lr: float = param(1e-5, "RL AdamW learning rate", gt=0)
+    weight_decay: float = param(0.0, "AdamW weight decay", ge=0)
+    adam_betas: tuple[float, float] = param((0.9, 0.999), "AdamW (β1, β2)", ge=0, lt=1)
+    max_grad_norm: float = param(1.0, "gradient clipping by global norm (0 = off)", ge=0)
+    kl_coef: float = param(0.0, "β of the k3 KL to the frozen starting model (0 = off, no reference is kept)", ge=0)
+    temperature: float = param(1.0, "sampling temperature (log-probs use the same)", gt=0)
+    max_new_tokens: int = param(32, "completion length limit", ge=1)
+    eval_every: int = param(0, "held-out evaluation every N RL steps (and before and after training; 0 = only "
+                            "then)", ge=0)
+    eval_batch: int = param(64, "prompts per held-out generation batch", ge=1)
+    checkpoint_every: int = param(0, "save a resumable trainer checkpoint every N steps (0 = never)", ge=0)
+    seed: int = param(0, "seeds prompt draws, sampling and epoch shuffles (a step's randomness depends on "
+                      "(seed, step) only)", ge=0)
 
-    def validate(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {sorted(OBJECTIVES)}, got {self.objective!r}")
+    def check(self) -> None:
         if self.epochs > 1 and not obj.get(self.objective).multi_epoch_safe:
             raise ValueError(f"epochs={self.epochs}: {self.objective} is not sound on a re-used batch "
                              f"(targetpo.objectives registry: multi_epoch_safe=False); use epochs=1")
-        if self.seq_logp not in ("sum", "mean"):
-            raise ValueError(f"seq_logp must be 'sum' or 'mean', got {self.seq_logp!r}")
-        if self.k < 2:
-            raise ValueError(f"k (completions per prompt) must be >= 2, got {self.k}")
-        for name in ("batch_prompts", "epochs", "updates_per_epoch", "max_new_tokens", "eval_batch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.batch_prompts % self.updates_per_epoch:
             raise ValueError(f"updates_per_epoch={self.updates_per_epoch} must divide batch_prompts="
                              f"{self.batch_prompts} (mini-batches hold whole groups)")
@@ -131,15 +108,9 @@ class TrainerConfig:
         if self.micro_batch_size and (self.micro_batch_size % self.k or mini_rows % self.micro_batch_size):
             raise ValueError(f"micro_batch_size={self.micro_batch_size} must be a multiple of k={self.k} (whole "
                              f"groups) that divides the mini-batch of {mini_rows} rows")
-        if self.micro_batch_tokens < 0:
-            raise ValueError(f"micro_batch_tokens={self.micro_batch_tokens}: must be >= 0 (0 = off)")
         if self.micro_batch_tokens and self.micro_batch_size:
             raise ValueError(f"micro_batch_size={self.micro_batch_size} and micro_batch_tokens="
                              f"{self.micro_batch_tokens}: set one of them (the other to 0)")
-        if not (self.lr > 0 and self.temperature > 0 and self.eta > 0):
-            raise ValueError(f"lr, temperature and eta must be > 0; got {self.lr}, {self.temperature}, {self.eta}")
-        if self.kl_coef < 0 or self.max_grad_norm < 0:
-            raise ValueError(f"kl_coef and max_grad_norm must be >= 0; got {self.kl_coef}, {self.max_grad_norm}")
 
 
 def step_seed(seed: int, step: int, salt: int = 0) -> int:

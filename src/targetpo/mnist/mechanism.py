@@ -34,6 +34,8 @@ METHODS = ("pg", "dg", "tpo", "grpo", "group_pg")
 NO_CLOSED_FORM = ("grpo",)
 BIN_EDGES = (0.0, 0.25, 0.5, 0.75, 1.01)
 TORCH_THREADS = base.TORCH_THREADS
+# Per-bin statistics are NaN for a concentration bin with no test image in it (bin_statistics).
+NAN_MEANS_EMPTY = (".surplus", ".exact", ".scalar")
 check_data = base.check_data
 units = base.units  # one unit: all methods and seeds stacked, as in `mnist`
 
@@ -188,16 +190,15 @@ def report(run, section) -> None:
     ax1.set_xticks(x, names, fontsize=8)
     ax1.axhline(0, color="k", lw=0.6)
     plots.finish(ax1, f"Gain surplus by concentration at label {rec['label']:,}", "max wrong-class share c",
-                 "exact − scalar gain")
+                 "exact − scalar gain (Δπ_y, first order)")
     labels = np.array([r["label"] for r in rows])
     for m in (m for m in ("tpo", "dg") if m in tab):
         series = np.array([seed_mean(r[f"{m}.surplus"])[0][-1] for r in rows])
         ax2.plot(labels, series, color=plots.COLORS[m], label=LABELS[m])
-        ax2.scatter([cfg["checkpoint_label"]], [ref[m][-1]], marker="o", facecolors="none",
-                    edgecolors=plots.COLORS[m], zorder=5)
+        plots.paper_points(ax2, [cfg["checkpoint_label"]], [ref[m][-1]], plots.COLORS[m])
     ax2.axhline(0, color="k", lw=0.6)
-    plots.finish(ax2, "Highest-concentration bin over training (circle: paper)", "step (paper's label)",
-                 "exact − scalar gain")
+    plots.finish(ax2, "Highest-concentration bin over training (circle: paper)", "step (paper's label, updates)",
+                 "exact − scalar gain (Δπ_y, first order)")
     section.figure(fig, "mnist_mechanism", f"Fig. 4b analogue ({cfg['seeds']} seeds, seed mean ± s.e.)")
 
     if "tpo" in tab:

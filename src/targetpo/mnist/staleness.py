@@ -152,6 +152,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
                     rec[f"{m}.reward.D{d}"] = reward[:, g, i] / cfg.eval_every  # the actors' (behaviour) reward
             reward.zero_()
             ctx.log(rec)
+            ctx.check_finite(t, {"parameters": params})  # NaN weights still give a finite test error
             ctx.advance(cfg.eval_every)
 
 

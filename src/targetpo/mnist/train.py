@@ -137,6 +137,7 @@ def train(cfg, data: mnist_data.MnistData, ctx, diagnostics=None) -> None:
                 rec.update(diagnostics(probs, data.test_y))
             reward.zero_()
             ctx.log(rec)
+            ctx.check_finite(t, {"parameters": params})  # NaN weights still give a finite test error
             ctx.advance(cfg.eval_every)
 
 
@@ -220,13 +221,22 @@ def report(run, section) -> None:
                   "First paper-style label at which the seed-mean error reaches each level ('–': never in this run)")
 
     fig, (ax,) = plots.figure(1, width=6.5, height=4.2)
+    # The paper's points where this run reaches them: final errors at its last label (after 10,000 updates),
+    # and the label at which TPO and DG first reach 5 %.
+    paper_last = 10_000 - cfg["eval_every"]
+    refs = {m: [(paper_last, v)] for m, v in ref_final.items() if m in cur and paper_last <= last - cfg["eval_every"]}
+    for m, lab in ref_hit.items():
+        if m in cur and lab <= last - cfg["eval_every"]:
+            refs.setdefault(m, []).append((lab, 0.05))
     for m, c in cur.items():
         plots.curve(ax, c["label"], c["values"], LABELS[m], plots.COLORS.get(m))
-        if m in ref_final and last == 10_000:
-            plots.paper_points(ax, [c["label"][-1]], [ref_final[m]], plots.COLORS.get(m))
-    ax.set_ylim(0, 0.2)
-    plots.finish(ax, "MNIST bandit test error (circles: paper's final errors)",
-                 "step (paper's label = updates − eval_every)", "test error")
+        if m in refs:
+            plots.paper_points(ax, *zip(*refs[m]), color=plots.COLORS.get(m))
+    ys = np.concatenate([c["mean"] for c in cur.values()] + [np.array([v for _, v in r]) for r in refs.values()])
+    ax.axhline(0.05, color="k", lw=0.6, ls=":", label="5 % (the paper's level)")
+    plots.finish(ax, "MNIST bandit test error" + (" (circles: paper)" if refs else ""),
+                 "step (paper's label = updates − eval_every)", "test error (fraction, log scale)", log=True,
+                 ylim=(0.8 * min(ys.min(), 0.05), min(1.0, 1.25 * ys.max())))
     section.figure(fig, "mnist_error", f"MNIST contextual bandit: test error, seed mean ± s.e. ({cfg['seeds']} seeds)")
 
     final = {m: float(c["mean"][-1]) for m, c in cur.items()}

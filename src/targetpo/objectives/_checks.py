@@ -145,9 +145,6 @@ def as_token_mask(name: str, token_mask: Tensor | None, like: Tensor) -> Tensor:
     return token_mask
 
 
-def check_positive(name: str, value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
 
 
 # The hyperparameters of every objective, by argument name: declared once, checked by `@checked` on each
@@ -165,11 +162,31 @@ HYPERPARAMETERS: dict[str, tuple[str, object]] = {
     "ratio_min": (">= 0", lambda v: v >= 0),
     "ratio_max": ("> 0", lambda v: v > 0),
     "norm_len": ("> 0 or None", lambda v: v is None or v > 0),
+    "alpha": ("in [0, 1] or None (the α-divergence between reverse (0) and forward (1) KL)",
+              lambda v: v is None or 0 <= v <= 1),
+    "kl_budget": ("> 0 or None (the KL(q ‖ p_old) an adaptive η targets)", lambda v: v is None or v > 0),
+    "std_floor": (">= 0", lambda v: v >= 0),
+    "std_shrink": (">= 0", lambda v: v >= 0),
+    # Engine conventions and verl's objectives (docs/conventions.md).
+    "std_ddof": ("0 or 1", lambda v: v in (0, 1)),
+    "dual_clip_c": ("> 1 or None (dual-clip bound)", lambda v: v is None or v > 1),
+    "kl_clip": ("> 0 or None", lambda v: v is None or v > 0),
+    "log_ratio_max": ("> 0 or None", lambda v: v is None or v > 0),
+    "clip_cov_ratio": ("> 0 and <= 1 (fraction of tokens)", lambda v: 0 < v <= 1),
+    "clip_cov_lb": (">= 0", lambda v: v >= 0),
+    "clip_cov_ub": ("> 0", lambda v: v > 0),
+    "kl_cov_ratio": ("> 0 and <= 1 (fraction of tokens)", lambda v: 0 < v <= 1),
+    "ppo_kl_coef": (">= 0", lambda v: v >= 0),
 }
 
 
-def check_hyperparameter(name: str, value) -> None:
+def check_hyperparameter(name: str, value, words: tuple[str, ...] = ()) -> None:
+    """Raise ValueError unless `value` obeys `name`'s rule in :data:`HYPERPARAMETERS` or is one of `words`."""
     allowed, ok = HYPERPARAMETERS[name]
+    if isinstance(value, str) and value in words:
+        return
+    if words:
+        allowed = f"{allowed}, or one of {', '.join(map(repr, words))}"
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                               or not math.isfinite(value)):
         raise ValueError(f"{name}={value!r}: must be a finite number, {allowed}")
@@ -177,18 +194,24 @@ def check_hyperparameter(name: str, value) -> None:
         raise ValueError(f"{name}={value!r}: must be {allowed}")
 
 
-def checked(fn):
-    """Validate `fn`'s hyperparameters (those named in :data:`HYPERPARAMETERS`) before it runs."""
+def checked(fn=None, *, words: dict[str, tuple[str, ...]] | None = None):
+    """Validate `fn`'s hyperparameters (those named in :data:`HYPERPARAMETERS`) before it runs.
+
+    `@checked(words={"eta": ("adaptive",)})` lets that function (and no other) also take the listed words for a
+    hyperparameter (TPO's per-group η, docs/method.md §8); the function checks the word's companion arguments."""
+    if fn is None:
+        return functools.partial(checked, words=words)
     sig = inspect.signature(fn)
     names = [n for n in sig.parameters if n in HYPERPARAMETERS]
     if not names:
         return fn
+    words = words or {}
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         bound = sig.bind(*args, **kwargs)
         for n in names:
-            check_hyperparameter(n, bound.arguments.get(n, sig.parameters[n].default))
+            check_hyperparameter(n, bound.arguments.get(n, sig.parameters[n].default), words.get(n, ()))
         return fn(*args, **kwargs)
 
     return wrapper

@@ -8,6 +8,7 @@ tokens), or per-token values `[..., K, T]` with a token mask.
   docs/differences.md §14): candidates and tokens are *summed*, prompts/states averaged.
 - ``"mean"``: mean over every element (single-sample batches `[B]`, RLOO's 1/K).
 - ``"token-mean"``: Σ m·x / Σ m over all tokens of the batch (DAPO, Yu et al. 2025; verl's default).
+- ``"token-sum"``: Σ m·x over all tokens of the batch, unnormalised (verl `agg_loss`, core_algos.py).
 - ``"seq-mean-token-mean"``: mean over tokens within a sequence, then over sequences (GRPO, Shao et al. 2024).
 - ``"seq-mean-token-sum"``: sum over tokens within a sequence, mean over sequences.
 - ``"seq-mean-token-sum-norm"``: sum over tokens divided by a constant length (default T), mean over sequences
@@ -21,8 +22,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-LossAgg = Literal["sum-mean", "mean", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
-TOKEN_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LossAgg = Literal["sum-mean", "mean", "token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+TOKEN_MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 MODES = ("sum-mean", "mean") + TOKEN_MODES
 
 
@@ -49,6 +50,8 @@ def aggregate(
     m = torch.ones_like(values) if token_mask is None else token_mask.to(values.dtype)
     if mode == "token-mean":
         return values.sum() / m.sum().clamp_min(1.0)
+    if mode == "token-sum":
+        return values.sum()
     if mode == "sum-mean":
         # Sum tokens and candidates, average groups: [G, K, T] -> Σ_{K,T}, mean_G; [B, T] -> Σ_T, mean_B.
         summed = values.sum(dim=-1)

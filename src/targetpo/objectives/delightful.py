@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from targetpo.objectives._checks import (
-    LossOutput, as_float, check_positive, check_same_shape, check_token_mask, checked,
+    LossOutput, as_float, check_same_shape, check_token_mask, checked,
 )
 from targetpo.objectives.aggregation import aggregate
 
@@ -36,7 +36,6 @@ def dg_loss(
 ) -> LossOutput:
     """DG loss. `[B]` single actions (default agg "mean", MNIST) or `[B, H]` per-token (default "sum-mean",
     the transformer experiments)."""
-    check_positive("eta", eta)
     lp = as_float("logp", logp)
     a = as_float("advantages", advantages).detach()
     check_same_shape(logp=lp, advantages=a)

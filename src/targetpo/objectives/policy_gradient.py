@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from targetpo.objectives._checks import (
-    LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_positive, check_same_shape,
+    LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_same_shape,
     check_token_mask, checked, group_layout,
 )
 from targetpo.objectives.aggregation import aggregate
@@ -125,7 +125,6 @@ def group_pg_loss(
     u is TPO's standardized score; unlike TPO the group log-probs are *not* renormalised over the K
     candidates and nothing anchors the update, so its fixed point is not p = q.
     """
-    check_positive("eta", eta)
     lp = as_float("logp", logp)
     s = as_float("scores", scores)
     group_layout(lp, s, token=False)

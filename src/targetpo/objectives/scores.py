@@ -41,8 +41,20 @@ def _masked_moments(s: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Ten
     return mean, var.sqrt(), n
 
 
+def group_scale(std: Tensor, *, std_floor: float = 0.0, std_shrink: float = 0.0) -> Tensor:
+    r"""The divisor of a low-variance-robust standardisation (docs/method.md §8):
+    max(√(σ² + c²), σ_min) with c = `std_shrink` and σ_min = `std_floor`.
+
+    The floor caps u at |s − s̄|/σ_min, so a group scoring 1, 1, 1, 1.0001 gets u ≈ 0 (q ≈ p_old) instead of the
+    full z-scores ±√3 that its rounding-level spread would otherwise buy. The shrinkage acts smoothly: groups
+    with σ ≫ c are untouched, groups with σ ≪ c are divided by ≈ c."""
+    scale = std if std_shrink == 0 else torch.sqrt(std.square() + std_shrink ** 2)
+    return scale if std_floor == 0 else scale.clamp_min(std_floor)
+
+
 @checked
-def standardize_scores(scores: Tensor, mask: Tensor | None = None, *, eps: float = ZERO_VARIANCE_STD) -> Tensor:
+def standardize_scores(scores: Tensor, mask: Tensor | None = None, *, eps: float = ZERO_VARIANCE_STD,
+                       std_floor: float = 0.0, std_shrink: float = 0.0) -> Tensor:
     r"""TPO's within-group standardized scores u (paper App. A; docs/method.md §1).
 
     .. math::  u_i = (s_i - \bar s) / \sigma \quad\text{if } \sigma > \epsilon, \qquad u_i = s_i - \bar s \text{ otherwise}
@@ -51,9 +63,16 @@ def standardize_scores(scores: Tensor, mask: Tensor | None = None, *, eps: float
     authors' code exactly: an all-equal group has centred scores of exactly 0 (so q = p_old), and a group
     whose spread is below ε gets tiny centred scores instead of an exploding division.
 
+    Low-variance groups (an option beyond the paper, docs/method.md §8): with `std_floor` = σ_min > 0 and/or
+    `std_shrink` = c > 0, u_i = (s_i − s̄) / max(√(σ² + c²), σ_min) for every group (no ε fallback is needed:
+    the divisor is at least σ_min or c). Both default to 0, the paper's rule above.
+
     Args:
-      scores: [..., K] candidate scores (rewards). Any positive affine map of a group's scores leaves u unchanged.
+      scores: [..., K] candidate scores (rewards). Any positive affine map of a group's scores leaves u unchanged
+        (with a floor or shrinkage only maps that keep the scale, since σ_min and c are in the scores' units).
       mask: optional [..., K] bool, True for valid candidates. Masked entries get u = 0.
+      std_floor: σ_min >= 0, the smallest group std divided by.
+      std_shrink: c >= 0, added in quadrature to the group std.
     Returns:
       u with the shape of `scores`, float32 (or float64 if `scores` is float64).
     """
@@ -62,26 +81,47 @@ def standardize_scores(scores: Tensor, mask: Tensor | None = None, *, eps: float
     mask = as_mask("mask", mask, s)
     mean, std, _ = _masked_moments(s, mask)
     centred = s - mean
-    u = torch.where(std > eps, centred / std.clamp_min(eps), centred)
+    if std_floor == 0 and std_shrink == 0:
+        u = torch.where(std > eps, centred / std.clamp_min(eps), centred)
+    else:
+        u = centred / group_scale(std, std_floor=std_floor, std_shrink=std_shrink)
     return u if mask is None else u.masked_fill(~mask, 0.0)
 
 
 @checked
-def group_advantages(scores: Tensor, mask: Tensor | None = None, *, eps: float = 1e-8, scale: bool = True) -> Tensor:
+def group_advantages(scores: Tensor, mask: Tensor | None = None, *, eps: float = 1e-8, scale: bool = True,
+                     std_floor: float = 0.0, std_shrink: float = 0.0, std_ddof: int = 0,
+                     singleton: str = "zero") -> Tensor:
     r"""GRPO's group-relative advantages (Shao et al. 2024, DeepSeekMath; docs/method.md §3).
 
     .. math::  A_i = (s_i - \bar s) / (\sigma + \epsilon)
 
-    with the population std, as in the paper's code (TRL uses the Bessel-corrected std; pass that yourself if
-    you need it). A zero-variance group gives A = 0. `scale=False` returns s_i − s̄ (Dr. GRPO, Liu et al. 2025).
+    with the population std (`std_ddof=0`), as in the paper's code; `std_ddof=1` is the Bessel-corrected std of
+    verl's `compute_grpo_outcome_advantage` (`torch.std`) and TRL's `nanstd` (docs/conventions.md). A
+    zero-variance group gives A = 0. `scale=False` returns s_i − s̄ (Dr. GRPO, Liu et al. 2025).
+    `std_floor` / `std_shrink` replace σ by max(√(σ² + c²), σ_min) as in :func:`standardize_scores`
+    (docs/method.md §8); they need `scale=True`.
+
+    A group with one valid candidate (a `mask` that leaves one) gets A = 0 (`singleton="zero"`), or verl's
+    s/(1 + ε) (`singleton="verl"`: verl sets such a group's mean to 0 and std to 1; s unscaled when `scale=False`).
     """
     s = as_float("scores", scores)
     check_group_size("scores", s, minimum=2)
     mask = as_mask("mask", mask, s)
-    mean, std, _ = _masked_moments(s, mask)
+    if not scale and (std_floor or std_shrink):
+        raise ValueError(f"std_floor={std_floor!r}/std_shrink={std_shrink!r} change the std that scale=True divides "
+                         "by; with scale=False there is no std (leave them at 0)")
+    if singleton not in ("zero", "verl"):
+        raise ValueError(f"singleton={singleton!r}: must be 'zero' or 'verl'")
+    mean, std, n = _masked_moments(s, mask)
+    if std_ddof == 1:
+        # Bessel's correction; a singleton's variance is undefined and taken as 0 (its centred score is 0 anyway).
+        std = torch.where(n > 1, std * (n / (n - 1).clamp_min(1.0)).sqrt(), torch.zeros_like(std))
     a = s - mean
     if scale:
-        a = a / (std + eps)
+        a = a / (group_scale(std, std_floor=std_floor, std_shrink=std_shrink) + eps)
+    if singleton == "verl":
+        a = torch.where(n == 1, s / (1.0 + eps) if scale else s, a)
     return a if mask is None else a.masked_fill(~mask, 0.0)
 
 

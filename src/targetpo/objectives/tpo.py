@@ -18,17 +18,23 @@ Three forms share that one loss:
 - `tpo_token_loss`: each prefix state is a group whose candidates are K next tokens (paper's TPO_token).
 - `tpo_sequence_loss`: per-token log-probs `[G, K, T]` reduced to sequence log-scores by sum (the paper) or
   mean (length-normalised; better conditioned for long LLM completions, docs/method.md §2).
+
+Options beyond the paper (its §6 open questions; docs/method.md §8), all off by default: other projections onto
+q (`projection=`: reverse KL, Jensen–Shannon, the α-divergences between the two KLs), a per-group η chosen
+from a KL budget (`eta="adaptive"`, `kl_budget=`), and a floor or shrinkage of low-variance groups' std
+(`std_floor=`, `std_shrink=`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
 
 from targetpo.objectives._checks import (
-    LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_positive, check_same_shape,
+    LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_same_shape,
     checked, group_layout,
 )
 from targetpo.objectives.scores import ZERO_VARIANCE_STD, standardize_scores
@@ -49,14 +55,127 @@ def _masked_log_softmax(x: Tensor, mask: Tensor | None) -> Tensor:
     return _log_softmax(x)
 
 
-@checked
+# ----------------------------------------------------------------------------- options beyond the paper (§8)
+
+Projection = Literal["forward_kl", "reverse_kl", "js", "alpha"]
+PROJECTIONS: tuple[str, ...] = ("forward_kl", "reverse_kl", "js", "alpha")
+
+# Adaptive η (docs/method.md §8): bisection on log η over this bracket, a fixed number of halvings (2^-60 of
+# ln(1e7) is below float64's resolution of log η, so the result does not depend on the step count any more).
+ADAPTIVE_ETA_BRACKET = (1e-3, 1e4)
+ADAPTIVE_ETA_STEPS = 60
+ADAPTIVE = {"eta": ("adaptive",)}  # the word TPO's η takes besides a number
+
+
+class Target(NamedTuple):
+    """TPO's target for a batch of groups: q, its log (exact where q underflows), the standardized scores u and
+    the temperature used ([..., 1] when chosen per group, else the float passed)."""
+
+    q: Tensor
+    log_q: Tensor
+    u: Tensor
+    eta: Tensor | float
+
+
+def _valid_sum(x: Tensor, mask: Tensor | None) -> Tensor:
+    """Σ over the group of x, counting valid candidates only (masked terms are 0·(finite), kept out anyway)."""
+    return (x if mask is None else torch.where(mask, x, torch.zeros_like(x))).sum(dim=-1)
+
+
+def kl_divergence(log_a: Tensor, log_b: Tensor, mask: Tensor | None = None) -> Tensor:
+    r"""KL(a ‖ b) = Σ_i a_i (log a_i − log b_i) per group, from normalised log-probabilities [..., K]."""
+    return _valid_sum(log_a.exp() * (log_a - log_b), mask)
+
+
+def reverse_kl_projection(log_p: Tensor, log_q: Tensor, mask: Tensor | None = None) -> Tensor:
+    r"""KL(p_θ ‖ q) per group (the projection of LPO, arXiv 2605.06139): mode-seeking.
+
+    ∂/∂z_i = p_i (log p_i − log q_i − KL(p_θ ‖ q)) on the group logits z; zero iff p_θ = q."""
+    return kl_divergence(log_p, log_q, mask)
+
+
+def jensen_shannon_projection(log_p: Tensor, log_q: Tensor, mask: Tensor | None = None) -> Tensor:
+    r"""JS(p_θ, q) = ½ KL(p_θ ‖ m) + ½ KL(q ‖ m), m = (p_θ + q)/2, per group; bounded by log 2.
+
+    ∂/∂z_i = ½ p_i (log(p_i/m_i) − KL(p_θ ‖ m)) (the terms from m's dependence on p cancel)."""
+    log_m = torch.logaddexp(log_p, log_q) - math.log(2.0)
+    return 0.5 * (kl_divergence(log_p, log_m, mask) + kl_divergence(log_q, log_m, mask))
+
+
+def alpha_projection(log_p: Tensor, log_q: Tensor, alpha: float, mask: Tensor | None = None) -> Tensor:
+    r"""Amari's α-divergence in Minka's convention, D_α(q ‖ p_θ) = (1 − Σ_i q_i^α p_i^{1−α}) / (α(1 − α)), per group.
+
+    α → 1 gives KL(q ‖ p_θ) (forward, the paper's projection up to the constant H(q)), α → 0 gives KL(p_θ ‖ q)
+    (reverse); α = ½ is 2·Σ(√q_i − √p_i)², four times the squared Hellinger distance. The ends are computed
+    as the KLs themselves. With r_i = q_i^α p_i^{1−α}, S = Σ r and w = r/S,
+    ∂/∂z_i = (S/α)(p_i − w_i): p − q at α = 1, the reverse-KL gradient as α → 0.
+    The sum is taken in log space, 1 − S = −expm1(logsumexp(α log q + (1−α) log p)), which keeps the
+    α(1 − α) division accurate near the ends and q_i^α finite where q underflows."""
+    if alpha == 1:
+        return kl_divergence(log_q, log_p, mask)
+    if alpha == 0:
+        return kl_divergence(log_p, log_q, mask)
+    log_s = torch.logsumexp(alpha * log_q + (1 - alpha) * log_p, dim=-1)
+    return -torch.expm1(log_s) / (alpha * (1 - alpha))
+
+
+def kl_to_old(log_old: Tensor, u: Tensor, eta: Tensor, mask: Tensor | None = None) -> Tensor:
+    r"""KL(q_η ‖ p_old) per group for q_η ∝ p_old·exp(u/η); `log_old` normalised over the group, η [..., 1].
+
+    Decreasing in η: dKL/dη = −Var_{q_η}(u)/η³ ≤ 0, from KL_max = −log p_old(argmax u) as η → 0 to 0 as η → ∞."""
+    log_q = _masked_log_softmax(log_old + u / eta, mask)
+    return kl_divergence(log_q, log_old, mask)
+
+
+def adaptive_eta(log_old: Tensor, u: Tensor, kl_budget: float, mask: Tensor | None = None) -> Tensor:
+    r"""Per group, the temperature η at which KL(q_η ‖ p_old) = `kl_budget` (the dual of REPS/MPO's
+    KL-constrained improvement step, max_q E_q[u] s.t. KL(q ‖ p_old) ≤ ε), as a detached [..., 1] tensor.
+
+    Bisection on log η over :data:`ADAPTIVE_ETA_BRACKET` in float64 with :data:`ADAPTIVE_ETA_STEPS` halvings,
+    vectorised over groups and deterministic. Where no η in the bracket reaches the budget it returns the
+    dual's minimiser, the smallest η: a zero-variance group (u = 0, KL = 0 at any η; q = p_old regardless) and
+    a budget above KL_max (q ≈ p_old restricted to the best candidates) both get η = 1e-3."""
+    with torch.no_grad():
+        lo_hi = torch.tensor(ADAPTIVE_ETA_BRACKET, dtype=torch.float64).log()
+        log_old64, u64 = log_old.detach().double(), u.detach().double()
+        lo = torch.full_like(u64[..., :1], float(lo_hi[0]))
+        hi = torch.full_like(u64[..., :1], float(lo_hi[1]))
+        for _ in range(ADAPTIVE_ETA_STEPS):
+            mid = 0.5 * (lo + hi)
+            over = (kl_to_old(log_old64, u64, mid.exp(), mask) > kl_budget).unsqueeze(-1)
+            lo, hi = torch.where(over, mid, lo), torch.where(over, hi, mid)
+        return hi.exp()  # the end with KL ≤ ε
+
+
+def _check_options(eta, kl_budget, anchor: bool, projection=None, alpha=None) -> None:
+    if eta == "adaptive":
+        if kl_budget is None:
+            raise ValueError("eta='adaptive' needs kl_budget=ε > 0, the KL(q ‖ p_old) each group's η is chosen to reach")
+        if not anchor:
+            raise ValueError("eta='adaptive' bounds KL(q ‖ p_old), which needs the p_old anchor; got anchor=False")
+    elif kl_budget is not None:
+        raise ValueError(f"kl_budget={kl_budget!r} is only used with eta='adaptive'; got eta={eta!r}")
+    if projection is not None and projection not in PROJECTIONS:
+        raise ValueError(f"projection={projection!r}: must be one of {', '.join(map(repr, PROJECTIONS))}")
+    if projection == "alpha" and alpha is None:
+        raise ValueError("projection='alpha' needs alpha in [0, 1] (1: forward KL, 0: reverse KL)")
+    if projection is not None and projection != "alpha" and alpha is not None:
+        raise ValueError(f"alpha={alpha!r} is only used with projection='alpha'; got projection={projection!r}")
+
+
+# ----------------------------------------------------------------------------- the target and the loss
+
+@checked(words=ADAPTIVE)
 def tpo_target(
     old_logp: Tensor,
     scores: Tensor,
-    eta: float = 1.0,
+    eta: float | Literal["adaptive"] = 1.0,
     mask: Tensor | None = None,
     *,
     anchor: bool = True,
+    kl_budget: float | None = None,
+    std_floor: float = 0.0,
+    std_shrink: float = 0.0,
 ) -> Tensor:
     r"""TPO's target distribution over each group's K candidates.
 
@@ -67,33 +186,55 @@ def tpo_target(
       old_logp: [..., K] rollout-time log-scores (any additive constant per group is irrelevant).
       scores: [..., K] candidate scores; invariant to positive affine maps per group.
       eta: temperature η > 0; η → ∞ gives q → p_old, η → 0 puts all mass on the best candidates.
+        "adaptive" chooses η per group so that KL(q ‖ p_old) = `kl_budget` (:func:`adaptive_eta`,
+        docs/method.md §8); η is then a constant of the target, like q itself.
       mask: optional [..., K] bool, True = valid candidate.
+      kl_budget: ε > 0 for `eta="adaptive"` (and only then).
+      std_floor, std_shrink: low-variance groups' std floor σ_min and shrinkage c (:func:`standardize_scores`,
+        docs/method.md §8); 0 = the paper's standardisation.
     Returns:
       q, [..., K], detached, float32 (float64 if inputs are float64).
     """
-    return _target_and_u(old_logp, scores, eta, mask, anchor)[0]
+    return _target(old_logp, scores, eta, mask, anchor, kl_budget, std_floor, std_shrink).q
 
 
-def _target_and_u(old_logp, scores, eta, mask, anchor) -> tuple[Tensor, Tensor]:
-    check_positive("eta", eta)
+def _target(old_logp, scores, eta, mask, anchor, kl_budget=None, std_floor=0.0, std_shrink=0.0) -> Target:
+    _check_options(eta, kl_budget, anchor)
     s = as_float("scores", scores)
     old = as_float("old_logp", old_logp)
     check_same_shape(old_logp=old, scores=s)
     check_group_size("scores", s, minimum=2)
     mask = as_mask("mask", mask, s)
-    u = standardize_scores(s, mask)
+    u = standardize_scores(s, mask, std_floor=std_floor, std_shrink=std_shrink)
     dtype = torch.promote_types(old.dtype, u.dtype)
-    logits = u.to(dtype) / eta
+    log_old = _masked_log_softmax(old.detach().to(dtype), mask) if anchor else None
+    if eta == "adaptive":
+        eta = adaptive_eta(log_old, u, kl_budget, mask)
+        logits = u.to(dtype) / eta.to(dtype)
+    else:
+        logits = u.to(dtype) / eta
     if anchor:
-        logits = logits + _masked_log_softmax(old.detach().to(dtype), mask)
-    return _masked_log_softmax(logits, mask).exp().detach(), u
+        logits = logits + log_old
+    log_q = _masked_log_softmax(logits, mask).detach()
+    return Target(log_q.exp(), log_q, u, eta)
 
 
-def _tpo_from_group_logp(logp: Tensor, q: Tensor, mask: Tensor | None, u: Tensor) -> LossOutput:
+def _tpo_from_group_logp(logp: Tensor, target: Target, mask: Tensor | None, projection: str = "forward_kl",
+                         alpha: float | None = None) -> LossOutput:
+    q, u = target.q.to(logp.dtype), target.u
     log_p = _masked_log_softmax(logp, mask)
     # q is exactly 0 on masked candidates; where() keeps 0 * (-1e30 - lse) from ever mattering.
     ce = -torch.where(q > 0, q * log_p, torch.zeros_like(log_p)).sum(dim=-1)
-    loss = ce.mean()
+    if projection == "forward_kl":
+        loss = ce.mean()
+    else:
+        log_q = target.log_q.to(logp.dtype)
+        if projection == "reverse_kl":
+            loss = reverse_kl_projection(log_p, log_q, mask).mean()
+        elif projection == "js":
+            loss = jensen_shannon_projection(log_p, log_q, mask).mean()
+        else:
+            loss = alpha_projection(log_p, log_q, alpha, mask).mean()
     with torch.no_grad():
         q_log_q = torch.where(q > 0, q * q.clamp_min(1e-38).log(), torch.zeros_like(q)).sum(dim=-1)
         p = log_p.exp()
@@ -105,18 +246,27 @@ def _tpo_from_group_logp(logp: Tensor, q: Tensor, mask: Tensor | None, u: Tensor
             "target_max": q.amax(dim=-1).mean(),
             "policy_max": p.amax(dim=-1).mean(),
         }
+        if isinstance(target.eta, Tensor):  # adaptive η: the temperature chosen over the informative groups
+            informative = (~zero_var).to(target.eta.dtype)
+            eta_mean = (target.eta.squeeze(-1) * informative).sum() / informative.sum().clamp_min(1.0)
+            metrics["eta_mean"] = eta_mean.to(q.dtype)
     return LossOutput(loss=loss, metrics=metrics)
 
 
-@checked
+@checked(words=ADAPTIVE)
 def tpo_loss(
     logp: Tensor,
     old_logp: Tensor,
     scores: Tensor,
     *,
-    eta: float = 1.0,
+    eta: float | Literal["adaptive"] = 1.0,
     mask: Tensor | None = None,
     anchor: bool = True,
+    projection: Projection = "forward_kl",
+    alpha: float | None = None,
+    kl_budget: float | None = None,
+    std_floor: float = 0.0,
+    std_shrink: float = 0.0,
 ) -> LossOutput:
     r"""TPO cross-entropy to the target, averaged over groups: L = mean_g −Σ_i q_i log_softmax(logp)_i.
 
@@ -125,28 +275,40 @@ def tpo_loss(
         their within-group differences matter, the loss renormalises over the K candidates).
       old_logp: [..., K] rollout-time log-scores, frozen across epochs.
       scores: [..., K] candidate scores.
-      eta, mask, anchor: see :func:`tpo_target`.
+      eta, mask, anchor, kl_budget, std_floor, std_shrink: see :func:`tpo_target`.
+      projection: how the policy is fitted to q (docs/method.md §8), per group, averaged over groups:
+        "forward_kl" (the paper: −Σ q log p_θ, gradient p_θ − q), "reverse_kl" (KL(p_θ ‖ q),
+        :func:`reverse_kl_projection`), "js" (Jensen–Shannon, :func:`jensen_shannon_projection`) or "alpha"
+        (D_α(q ‖ p_θ) with `alpha` in [0, 1], :func:`alpha_projection`). Every one is zero-gradient at p_θ = q.
+      alpha: the α of projection="alpha" (and only then): 1 = forward KL, 0 = reverse KL.
     Returns:
-      LossOutput with metrics target_entropy, kl_q_p (KL(q‖p_θ)), frac_zero_var, target_max, policy_max.
+      LossOutput with metrics target_entropy, kl_q_p (KL(q‖p_θ)), frac_zero_var, target_max, policy_max, and
+      eta_mean (the adaptive η's mean over groups with a score spread) with eta="adaptive".
     """
     lp = as_float("logp", logp)
     group_layout(lp, scores, token=False)
     check_same_shape(logp=lp, old_logp=old_logp)
-    q, u = _target_and_u(old_logp, scores, eta, mask, anchor)
+    _check_options(eta, kl_budget, anchor, projection, alpha)
+    target = _target(old_logp, scores, eta, mask, anchor, kl_budget, std_floor, std_shrink)
     mask = as_mask("mask", mask, lp)
-    return _tpo_from_group_logp(lp, q.to(lp.dtype), mask, u)
+    return _tpo_from_group_logp(lp, target, mask, projection, alpha)
 
 
-@checked
+@checked(words=ADAPTIVE)
 def tpo_token_loss(
     token_logp: Tensor,
     candidates: Tensor,
     old_logp: Tensor,
     scores: Tensor,
     *,
-    eta: float = 1.0,
+    eta: float | Literal["adaptive"] = 1.0,
     mask: Tensor | None = None,
     anchor: bool = True,
+    projection: Projection = "forward_kl",
+    alpha: float | None = None,
+    kl_budget: float | None = None,
+    std_floor: float = 0.0,
+    std_shrink: float = 0.0,
 ) -> LossOutput:
     r"""Token-level TPO (the paper's TPO_token, docs/method.md §7): each prefix state is a group of K candidate next tokens.
 
@@ -157,6 +319,7 @@ def tpo_token_loss(
       old_logp: [..., K] rollout-time log-probs of the candidates.
       scores: [..., K] candidate rewards (e.g. correct-token indicator; alive × correct for sequential reward).
     The loss averages over all states, including dead and zero-variance ones, as the paper's code does.
+    The options (eta, mask, anchor, projection, alpha, kl_budget, std_floor, std_shrink) are :func:`tpo_loss`'s.
     """
     tl = as_float("token_logp", token_logp)
     if candidates.dtype not in (torch.int64, torch.int32):
@@ -172,7 +335,8 @@ def tpo_token_loss(
         raise ValueError(f"candidates must lie in [0, {v}) (vocab size of token_logp); got range "
                          f"[{int(candidates.min())}, {int(candidates.max())}]")
     cand_logp = torch.gather(torch.log_softmax(tl, dim=-1), -1, candidates.long())
-    return tpo_loss(cand_logp, old_logp, scores, eta=eta, mask=mask, anchor=anchor)
+    return tpo_loss(cand_logp, old_logp, scores, eta=eta, mask=mask, anchor=anchor, projection=projection, alpha=alpha,
+                    kl_budget=kl_budget, std_floor=std_floor, std_shrink=std_shrink)
 
 
 SeqReduce = Literal["sum", "mean"]
@@ -191,7 +355,7 @@ def sequence_logp(token_logp: Tensor, token_mask: Tensor | None = None, reduce: 
     raise ValueError(f"seq_logp/reduce must be 'sum' or 'mean', got {reduce!r}")
 
 
-@checked
+@checked(words=ADAPTIVE)
 def tpo_sequence_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -199,9 +363,14 @@ def tpo_sequence_loss(
     *,
     token_mask: Tensor | None = None,
     seq_logp: SeqReduce = "sum",
-    eta: float = 1.0,
+    eta: float | Literal["adaptive"] = 1.0,
     mask: Tensor | None = None,
     anchor: bool = True,
+    projection: Projection = "forward_kl",
+    alpha: float | None = None,
+    kl_budget: float | None = None,
+    std_floor: float = 0.0,
+    std_shrink: float = 0.0,
 ) -> LossOutput:
     r"""Sequence-level TPO: each group is K full completions of one prompt.
 
@@ -211,11 +380,12 @@ def tpo_sequence_loss(
       scores: [G, K] completion rewards.
       token_mask: [G, K, T] bool, True on completion tokens (False on padding).
       seq_logp: "sum" (the paper) or "mean" (length-normalised) reduction of the per-token log-probs.
+    The options (eta, mask, anchor, projection, alpha, kl_budget, std_floor, std_shrink) are :func:`tpo_loss`'s.
     """
     lp = as_float("logp", logp)
     group_layout(lp, scores, token_mask, candidate=False)
     check_same_shape(logp=lp, old_logp=old_logp)
     seq = sequence_logp(lp, token_mask, seq_logp)
     old_seq = sequence_logp(as_float("old_logp", old_logp).detach(), token_mask, seq_logp)
-    out = tpo_loss(seq, old_seq, scores, eta=eta, mask=mask, anchor=anchor)
-    return out
+    return tpo_loss(seq, old_seq, scores, eta=eta, mask=mask, anchor=anchor, projection=projection, alpha=alpha,
+                    kl_budget=kl_budget, std_floor=std_floor, std_shrink=std_shrink)

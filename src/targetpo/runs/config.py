@@ -98,12 +98,8 @@ def _owner(cls: type, name: str) -> type:
 
 
 @dataclasses.dataclass(frozen=True)
-class RunConfig:
-    """The fields every experiment has. `check` holds an experiment's rules across fields."""
-
-    seeds: int = param(1, "independent seeds, vectorised as one batch inside each unit", ge=1)
-    seed: int = param(0, "first seed (seeds are seed, seed+1, ...)", ge=0)
-    methods: tuple[str, ...] = param((), "which methods to run")
+class Validated:
+    """A config whose `validate()` checks every declared field, then `check()`: its rules across fields."""
 
     def validate(self) -> None:
         validate(self)
@@ -111,6 +107,15 @@ class RunConfig:
 
     def check(self) -> None:
         """Rules across fields (none here)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig(Validated):
+    """The fields every experiment has. `check` holds an experiment's rules across fields."""
+
+    seeds: int = param(1, "independent seeds, vectorised as one batch inside each unit", ge=1)
+    seed: int = param(0, "first seed (seeds are seed, seed+1, ...)", ge=0)
+    methods: tuple[str, ...] = param((), "which methods to run")
 
 
 # ----------------------------------------------------------------------------- validating

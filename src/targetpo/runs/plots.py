@@ -41,19 +41,90 @@ def curve(ax, steps: np.ndarray, values: np.ndarray, label: str, color: str | No
     ax.fill_between(steps, lo, hi, color=color, alpha=0.2, lw=0)
 
 
+PAPER = "paper"  # gid of the hollow reference markers: finish_figure gives them one legend entry
+PAPER_ENTRY = "paper (hollow circles)"
+
+
 def paper_points(ax, steps, values, color: str | None = None, label: str | None = None):
     """The paper's reference numbers as hollow markers over our curves."""
     pts = [(s, v) for s, v in zip(steps, values) if v is not None]
     if pts:
         xs, ys = zip(*pts)
-        ax.scatter(xs, ys, marker="o", facecolors="none", edgecolors=color or "k", s=28, zorder=5, label=label)
+        ax.scatter(xs, ys, marker="o", facecolors="none", edgecolors=color or "k", s=28, zorder=5, label=label,
+                   gid=PAPER)
 
 
-def finish(ax, title: str, xlabel: str, ylabel: str, log: bool = False):
+def finish(ax, title: str, xlabel: str, ylabel: str, log: bool = False, ylim: tuple[float, float] | None = None):
+    """Title, axis labels, grid and scale of one panel. The legend is drawn once per figure by
+    :func:`finish_figure` (outside the panels, so it never covers data)."""
+    from matplotlib import ticker
+
     if log:
         ax.set_yscale("log")
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    if log:
+        # Plain numbers (0.05, 0.1, ...) rather than 5×10⁻², and enough of them to read a value off a short axis:
+        # every minor tick under one decade, 1-2-5 steps under three.
+        lo, hi = ax.get_ylim()
+        decades = np.log10(hi / max(lo, 1e-300))
+        if 1 <= decades < 3:
+            ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(_plain))
+        ax.yaxis.set_minor_formatter(ticker.FuncFormatter(_plain) if decades < 1 else ticker.NullFormatter())
+    if ax.get_xscale() == "linear" and _integer_x(ax):
+        ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))  # steps and episodes: no 0.5 ticks
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+
+
+def finish_figure(fig) -> None:
+    """Legends outside the panels, so they never cover data, with a "paper" entry wherever the paper's hollow
+    markers are drawn; then a tight layout so no label overlaps its neighbour. Panels that show the same series
+    share one legend (right of a single panel, below a row); panels with different series (sweeps, a warm-start
+    panel) each get theirs below their x label. Section.figure calls this for every report plot."""
+    panels = [(ax, _legend_entries(ax)) for ax in fig.axes]
+    panels = [(ax, entries) for ax, entries in panels if entries]
+    for ax in fig.axes:
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    series = [[k for k in e if k != PAPER_ENTRY] for _, e in panels]
+    if panels and all(s == series[0] for s in series):
+        entries = {k: h for _, e in panels for k, h in e.items()}  # the paper entry if any panel has one
+        fig.tight_layout()
+        if len(fig.axes) == 1:
+            fig.legend(entries.values(), entries.keys(), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
+                       frameon=False)
+        else:
+            fig.legend(entries.values(), entries.keys(), loc="upper center", bbox_to_anchor=(0.5, 0.0), fontsize=8,
+                       frameon=False, ncol=min(len(entries), 8))
+        return
+    for ax, entries in panels:
+        ax.legend(entries.values(), entries.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8,
+                  frameon=False, ncol=min(len(entries), 3))
+    fig.tight_layout()
+
+
+def _legend_entries(ax) -> dict[str, object]:
+    from matplotlib.lines import Line2D
+
+    entries: dict[str, object] = {}
+    for h, lab in zip(*ax.get_legend_handles_labels()):
+        if not lab.startswith("_"):
+            entries.setdefault(lab, h)
+    if any(c.get_gid() == PAPER for c in ax.collections):
+        entries[PAPER_ENTRY] = Line2D([], [], ls="none", marker="o", markerfacecolor="none",
+                                                   markeredgecolor="k")
+    return entries
+
+
+def _plain(v: float, _pos=None) -> str:
+    return f"{v:g}"
+
+
+def _integer_x(ax) -> bool:
+    xs = [np.asarray(line.get_xdata(), dtype=float) for line in ax.get_lines()]
+    xs = [x for x in xs if x.size]
+    return bool(xs) and all(np.all(x == np.round(x)) for x in xs)

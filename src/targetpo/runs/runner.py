@@ -1,5 +1,9 @@
 """The one runner every experiment shares: presets and overrides, run.json, append-only metrics, progress,
-resume, and the end-of-run summary. Experiments never write files or drive progress bars themselves."""
+resume, divergence, and the end-of-run summary. Experiments never write files or drive progress bars themselves.
+
+A unit whose metrics, loss or parameters turn NaN/inf stops there: the runner writes
+`{"unit": u, "event": "diverged", "step": N, "metric": name}` instead of `done`, goes on with the next unit,
+and a resume counts the unit as finished (its curve simply ends at N)."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -19,12 +24,50 @@ from targetpo.runs.store import METRICS_FILE, RUN_FILE, MetricsWriter, read_metr
 from targetpo.runs.config import config_from_dict, make_config, validated
 
 
+class _Diverged(Exception):
+    """A unit produced a non-finite value; caught by :func:`run_experiment`, never seen by experiments."""
+
+    def __init__(self, step: int, metric: str):
+        super().__init__(f"{metric} is not finite at step {step}")
+        self.step, self.metric = step, metric
+
+
+def first_non_finite(values: dict[str, Any], nan_means_empty: tuple[str, ...] = ()) -> str | None:
+    """The name of the first value (number, list, array or tensor, nested in dicts/lists) holding a NaN or
+    ±inf, or None. Integers, booleans and strings are always finite. Names ending in one of `nan_means_empty`
+    may hold NaN (a mean over an empty set), but not ±inf."""
+    for name, x in values.items():
+        nan_ok = any(name.endswith(suffix) for suffix in nan_means_empty)
+        if _has_bad(x, nan_ok):
+            return name
+    return None
+
+
+def _has_bad(x: Any, nan_ok: bool) -> bool:
+    if isinstance(x, dict):
+        return any(_has_bad(v, nan_ok) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        return any(_has_bad(v, nan_ok) for v in x)
+    if isinstance(x, torch.Tensor):
+        if not (x.is_floating_point() or x.is_complex()):
+            return False
+        x = x.detach()
+        return bool(torch.isinf(x).any() if nan_ok else ~torch.isfinite(x).all())
+    if isinstance(x, bool) or not isinstance(x, (float, np.ndarray, np.generic)):
+        return False
+    x = np.asarray(x)
+    if x.dtype.kind not in "fc":
+        return False
+    return bool(np.isinf(x).any() if nan_ok else not np.isfinite(x).all())
+
+
 class RunContext:
     """What a unit sees of the runner: `log` a metrics record, `advance` the progress bar, a `device`."""
 
     def __init__(self, unit: str, writer: MetricsWriter, bar: tqdm, device: torch.device, meta: dict,
-                 run_dir: Path | None = None):
+                 run_dir: Path | None = None, nan_means_empty: tuple[str, ...] = ()):
         self.unit = unit
+        self._nan_means_empty = tuple(nan_means_empty)
         self.run_dir = run_dir  # for units that keep files (model checkpoints) next to the metrics
         self._writer = writer
         self._bar = bar
@@ -32,9 +75,21 @@ class RunContext:
         self._meta = meta
 
     def log(self, record: dict[str, Any]) -> None:
+        """Append one metrics record; a NaN/inf in any of its values ends the unit as diverged at this step
+        (the record is not written, so every stored curve is finite). Metrics named in the experiment's
+        NAN_MEANS_EMPTY may be NaN."""
         if "step" not in record:
             raise ValueError(f"a metrics record needs a 'step' key; got keys {sorted(record)}")
+        bad = first_non_finite({k: v for k, v in record.items() if k != "step"}, self._nan_means_empty)
+        if bad is not None:
+            raise _Diverged(int(record["step"]), bad)
         self._writer.write({"unit": self.unit, **record})
+
+    def check_finite(self, step: int, values: dict[str, Any]) -> None:
+        """End the unit as diverged at `step` if any of `values` (a loss, the parameters, ...) is NaN/inf."""
+        bad = first_non_finite(values)
+        if bad is not None:
+            raise _Diverged(int(step), bad)
 
     def advance(self, n: int = 1) -> None:
         self._bar.update(n)
@@ -153,7 +208,9 @@ def run_experiment(
     make_run_dir(run_dir)
 
     existing = {record_key(r): r for r in read_metrics(run_dir / METRICS_FILE, repair=True)}
-    done = {k[0] for k in existing if k[2] == "done"}
+    diverged_before = {k[0] for k in existing if k[2] == "diverged"}
+    # A diverged unit is finished: replaying it would diverge at the same step. --force replays it anyway.
+    done = {k[0] for k in existing if k[2] == "done"} | (set() if force else diverged_before)
     units = units_of(exp, cfg)
     todo = [u for u in units if u not in done]
     t0 = time.time()
@@ -169,14 +226,25 @@ def run_experiment(
               file=sys.stderr, dynamic_ncols=True) as bar:
         for unit in todo:
             bar.set_postfix_str(unit)
-            exp.run_unit(cfg, unit, RunContext(unit, writer, bar, dev, meta, run_dir))
+            try:
+                exp.run_unit(cfg, unit, RunContext(unit, writer, bar, dev, meta, run_dir,
+                                                   getattr(exp, "NAN_MEANS_EMPTY", ())))
+            except _Diverged as d:
+                writer.write({"unit": unit, "event": "diverged", "step": d.step, "metric": d.metric})
+                bar.write(f"warning: {name} unit {unit} diverged at step {d.step} ({d.metric} is NaN/inf); "
+                          "it is recorded as diverged, not done, and the run goes on", file=sys.stderr)
+                continue
             writer.write({"unit": unit, "event": "done"})
     writer.close()
+    diverged = sorted({k[0] for k in writer.existing if k[2] == "diverged"})
 
     elapsed = time.time() - t0
     meta["wall_time_s"] = meta.get("wall_time_s", 0.0) + elapsed
     meta["runs"][-1]["wall_time_s"] = elapsed
     meta["status"] = "complete"
+    if diverged:
+        meta["status"] = f"complete ({len(diverged)} unit{'s' if len(diverged) != 1 else ''} diverged)"
+        meta["diverged"] = diverged
     if writer.mismatches:
         meta["resume_mismatches"] = [list(k) for k in writer.mismatches]
         print(f"warning: {len(writer.mismatches)} replayed record(s) differ from the ones on disk "
@@ -195,8 +263,10 @@ def run_experiment(
 def add_runner_arguments(parser, *, unit: str = "units", threads_default: str = "the experiment's choice") -> None:
     """The command-line options of :func:`run_experiment` shared by `targetpo run` and `targetpo rlvr`."""
     parser.add_argument("--resume", action="store_true", help=f"continue the run stored in --out: finished {unit} "
-                        "are skipped, a partial one is replayed without rewriting the lines already on disk")
-    parser.add_argument("--force", action="store_true", help="delete an existing run in --out and start over")
+                        "(done or diverged) are skipped, a partial one is replayed without rewriting the lines "
+                        "already on disk")
+    parser.add_argument("--force", action="store_true", help="delete an existing run in --out and start over; "
+                        f"with --resume, replay diverged {unit} instead")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--threads", type=int, default=None, help=f"torch CPU threads (default: {threads_default})")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")

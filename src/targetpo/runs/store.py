@@ -4,7 +4,9 @@ A run directory holds `run.json` (config, versions, seeds, data source, wall tim
 `metrics.jsonl`, one JSON object per line, each written with a single write and flushed (and fsynced) as
 soon as it is produced, so a killed run keeps every complete line. Records are keyed by (unit, step); on
 resume the runner replays a unit deterministically and skips keys already on disk, so nothing written before
-a kill is lost or duplicated. A unit is finished when its `{"unit": u, "event": "done"}` line exists.
+a kill is lost or duplicated. A unit is finished when its `{"unit": u, "event": "done"}` line exists, or its
+`{"unit": u, "event": "diverged", "step": N, "metric": name}` line (a NaN/inf at step N; no record of step N
+or later is stored for it). Event lines are not metrics records: `rows`, `units` and `series` skip them.
 """
 
 from __future__ import annotations
@@ -164,15 +166,20 @@ class Run:
     def units(self) -> list[str]:
         seen: dict[str, None] = {}
         for r in self.records:
-            if "step" in r and r.get("unit") is not None:
+            if "step" in r and "event" not in r and r.get("unit") is not None:
                 seen.setdefault(r["unit"], None)
         return list(seen)
 
     def done_units(self) -> set[str]:
         return {r["unit"] for r in self.records if r.get("event") == "done"}
 
+    def diverged_units(self) -> dict[str, tuple[int, str]]:
+        """{unit: (step, metric)} for every unit that stopped on a NaN/inf value."""
+        return {r["unit"]: (r["step"], r.get("metric", "?")) for r in self.records if r.get("event") == "diverged"}
+
     def rows(self, unit: str) -> list[dict]:
-        return sorted((r for r in self.records if r.get("unit") == unit and "step" in r), key=lambda r: r["step"])
+        return sorted((r for r in self.records if r.get("unit") == unit and "step" in r and "event" not in r),
+                      key=lambda r: r["step"])
 
     def series(self, unit: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
         """(steps [n], values [n, seeds]) for one unit's metric; per-seed lists become columns."""

@@ -16,6 +16,9 @@ LABELS = {"reinforce": "REINFORCE", "ppo": "PPO", "dg": "DG", "tpo": "TPO", "tpo
 # One thread: on a shared or busy machine every op with two OpenMP threads waits for the slower one, which made
 # the token experiments 2–8× slower in our measurements; on a quiet machine `--threads 2` may help a little.
 TORCH_THREADS = 1
+# Metrics that are NaN by design when their set is empty (a seed with no winners or no losers in a batch,
+# engine.diagnostics): the runner does not read those NaNs as divergence.
+NAN_MEANS_EMPTY = ("weight_winners", "weight_losers")
 
 def seed_list(cfg) -> list[int]:
     return list(range(cfg.seed, cfg.seed + cfg.seeds))
@@ -75,7 +78,8 @@ def curve_grid(section, panels: dict[str, dict[str, Curve]], name: str, caption:
     for ax, (title, by_method) in zip(axes, panels.items()):
         for m, c in by_method.items():
             plots.curve(ax, c.steps, c.values, label(m), plots.COLORS.get(m), floor=1e-4 if log else None)
-            for_m = (refs or {}).get(title, {}).get(m)
+            # The paper's points inside this run's episodes only: a short run is not stretched to the paper's.
+            for_m = [(e, v) for e, v in (refs or {}).get(title, {}).get(m, []) if e <= c.steps[-1]]
             if for_m:
                 plots.paper_points(ax, *zip(*for_m), color=plots.COLORS.get(m))
         if threshold is not None:

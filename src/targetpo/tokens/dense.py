@@ -22,6 +22,7 @@ TITLE = "Dense token reversal, token-level groups, V sweep (paper §3.4, Table 1
 PAPER_REF = "§3.4, Table 1, Fig. 5; docs/experiments.md §E4"
 METHODS = ("ppo", "dg", "tpo_token", "grpo_token")
 TORCH_THREADS = tc.TORCH_THREADS
+NAN_MEANS_EMPTY = tc.NAN_MEANS_EMPTY
 
 
 @config
@@ -61,7 +62,8 @@ def _parse(unit: str) -> tuple[int, str]:
 
 def run_unit(cfg: Config, unit: str, ctx) -> None:
     v, method = _parse(unit)
-    run_trial(trial_config(cfg, vocab=v), method, tc.seed_list(cfg), ctx.device, ctx.log, ctx.advance)
+    run_trial(trial_config(cfg, vocab=v), method, tc.seed_list(cfg), ctx.device, ctx.log, ctx.advance,
+              ctx.check_finite)
 
 
 # ----------------------------------------------------------------------------- report

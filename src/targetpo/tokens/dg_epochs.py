@@ -35,6 +35,7 @@ TITLE = "DG with 1 vs 4 epochs per batch (paper App. E, Fig. 17)"
 PAPER_REF = "App. E, Fig. 17; docs/experiments.md §E11"
 PARTS = ("terminal", "variants")
 TORCH_THREADS = tc.TORCH_THREADS
+NAN_MEANS_EMPTY = tc.NAN_MEANS_EMPTY
 
 
 @config
@@ -110,7 +111,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
         reward, task = where
         trial = trial_config(cfg, task=task, reward=reward, episodes=cfg.variant_episodes, dg_epochs=e)
         seeds = tc.seed_list(cfg)[:cfg.variant_seeds]
-    run_trial(trial, "dg", seeds, ctx.device, ctx.log, ctx.advance)
+    run_trial(trial, "dg", seeds, ctx.device, ctx.log, ctx.advance, ctx.check_finite)
 
 
 # ----------------------------------------------------------------------------- report

@@ -36,6 +36,7 @@ PANELS = {"error": "error", "grad_norm": "first-epoch gradient norm", "all_fail"
           "frac_zero_var": "zero-variance fraction", "weight_winners": "weight on winners",
           "weight_losers": "weight on losers"}
 TORCH_THREADS = tc.TORCH_THREADS
+NAN_MEANS_EMPTY = tc.NAN_MEANS_EMPTY
 
 
 @config

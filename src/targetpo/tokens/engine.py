@@ -10,7 +10,7 @@ API
     Every knob of one trial (fields below). Build it with ``TrialConfig(...)`` or, from an experiment's
     config, ``trial_config(cfg, **overrides)`` (copies the fields the two share by name).
 
-``run_trial(cfg, method, seeds, device="cpu", log=None, advance=None) -> dict[str, np.ndarray]``
+``run_trial(cfg, method, seeds, device="cpu", log=None, advance=None, check=None) -> dict[str, np.ndarray]``
     Trains ``method`` (a key of :data:`METHODS`) for ``cfg.episodes`` episodes on seeds ``seeds`` (a list of
     ints; seed s's initial parameters and prompts depend on s only). After each episode it calls
     ``log({"step": t, metric: [S values], ...})`` and ``advance()``; it returns ``{metric: [episodes, S]}``.
@@ -63,7 +63,8 @@ makes it identical to the authors' one pass per prefix state, H× cheaper).
 Building an experiment on it: see ``dense.py`` / ``terminal.py``. A module's ``Config`` extends
 ``tokens.config.TokenConfig`` (every :class:`TrialConfig` field, declared once with help and bounds, plus seeds
 and methods) with its sweep fields; its units name a (configuration, method) pair, and ``run_unit`` is one call:
-``run_trial(trial_config(cfg, vocab=v), method, seed_list(cfg), ctx.device, ctx.log, ctx.advance)``.
+``run_trial(trial_config(cfg, vocab=v), method, seed_list(cfg), ctx.device, ctx.log, ctx.advance,
+ctx.check_finite)``.
 ``tokens.common`` also has the report helpers (steps-to-x, final and tail-mean errors, "ours (paper)" cells,
 fastest-method claims, curve grids with ± s.e. bands). Lower-level pieces are public for diagnostics work:
 ``rollout``, ``answer_logp``, ``collect`` (→ ``Batch``), ``loss_fn``, ``diagnostics``.
@@ -400,10 +401,14 @@ def _beta(cfg: TrialConfig, o: obj.Objective) -> dict[str, float]:
     return {} if "beta" in getattr(o.fn, "keywords", {}) else {"beta": cfg.grpo_beta}
 
 
-def loss_fn(params, spec: tfm.TransformerSpec, cfg: TrialConfig, method: str, batch: Batch) -> Tensor:
-    """The method's loss on `batch` under `params`: the sum over seeds of each seed's own objective value."""
+def loss_fn(params, spec: tfm.TransformerSpec, cfg: TrialConfig, method: str, batch: Batch,
+            check_logp: Callable[[Tensor], None] | None = None) -> Tensor:
+    """The method's loss on `batch` under `params`: the sum over seeds of each seed's own objective value.
+    `check_logp` sees the log-probs before the objective does (the runner's divergence check)."""
     s = batch.actions.shape[0]
     logp_v = answer_logp(params, spec, batch.prompts, batch.actions)            # [S, B, G, H, V]
+    if check_logp is not None:
+        check_logp(logp_v)
     kind, o = METHODS[method].rollout, obj.get(METHODS[method].objective)
     if kind == "token":
         tok = logp_v[:, :, 0]                                                     # [S, B, H, V]
@@ -474,9 +479,11 @@ def diagnostics(cfg: TrialConfig, method: str, batch: Batch) -> dict[str, Tensor
 # ----------------------------------------------------------------------------- the trial
 
 def run_trial(cfg: TrialConfig, method: str, seeds: Sequence[int], device: str | torch.device = "cpu",
-              log: Callable[[dict], None] | None = None, advance: Callable[[], None] | None = None
-              ) -> dict[str, np.ndarray]:
-    """Train `method` on `cfg`'s task for seeds `seeds` (vectorised) and return {metric: [episodes, S]}."""
+              log: Callable[[dict], None] | None = None, advance: Callable[[], None] | None = None,
+              check: Callable[[int, dict], None] | None = None) -> dict[str, np.ndarray]:
+    """Train `method` on `cfg`'s task for seeds `seeds` (vectorised) and return {metric: [episodes, S]}.
+    `check(episode, values)` (the runner's divergence check) sees the rollout and update log-probs and the
+    parameters after each update."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
     cfg.validate()
@@ -501,9 +508,13 @@ def run_trial(cfg: TrialConfig, method: str, seeds: Sequence[int], device: str |
     for episode in range(cfg.episodes):
         prompts = tasks.sample_prompts(prompt_gens, batch_size, cfg.length, cfg.vocab, device)
         batch = collect(params, spec, cfg, method, prompts, sample_gens)
+        if check is not None:
+            check(episode, {"rollout log-probs": batch.old_logp})
         record = {"error": batch.error, **diagnostics(cfg, method, batch)}
         for e in range(epochs):
-            loss = loss_fn(params, spec, cfg, method, batch)
+            # Finite weights can still overflow the logits; the check sees them before the objective does.
+            loss = loss_fn(params, spec, cfg, method, batch,
+                           None if check is None else lambda lp: check(episode, {"log-probs": lp}))
             grads = torch.autograd.grad(loss, [params[k] for k in names])
             if e == 0:
                 record["grad_norm"] = _grad_norm(grads)
@@ -513,6 +524,8 @@ def run_trial(cfg: TrialConfig, method: str, seeds: Sequence[int], device: str |
             history.setdefault(k, []).append(v)
         if log is not None:
             log({"step": episode, **values})
+        if check is not None:
+            check(episode, {"parameters": params})
         if advance is not None:
             advance()
     return {k: np.stack(v) for k, v in history.items()}

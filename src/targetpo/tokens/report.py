@@ -34,7 +34,7 @@ def resolve(cfg, method: str, **overrides) -> tuple[TrialConfig, str]:
 def run_method(cfg, method: str, ctx, **overrides) -> dict[str, np.ndarray]:
     """run_trial for `method` (variants included) on cfg's seeds, logging through the runner's ctx."""
     trial, base = resolve(cfg, method, **overrides)
-    return run_trial(trial, base, tc.seed_list(cfg), ctx.device, ctx.log, ctx.advance)
+    return run_trial(trial, base, tc.seed_list(cfg), ctx.device, ctx.log, ctx.advance, ctx.check_finite)
 
 
 def label(method: str) -> str:

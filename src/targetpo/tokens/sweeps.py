@@ -36,6 +36,7 @@ PAPER_REF = "§4.2–4.3, Figs. 12, 13, 15; docs/experiments.md §E9"
 METHODS = ("tpo", "grpo")
 SWEEPS = ("k", "epochs", "masking")
 TORCH_THREADS = tc.TORCH_THREADS
+NAN_MEANS_EMPTY = tc.NAN_MEANS_EMPTY
 
 
 @config

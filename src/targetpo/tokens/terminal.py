@@ -25,6 +25,7 @@ TITLE = "Terminal-reward token reversal, sequence-level groups (paper §3.6, Tab
 PAPER_REF = "§3.6, Table 3, Fig. 7, Fig. 1b; docs/experiments.md §E6"
 METHODS = ("ppo", "dg", "tpo", "grpo", "grpo_no_kl")
 TORCH_THREADS = tc.TORCH_THREADS
+NAN_MEANS_EMPTY = tc.NAN_MEANS_EMPTY
 
 
 @config
@@ -79,7 +80,7 @@ def _parse(unit: str) -> tuple[int, str, str | None]:
 def run_unit(cfg: Config, unit: str, ctx) -> None:
     h, method, match = _parse(unit)
     trial = trial_config(cfg, length=h, match=match or "prompts")
-    run_trial(trial, method, tc.seed_list(cfg), ctx.device, ctx.log, ctx.advance)
+    run_trial(trial, method, tc.seed_list(cfg), ctx.device, ctx.log, ctx.advance, ctx.check_finite)
 
 
 # ----------------------------------------------------------------------------- report
@@ -158,7 +159,7 @@ def report(run, section) -> None:
     panels = {(f"{'prompt' if mt == 'prompts' else 'interaction'}-matched, H = {h}"): data[(mt, h)] for mt, h in cols}
     tc.curve_grid(section, panels, "token_terminal",
                   "Exact-match error by episode, seed mean ± s.e. (circles: the authors' H = 10 curves, Fig. 1b)",
-                  refs=refs, threshold=None)
+                  ylabel="exact-match error (fraction)", refs=refs, threshold=None)
 
     # Claims, from the data (tail means: the single last episode of a few seeds is too noisy to rank).
     for mt in cfg["matches"]:

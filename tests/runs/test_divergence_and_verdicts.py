@@ -1,0 +1,106 @@
+"""Every output tells the truth: a run that diverges says where (metrics, run.json, resume, report), and the
+report gives PASS/FAIL only on presets that can test a claim."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from targetpo.experiments import run_experiment
+from targetpo.report import Section, claim_count, write_report
+from targetpo.runs.runner import first_non_finite
+from targetpo.runs.stats import curves
+from targetpo.runs.store import Run, read_metrics
+
+# Muon at lr = 1e6 overflows the tiny transformer's logits within the first two episodes, deterministically.
+HUGE_LR = ["lr=1e6"]
+
+
+@pytest.fixture(scope="module")
+def diverged_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("div") / "dense"
+    run_experiment("token-dense", "smoke", out=out, overrides=HUGE_LR, progress=False, quiet=True)
+    return out
+
+
+def test_first_non_finite_names_the_value_and_honours_nan_means_empty():
+    assert first_non_finite({"a": 1, "b": [1.0, float("nan")], "c": float("inf")}) == "b"
+    assert first_non_finite({"p": {"w": torch.tensor([1.0, float("inf")])}}) == "p"
+    assert first_non_finite({"n": np.float32("-inf")}) == "n"
+    assert first_non_finite({"i": torch.tensor([1, 2]), "s": "nan", "ok": True, "x": np.ones(3)}) is None
+    # A mean over an empty set may be NaN, but never inf.
+    assert first_non_finite({"weight_winners": torch.tensor([float("nan")])}, ("weight_winners",)) is None
+    assert first_non_finite({"weight_winners": torch.tensor([float("inf")])}, ("weight_winners",)) == "weight_winners"
+
+
+def test_huge_lr_diverges_every_unit_and_records_the_step(diverged_run, capsys):
+    recs = read_metrics(diverged_run / "metrics.jsonl")
+    events = {r["unit"]: r for r in recs if "event" in r}
+    assert events and all(e["event"] == "diverged" for e in events.values())  # never "done"
+    assert set(events) == {f"v{v}/{m}" for v in (2, 4) for m in ("ppo", "dg", "tpo_token", "grpo_token")}
+    # DG (one epoch) gets one finite update in, then its next rollout's log-probs are NaN; PPO's second epoch
+    # already sees overflowed logits.
+    assert events["v2/dg"]["step"] == 1 and events["v2/dg"]["metric"] == "rollout log-probs"
+    assert events["v2/ppo"]["step"] == 0 and events["v2/ppo"]["metric"] == "log-probs"
+    for r in recs:  # no metrics record at or after the divergence step, and none non-finite
+        if "event" not in r:
+            assert r["step"] < events[r["unit"]]["step"]
+            assert first_non_finite({k: v for k, v in r.items() if k != "unit"}, ("weight_winners", "weight_losers")) is None
+    meta = json.loads((diverged_run / "run.json").read_text())
+    assert meta["status"] == "complete (8 units diverged)" and len(meta["diverged"]) == 8
+    run = Run.load(diverged_run)
+    assert run.done_units() == set() and run.diverged_units()["v2/dg"] == (1, "rollout log-probs")
+    assert run.units() == ["v2/dg", "v4/dg"]  # event lines are not metrics rows
+    assert set(curves(run, "error")) == {"v2/dg", "v4/dg"}
+
+
+def test_diverged_units_count_as_finished_on_resume_unless_force(diverged_run, capsys):
+    before = (diverged_run / "metrics.jsonl").read_bytes()
+    run_experiment("token-dense", "smoke", out=diverged_run, resume=True, progress=False, quiet=True)
+    meta = json.loads((diverged_run / "run.json").read_text())
+    assert meta["runs"][-1]["units"] == [] and meta["status"] == "complete (8 units diverged)"
+    assert (diverged_run / "metrics.jsonl").read_bytes() == before
+    # --force replays them: deterministic, so they diverge at the same steps and nothing new is written.
+    run_experiment("token-dense", "smoke", out=diverged_run, resume=True, force=True, progress=False, quiet=True)
+    meta = json.loads((diverged_run / "run.json").read_text())
+    assert len(meta["runs"][-1]["units"]) == 8 and "resume_mismatches" not in meta
+    assert (diverged_run / "metrics.jsonl").read_bytes() == before
+    assert "warning: token-dense unit v2/dg diverged at step 1" in capsys.readouterr().err
+
+
+def test_report_lists_diverged_units_and_does_not_crash(diverged_run, tmp_path):
+    text = write_report(diverged_run, tmp_path / "REPORT.md").read_text()
+    assert "status complete (8 units diverged)" in text
+    assert "**Diverged (8 units):** `v2/ppo` at step 0 (log-probs), `v2/dg` at step 1 (rollout log-probs)" in text
+    assert "8 units diverged (listed in their sections)" in text
+
+
+def test_tabular_run_that_diverges_before_its_first_record(tmp_path):
+    out = run_experiment("tabular-multi", "smoke", out=tmp_path / "m", overrides=["lr=1e300", "methods=tpo,pg"],
+                         progress=False, quiet=True)
+    assert Run.load(out).diverged_units() == {"tpo": (0, "error"), "pg": (0, "error")}
+    text = write_report(out).read_text()
+    assert "every unit diverged before its first record" in text and "`tpo` at step 0 (error)" in text
+
+
+def _section(preset: str, verdicts: list[bool | None]) -> Section:
+    run = Run(path=Path("/nonexistent"), meta={"preset": preset})
+    s = Section("t", run, run.path)
+    for i, v in enumerate(verdicts):
+        s.claim(f"claim {i}", v, "evidence")
+    return s
+
+
+def test_verdicts_only_on_presets_that_can_test_the_claims():
+    smoke, cpu = _section("smoke", [True, False, None]), _section("cpu", [True, True, False])
+    paper = _section("paper", [True, None])
+    assert smoke.verdicts() == [None, None, None] and cpu.verdicts() == [True, True, False]
+    assert "| claim 0 | n/a (smoke preset) |" in smoke.render() and "**PASS**" not in smoke.render()
+    assert "| claim 2 | **FAIL** |" in cpu.render()
+    assert "| claim 1 | n/a |" in paper.render()
+    assert claim_count([smoke, cpu, paper]) == ("**3 PASS, 1 FAIL** over the cpu and paper presets; "
+                                                 "1 n/a (not decidable from the data); 3 claims n/a on smoke runs")
+    assert claim_count([cpu]) == "**2 PASS, 1 FAIL** over the cpu preset"
+    assert claim_count([smoke]).startswith("no verdicts")
