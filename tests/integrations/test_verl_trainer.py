@@ -433,3 +433,18 @@ def test_tpo_sync_trainer_balances_whole_groups_through_verls_own_trainer_class(
     proc = subprocess.run([sys.executable, str(probe), *TPO_LAYOUT], capture_output=True, text=True, timeout=300,
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     assert proc.returncode == 0 and "PROBE OK" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_the_verl_extra_lets_import_verl_register_tpo_sync_for_real():
+    """With the verl extra installed (TransferQueue, cachetools, fastapi, uvicorn), `import verl` alone loads the
+    plugin, which registers the loss, the estimator and the group-keeping trainer in verl's own registries."""
+    pytest.importorskip("transfer_queue", reason="needs the verl extra's TransferQueue")
+    code = ("import verl\n"
+            "from verl.trainer.ppo import core_algos\n"
+            "from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY\n"
+            "print(core_algos.get_policy_loss_fn('tpo').__module__, 'tpo_sync' in TRAINER_REGISTRY)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-2:] == ["targetpo.integrations.verl_plugin", "True"], proc.stdout
