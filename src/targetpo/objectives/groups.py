@@ -9,6 +9,8 @@ Plain torch, no library imports.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
@@ -115,8 +117,12 @@ def tpo_group_loss(per_token_logps, old_per_token_logps, rewards, completion_mas
     keep = valid.view(g, group_size).any(dim=-1)
     n_keep = int(keep.sum())
     if n_keep == 0:
+        # Keeps the graph (a 0 that still reaches every parameter) but never silently: say so and count it.
+        warnings.warn(f"TPO: all {g} groups of this micro-batch were dropped (no completion with both a reward and "
+                      f"a valid token); its loss is 0", stacklevel=2)
         zero = per_token_logps.sum() * 0.0
-        return zero, {"frac_groups_dropped": torch.tensor(1.0)}
+        return zero, {"frac_groups_dropped": torch.tensor(1.0), "groups_dropped": torch.tensor(float(g)),
+                      "groups_without_signal": torch.tensor(float(g))}
 
     def grouped(x):
         x = x.reshape(g, group_size, *x.shape[1:])
@@ -129,4 +135,11 @@ def tpo_group_loss(per_token_logps, old_per_token_logps, rewards, completion_mas
     )
     metrics = dict(out.metrics)
     metrics["frac_groups_dropped"] = torch.tensor(1.0 - n_keep / g)
+    metrics["groups_dropped"] = torch.tensor(float(g - n_keep))
+    # All-equal rewards give q = p_old: no signal in the first pass. Count every group that carries none.
+    flat = float(metrics.get("frac_zero_var", torch.tensor(0.0)))
+    metrics["groups_without_signal"] = torch.tensor(float(g - n_keep) + flat * n_keep)
+    if float(metrics["groups_without_signal"]) >= g:
+        warnings.warn(f"TPO: none of the {g} groups of this micro-batch carries a signal ({g - n_keep} dropped, "
+                      f"the rest with all-equal rewards); the update is 0 on the first pass", stacklevel=2)
     return (out.loss if n_keep == g else out.loss * (n_keep / g)), metrics
