@@ -7,73 +7,16 @@
 #   targetpo data gsm8k /path/to/gsm8k       # GSM8K's train.jsonl / test.jsonl, checksum-verified
 #   python examples/verl/prepare_data.py gsm8k --gsm8k-dir /path/to/gsm8k --out ~/data/verl/gsm8k
 #   MODEL=/path/to/Qwen3-1.7B bash examples/verl/run_gsm8k.sh
-#
-# The two runs differ only in algorithm.adv_estimator, policy_loss.loss_mode and TPO's η; same seed, data order,
-# batching (whole groups per GPU, trainer.v1.trainer_mode=tpo_sync for both) and KL. DRY_RUN=1 prints each
-# command's overrides, one per line, instead of running it.
 set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-MODEL=${MODEL:-Qwen/Qwen3-1.7B}            # or deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B
-DATA=${DATA:-$HOME/data/verl/gsm8k}
-GPUS=${GPUS:-4}
-ETA=${ETA:-1.0}                            # TPO's temperature η
-LOSS_AGG=${LOSS_AGG:-seq-mean-token-sum}   # sequence log-score: token sum (the paper) or seq-mean-token-mean
-STEPS=${STEPS:-300}
-SEED=${SEED:-0}
-
-COMMON=(
-  data.train_files="$DATA/train.parquet"
-  data.val_files="$DATA/test.parquet"
-  data.train_batch_size=16
-  data.max_prompt_length=512
-  data.max_response_length=1024
-  data.seed="$SEED"
-  actor_rollout_ref.model.path="$MODEL"
+TASK=gsm8k
+PROMPT_LEN=512
+RESPONSE_LEN=1024
+USE_KL=True
+TASK_OVERRIDES=(
   actor_rollout_ref.model.lora_rank=32
   actor_rollout_ref.model.lora_alpha=64
   actor_rollout_ref.model.target_modules=all-linear
-  actor_rollout_ref.model.use_remove_padding=True
-  actor_rollout_ref.model.enable_gradient_checkpointing=True
-  actor_rollout_ref.actor.optim.lr=1e-5
-  actor_rollout_ref.actor.ppo_mini_batch_size=16
-  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16
-  actor_rollout_ref.actor.use_dynamic_bsz=False
-  actor_rollout_ref.actor.shuffle=False
-  actor_rollout_ref.actor.ppo_epochs=1
-  actor_rollout_ref.actor.loss_agg_mode="$LOSS_AGG"
-  actor_rollout_ref.actor.use_kl_loss=True
   actor_rollout_ref.actor.kl_loss_coef=0.001
   actor_rollout_ref.actor.kl_loss_type=low_var_kl
-  actor_rollout_ref.actor.entropy_coeff=0
-  actor_rollout_ref.actor.data_loader_seed="$SEED"
-  actor_rollout_ref.rollout.name=vllm
-  actor_rollout_ref.rollout.n=16
-  actor_rollout_ref.rollout.temperature=1.0
-  actor_rollout_ref.rollout.tensor_model_parallel_size=1
-  actor_rollout_ref.rollout.gpu_memory_utilization=0.6
-  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16
-  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16
-  algorithm.use_kl_in_reward=False
-  critic.enable=False
-  reward.custom_reward_function.path="$HERE/app_g_reward.py"
-  reward.custom_reward_function.name=compute_score
-  trainer.v1.trainer_mode=tpo_sync
-  trainer.n_gpus_per_node="$GPUS"
-  trainer.nnodes=1
-  trainer.total_training_steps="$STEPS"
-  trainer.test_freq=10
-  trainer.save_freq=-1
-  'trainer.logger=[console]'
-  trainer.project_name=targetpo_app_g
 )
-GRPO=(algorithm.adv_estimator=grpo actor_rollout_ref.actor.policy_loss.loss_mode=vanilla
-      trainer.experiment_name=gsm8k_grpo_seed"$SEED")
-TPO=(algorithm.adv_estimator=tpo actor_rollout_ref.actor.policy_loss.loss_mode=tpo +tpo.eta="$ETA"
-     trainer.experiment_name=gsm8k_tpo_seed"$SEED")
-
-launch() {
-  if [[ -n "${DRY_RUN:-}" ]]; then echo "--- run"; printf '%s\n' "$@"; return; fi
-  python -m targetpo.integrations.verl_trainer "$@"
-}
-launch "${COMMON[@]}" "${GRPO[@]}"
-launch "${COMMON[@]}" "${TPO[@]}"
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/app_g.sh"
