@@ -12,13 +12,7 @@ from targetpo.tabular.bandit import beta_dg, beta_tpo, correct_direction, exact_
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _float64():
-    """Exact comparisons need float64; restore the default so later test modules see torch's own."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64")  # tests/objectives/conftest.py
 
 
 # ----------------------------------------------------------------------------- exact tabular updates (paper App. B)

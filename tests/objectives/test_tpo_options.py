@@ -24,13 +24,7 @@ from targetpo.objectives import (
 from targetpo.objectives.tpo import ADAPTIVE_ETA_BRACKET
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _float64():
-    """Exact comparisons need float64; restore the default so later test modules see torch's own."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64")  # tests/objectives/conftest.py
 
 
 def _groups(g, k, seed, spread=1.0):
