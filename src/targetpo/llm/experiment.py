@@ -32,7 +32,6 @@ from targetpo.runs.config import RunConfig, config, default, param, swept
 NAME = "rlvr"
 TITLE = "LLM RLVR: TPO vs GRPO on verifiable rewards (paper §3.8)"
 PAPER_REF = "§3.8, App. G; docs/experiments.md §E12"
-TORCH_THREADS = 1  # a ~0.1M-parameter model runs faster on one thread than split across two busy cores
 WARMSTART = "warmstart"
 BASE_OBJECTIVES = ("tpo", "tpo_no_anchor", "grpo", "dr_grpo", "dapo", "gspo", "sapo", "cispo")
 METHODS = tuple(f"{o}_{r}" for o in ("tpo", "tpo_no_anchor") for r in ("sum", "mean")) + BASE_OBJECTIVES[2:]

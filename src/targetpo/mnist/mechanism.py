@@ -33,7 +33,6 @@ PAPER_REF = "§3.3, Fig. 4b, App. C; docs/experiments.md §E3b"
 METHODS = ("pg", "dg", "tpo", "grpo", "group_pg")
 NO_CLOSED_FORM = ("grpo",)
 BIN_EDGES = (0.0, 0.25, 0.5, 0.75, 1.01)
-TORCH_THREADS = base.TORCH_THREADS
 # Per-bin statistics are NaN for a concentration bin with no test image in it (bin_statistics).
 NAN_MEANS_EMPTY = (".surplus", ".exact", ".scalar")
 check_data = base.check_data

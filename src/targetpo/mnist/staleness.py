@@ -42,7 +42,6 @@ TITLE = "MNIST bandit with stale actors (talk slides; docs/experiments.md §E13)
 PAPER_REF = "talk slides 'Off-policy with distributed staleness'; docs/experiments.md §E13"
 METHODS = OFF_POLICY
 DELAYS = (0, 1, 3, 10, 30, 100, 300, 1000)
-TORCH_THREADS = base.TORCH_THREADS
 check_data = base.check_data
 
 

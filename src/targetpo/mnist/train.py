@@ -37,7 +37,6 @@ NAME = "mnist"
 TITLE = "MNIST contextual bandit (paper §3.3, Fig. 4a)"
 PAPER_REF = "§3.3, Fig. 4a, App. C; docs/experiments.md §E3"
 METHODS = ON_POLICY
-TORCH_THREADS = 1  # 2 threads help on an idle machine (pass --threads 2) but collapse when the CPU is shared
 UNIT = "bandit"  # one unit: all methods and seeds are stacked into one batched network
 
 

@@ -169,10 +169,10 @@ def run_experiment(
     directory. `preset` None means the stored run's preset on resume and "cpu" otherwise; a resume that asks for
     another preset, seed count or overrides than the stored run is refused, naming the fields that differ."""
     name = exp.NAME
-    # Tiny-tensor experiments run far faster on one thread: OpenMP hand-offs cost more than the math.
-    threads = threads or getattr(exp, "TORCH_THREADS", None)
-    if threads:
-        torch.set_num_threads(threads)
+    # One thread unless asked (or an experiment sets TORCH_THREADS): every experiment here runs small tensors,
+    # where OpenMP hand-offs cost more than the math, and on a shared or busy machine each op with two threads
+    # waits for the slower one (2–8x slower in the token experiments; BENCHMARKS.md).
+    torch.set_num_threads(threads or getattr(exp, "TORCH_THREADS", 1))
     run_dir = Path(out) if out is not None else Path("results") / f"{name}-{preset or 'cpu'}"
     meta_path = run_dir / RUN_FILE
     if resume and meta_path.exists():
@@ -227,8 +227,8 @@ def run_experiment(
         for unit in todo:
             bar.set_postfix_str(unit)
             try:
-                exp.run_unit(cfg, unit, RunContext(unit, writer, bar, dev, meta, run_dir,
-                                                   getattr(exp, "NAN_MEANS_EMPTY", ())))
+                nan_ok = getattr(exp, "NAN_MEANS_EMPTY", None) or getattr(type(cfg), "NAN_MEANS_EMPTY", ())
+                exp.run_unit(cfg, unit, RunContext(unit, writer, bar, dev, meta, run_dir, nan_ok))
             except _Diverged as d:
                 writer.write({"unit": unit, "event": "diverged", "step": d.step, "metric": d.metric})
                 bar.write(f"warning: {name} unit {unit} diverged at step {d.step} ({d.metric} is NaN/inf); "

@@ -23,7 +23,6 @@ NAME = "tabular-multi"
 TITLE = "Tabular multi-context bandit (paper §3.2, Fig. 3)"
 PAPER_REF = "§3.2, Fig. 3, App. B; docs/experiments.md §E2"
 METHODS = ("pg", "dg", "tpo", "grpo", "ce")
-TORCH_THREADS = 1
 
 
 @config

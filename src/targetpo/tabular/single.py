@@ -31,7 +31,6 @@ NAME = "tabular-single"
 TITLE = "Tabular single-context bandit (paper §3.1, Fig. 2)"
 PAPER_REF = "§3.1, Fig. 2; docs/experiments.md §E1"
 METHODS = ("pg", "dg", "tpo", "grpo")
-TORCH_THREADS = 1
 
 
 @config

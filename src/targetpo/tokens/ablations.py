@@ -26,8 +26,6 @@ NAME = "token-ablations"
 TITLE = "Anchor and target-matching ablations, terminal reward (paper §3.7, Fig. 8)"
 PAPER_REF = "§3.7, Fig. 8; docs/experiments.md §E7"
 METHODS = ("tpo", "grpo", "grpo_no_kl", "tpo_no_anchor", "group_pg")
-TORCH_THREADS = tc.TORCH_THREADS
-NAN_MEANS_EMPTY = tc.NAN_MEANS_EMPTY
 # "Worst" allows a tie within this many error points: several ablations sit at ≈ 100% error.
 TIE = 0.01
 

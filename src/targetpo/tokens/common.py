@@ -13,12 +13,6 @@ LABELS = {"reinforce": "REINFORCE", "ppo": "PPO", "dg": "DG", "tpo": "TPO", "tpo
           "group_pg": "Group PG", "grpo": "GRPO", "grpo_no_kl": "GRPO (no KL)", "grpo_masked": "GRPO (masked)",
           "tpo_token": "TPO_token", "grpo_token": "GRPO_token", "grpo_token_no_kl": "GRPO_token (no KL)"}
 
-# One thread: on a shared or busy machine every op with two OpenMP threads waits for the slower one, which made
-# the token experiments 2–8× slower in our measurements; on a quiet machine `--threads 2` may help a little.
-TORCH_THREADS = 1
-# Metrics that are NaN by design when their set is empty (a seed with no winners or no losers in a batch,
-# engine.diagnostics): the runner does not read those NaNs as divergence.
-NAN_MEANS_EMPTY = ("weight_winners", "weight_losers")
 
 def seed_list(cfg) -> list[int]:
     return list(range(cfg.seed, cfg.seed + cfg.seeds))

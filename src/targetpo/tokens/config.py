@@ -5,12 +5,17 @@ of its methods reads ``unused(...)``: setting either is an error, never silently
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from targetpo.runs.config import RunConfig, config, default
 from targetpo.tokens.engine import METHODS, TrialConfig
 
 
 @config
 class TokenConfig(TrialConfig, RunConfig):
+    # Metrics that are NaN by design when their set is empty (a seed with no winners or no losers in a batch,
+    # engine.diagnostics): the runner does not read those NaNs as divergence.
+    NAN_MEANS_EMPTY: ClassVar[tuple[str, ...]] = ("weight_winners", "weight_losers")
     seeds = 20
     seed = default(0, help="first seed (seeds are seed, seed+1, ...); seed s alone fixes its initial model and "
                            "prompts")

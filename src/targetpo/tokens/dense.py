@@ -21,8 +21,6 @@ NAME = "token-dense"
 TITLE = "Dense token reversal, token-level groups, V sweep (paper §3.4, Table 1)"
 PAPER_REF = "§3.4, Table 1, Fig. 5; docs/experiments.md §E4"
 METHODS = ("ppo", "dg", "tpo_token", "grpo_token")
-TORCH_THREADS = tc.TORCH_THREADS
-NAN_MEANS_EMPTY = tc.NAN_MEANS_EMPTY
 
 
 @config

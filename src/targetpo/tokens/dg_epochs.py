@@ -34,8 +34,6 @@ NAME = "dg-epochs"
 TITLE = "DG with 1 vs 4 epochs per batch (paper App. E, Fig. 17)"
 PAPER_REF = "App. E, Fig. 17; docs/experiments.md §E11"
 PARTS = ("terminal", "variants")
-TORCH_THREADS = tc.TORCH_THREADS
-NAN_MEANS_EMPTY = tc.NAN_MEANS_EMPTY
 
 
 @config

@@ -35,8 +35,6 @@ ALLOWED = METHODS + ("tpo_no_anchor", "group_pg", "grpo_masked", "reinforce")
 PANELS = {"error": "error", "grad_norm": "first-epoch gradient norm", "all_fail": "all-fail fraction",
           "frac_zero_var": "zero-variance fraction", "weight_winners": "weight on winners",
           "weight_losers": "weight on losers"}
-TORCH_THREADS = tc.TORCH_THREADS
-NAN_MEANS_EMPTY = tc.NAN_MEANS_EMPTY
 
 
 @config

@@ -35,8 +35,6 @@ TITLE = "K sweep, epoch sweep and zero-variance masking, terminal reward (paper 
 PAPER_REF = "§4.2–4.3, Figs. 12, 13, 15; docs/experiments.md §E9"
 METHODS = ("tpo", "grpo")
 SWEEPS = ("k", "epochs", "masking")
-TORCH_THREADS = tc.TORCH_THREADS
-NAN_MEANS_EMPTY = tc.NAN_MEANS_EMPTY
 
 
 @config

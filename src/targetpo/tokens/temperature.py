@@ -28,8 +28,6 @@ NAME = "token-temperature"
 TITLE = "TPO target temperature η sweep, dense token reversal (paper App. D, Table 5)"
 PAPER_REF = "App. D, Table 5, Fig. 16; docs/experiments.md §E10"
 LEVELS = {"token": "tpo_token", "sequence": "tpo"}
-TORCH_THREADS = tc.TORCH_THREADS
-NAN_MEANS_EMPTY = tc.NAN_MEANS_EMPTY
 
 
 @config

@@ -24,8 +24,6 @@ NAME = "token-terminal"
 TITLE = "Terminal-reward token reversal, sequence-level groups (paper §3.6, Table 3)"
 PAPER_REF = "§3.6, Table 3, Fig. 7, Fig. 1b; docs/experiments.md §E6"
 METHODS = ("ppo", "dg", "tpo", "grpo", "grpo_no_kl")
-TORCH_THREADS = tc.TORCH_THREADS
-NAN_MEANS_EMPTY = tc.NAN_MEANS_EMPTY
 
 
 @config

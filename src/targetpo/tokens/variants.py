@@ -40,8 +40,6 @@ ALLOWED = ("tpo_token", "grpo_token", "grpo_token_no_kl", "dg", "ppo", "reinforc
 SEQUENCE_GROUP = ("tpo", "grpo", "grpo_no_kl")
 REWARDS = ("bag", "sequential")
 ALL_VARIANTS = tuple(f"{r}/{t}" for r in REWARDS for t in TASKS)
-TORCH_THREADS = tc.TORCH_THREADS
-NAN_MEANS_EMPTY = tc.NAN_MEANS_EMPTY
 
 
 @config
