@@ -68,3 +68,28 @@ def test_rlvr_model_path_must_exist_and_is_never_downloaded(tmp_path, capsys):
                       "--no-progress"], capsys)
     assert code == 2 and "lacks train.jsonl, test.jsonl" in err[0]
     assert not out.exists()
+
+
+def test_malformed_data_files_are_named_before_a_run_folder_exists(tmp_path, capsys):
+    mnist = tmp_path / "mnist"
+    mnist.mkdir()
+    for name in ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
+        (mnist / name).write_bytes(b"garbage!" * 4)
+    out = tmp_path / "run"
+    code, err = _run(["run", "mnist", "--preset", "smoke", "--data-dir", str(mnist), "--out", str(out),
+                      "--no-progress"], capsys)
+    assert code == 2 and len(err) == 1 and "t10k-images-idx3-ubyte: magic number" in err[0]
+    assert not out.exists()
+    pytest.importorskip("transformers", reason="needs the llm extra")
+    gsm = tmp_path / "gsm8k"
+    gsm.mkdir()
+    (gsm / "test.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    (gsm / "train.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": oops}\n')
+    code, err = _run(["rlvr", "--preset", "smoke", "--task", "gsm8k", "--data-path", str(gsm), "--out", str(out),
+                      "--no-progress"], capsys)
+    assert code == 2 and len(err) == 1 and f"{gsm / 'train.jsonl'}:2: not valid JSON" in err[0]
+    (gsm / "train.jsonl").write_text('{"question": "1+1?"}\n')
+    code, err = _run(["rlvr", "--preset", "smoke", "--task", "gsm8k", "--data-path", str(gsm), "--out", str(out),
+                      "--no-progress"], capsys)
+    assert code == 2 and 'train.jsonl:1: expected an object with string fields "question" and "answer"' in err[0]
+    assert not out.exists()

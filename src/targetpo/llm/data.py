@@ -83,6 +83,25 @@ class ReasoningGymTask:
         return score_reasoning_gym(self._scorer, problem.entry, answer)
 
 
+def read_gsm8k(path: str | Path) -> list[dict]:
+    """The rows of a GSM8K JSONL file, each checked: valid JSON with string "question" and "answer" (a
+    ValueError names the file and the line)."""
+    rows = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("question", "answer")):
+            raise ValueError(f"{path}:{n}: expected an object with string fields \"question\" and \"answer\"")
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no problems in the file")
+    return rows
+
+
 class Gsm8kTask:
     """GSM8K from a directory holding ``train.jsonl`` and ``test.jsonl`` (lines ``{"question", "answer"}``, final
     answer after ``#### ``). The held-out split is the test file; training draws from the train file."""
@@ -101,8 +120,7 @@ class Gsm8kTask:
 
         if split not in ("train", "heldout"):
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-        rows = [json.loads(line) for line in (self.path / ("train.jsonl" if split == "train" else "test.jsonl"))
-                .read_text(encoding="utf-8").splitlines() if line.strip()]
+        rows = read_gsm8k(self.path / ("train.jsonl" if split == "train" else "test.jsonl"))
         if size > len(rows):
             raise ValueError(f"asked for {size} GSM8K {split} problems; the file has {len(rows)}")
         if split == "train":

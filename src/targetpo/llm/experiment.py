@@ -168,6 +168,10 @@ def check_data(cfg: Config) -> None:
         if not cfg.data_path or missing:
             raise MissingDataError(f"task gsm8k needs data_path=DIR with train.jsonl and test.jsonl; {str(d)!r} "
                                    f"lacks {', '.join(missing or ['both'])} (fetch them: `targetpo data gsm8k DIR`)")
+        from targetpo.llm.data import read_gsm8k
+
+        for f in ("train.jsonl", "test.jsonl"):
+            read_gsm8k(d / f)  # malformed lines are named before anything is written
 
 
 def data_source(cfg: Config) -> str:
