@@ -120,12 +120,9 @@ def test_published_checksums_are_well_formed():
         assert len(digest) == {"sha256": 64, "md5": 32}[algo] and r.url.endswith("/" + r.name)
 
 
-def test_gsm8k_checksums_match_the_shared_copy():
+def test_gsm8k_checksums_match_the_shared_copy(gsm8k_dir):
     """The checksums are those of the authors' release; the copy used by CI must match them."""
     from targetpo.llm.data import GSM8K_SHA256
 
-    d = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "gsm8k"
-    if not d.is_dir():
-        pytest.skip(f"GSM8K files not found at {d}")
     for name, digest in GSM8K_SHA256.items():
-        assert hashlib.sha256((d / name).read_bytes()).hexdigest() == digest
+        assert hashlib.sha256((Path(gsm8k_dir) / name).read_bytes()).hexdigest() == digest
