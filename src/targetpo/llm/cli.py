@@ -52,7 +52,7 @@ def add_rlvr_parser(subparsers) -> argparse.ArgumentParser:
         "  targetpo rlvr --preset cpu                      # TPO (sum, mean) vs GRPO on a tiny model, ~10 min on 2 cores",
         "  targetpo rlvr --preset smoke --out runs/s       # seconds",
         "  targetpo rlvr --preset cpu --objective tpo,grpo,dapo --seq-logp both steps=300",
-        "  targetpo rlvr --preset paper --model Qwen/Qwen3-1.7B --data-path ../shared/data/gsm8k --device cuda",
+        "  targetpo rlvr --preset paper --model /path/to/Qwen3-1.7B --data-path /path/to/gsm8k --device cuda",
         "  targetpo rlvr --out runs/s --resume             # continue a killed run from its last checkpoint",
         "", *lines])
     p = subparsers.add_parser(
@@ -65,7 +65,7 @@ def add_rlvr_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--preset", default=None, choices=list(rlvr.PRESETS),
                    help="smoke (seconds), cpu (tiny model on 2 CPU cores, ~10 min; default) or paper (App. G: "
                         "Qwen3-1.7B on GSM8K, K=16, LoRA r=32, KL 1e-3; needs a GPU; untested here)")
-    p.add_argument("--model", default=None, help="Hugging Face model directory or hub name (sets model=; "
+    p.add_argument("--model", default=None, help="local Hugging Face model directory, never downloaded (sets model=; "
                    "default: the preset's, 'tiny' = the offline character-level Qwen2)")
     p.add_argument("--task", default=None, help="gsm8k or a reasoning-gym dataset (basic_arithmetic, chain_sum, "
                    "graph_color, knights_knaves, ...); resets task_options and compact unless they are also given")

@@ -46,7 +46,7 @@ class Config(TrainerConfig, RunConfig):
                     "warm start)")
     seed = default(0, help="base seed (warm start, prompt draws, sampling)")
     model: str = param("tiny", "\"tiny\" (a random character-level Qwen2 built offline from the tiny_* fields) or a "
-                       "Hugging Face model directory/name")
+                       "local Hugging Face model directory (never downloaded)")
     tiny_hidden: int = param(64, "tiny model hidden size", ge=1)
     tiny_layers: int = param(2, "tiny model decoder layers", ge=1)
     tiny_heads: int = param(4, "tiny model attention heads", ge=1)
