@@ -25,7 +25,7 @@ from targetpo.llm.logprobs import (
 )
 from targetpo.objectives.groups import check_whole_groups
 
-__all__ = ["Rollout", "check_whole_groups", "group_micro_batches", "token_micro_batches", "group_rows", "encode_prompts", "completion_mask",
+__all__ = ["Rollout", "check_whole_groups", "group_micro_batches", "token_micro_batches", "used_columns", "group_rows", "encode_prompts", "completion_mask",
            "position_ids", "token_logprobs", "sample", "decode_completions"]
 
 
@@ -51,10 +51,7 @@ class Rollout:
         """The same rows without the padding columns no row uses (left of the longest prompt, right of the longest
         completion), so a micro-batch of short sequences costs what it holds. Exact: padding is masked out of
         attention and positions, and causal attention never looks right."""
-        keep_p = self.prompt_mask.any(0).nonzero()
-        keep_c = self.completion_mask.any(0).nonzero()
-        p0 = int(keep_p[0]) if keep_p.numel() else self.prompt_mask.shape[1] - 1
-        c1 = int(keep_c[-1]) + 1 if keep_c.numel() else 1
+        p0, c1 = used_columns(self.prompt_mask, self.completion_mask)
         kw = {f.name: getattr(self, f.name) for f in fields(self)}
         kw["prompt_ids"], kw["prompt_mask"] = self.prompt_ids[:, p0:], self.prompt_mask[:, p0:]
         for name in ("completion_ids", "completion_mask", "old_logp", "ref_logp"):
@@ -69,6 +66,16 @@ class Rollout:
             if isinstance(v, Tensor):
                 kw[name] = v[index]
         return Rollout(**kw)
+
+
+def used_columns(prompt_mask: Tensor, completion_mask: Tensor) -> tuple[int, int]:
+    """(first prompt column, end of the completion columns) that some row uses: left-padded prompts keep
+    ``[:, p0:]`` and right-padded completions ``[:, :c1]`` (at least one column of each)."""
+    keep_p = prompt_mask.any(0).nonzero()
+    keep_c = completion_mask.any(0).nonzero()
+    p0 = int(keep_p[0]) if keep_p.numel() else prompt_mask.shape[1] - 1
+    c1 = int(keep_c[-1]) + 1 if keep_c.numel() else 1
+    return p0, c1
 
 
 def group_micro_batches(num_groups: int, k: int, micro_batch_size: int, order: Tensor | None = None) -> list[Tensor]:

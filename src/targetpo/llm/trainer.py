@@ -53,6 +53,7 @@ from targetpo.llm.rollout import (
     sample,
     token_logprobs,
     token_micro_batches,
+    used_columns,
 )
 from targetpo.runs.config import Validated, config, param
 
@@ -197,19 +198,21 @@ def enable_gradient_checkpointing(model) -> None:
     base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-@contextmanager
-def _checkpointing(model, on: bool):
-    """transformers checkpoints a layer only while that layer is in training mode; the trainer keeps the model
-    in eval mode (no dropout: the update's log-probs must be the rollout's), so switch on the layers' own flag
-    alone, never their submodules'."""
-    if not on:
-        yield
-        return
+def checkpointed_layers(model) -> list:
+    """The decoder layers transformers can checkpoint (found once; the trainer reuses the list every step)."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
     if not layers:
         raise ValueError(f"gradient_checkpointing=True but {type(model).__name__} has no checkpointable layers")
+    return layers
+
+
+@contextmanager
+def _checkpointing(layers: list):
+    """transformers checkpoints a layer only while that layer is in training mode; the trainer keeps the model
+    in eval mode (no dropout: the update's log-probs must be the rollout's), so switch on the layers' own flag
+    alone, never their submodules'. An empty list does nothing (checkpointing off)."""
     before = [m.training for m in layers]
     try:
         for m in layers:
@@ -266,8 +269,10 @@ class RLVRTrainer:
         self.model, self.tokenizer, self.task, self.template, self.cfg = model, tokenizer, task, template, cfg
         self.train_problems, self.heldout = train_problems, heldout
         model.eval()  # dropout off: the update's log-probs must be those the rollout scored
+        self._checkpoint_layers = []
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(model)
+            self._checkpoint_layers = checkpointed_layers(model)
         self.ref_model = None
         if cfg.kl_coef > 0 and not hasattr(model, "disable_adapter"):
             self.ref_model = copy.deepcopy(model).requires_grad_(False)
@@ -288,21 +293,23 @@ class RLVRTrainer:
         return torch.tensor([self.task.score(problems[n // k], self.template.extract(t)) for n, t in enumerate(texts)],
                             dtype=torch.float32)
 
+    def _micro_batches(self, prompt_mask: Tensor, completion_mask: Tensor) -> list[Tensor]:
+        """Row indices of the micro-batches of whole groups for these rows: by token budget
+        (`micro_batch_tokens`) or by a fixed row count (`micro_batch_size`, 0 = all rows at once)."""
+        cfg, n = self.cfg, prompt_mask.shape[0]
+        if cfg.micro_batch_tokens:
+            return token_micro_batches(prompt_mask, completion_mask, cfg.k, cfg.micro_batch_tokens)
+        return group_micro_batches(n // cfg.k, cfg.k, cfg.micro_batch_size or n)
+
     @torch.no_grad()
     def _logprobs(self, model, ids, mask, comp, cmask) -> Tensor:
         """Rollout-time log-probs [N, C], in the update's micro-batches (same memory bound as the update)."""
-        cfg, n = self.cfg, ids.shape[0]
-        if cfg.micro_batch_tokens:
-            micros = token_micro_batches(mask, cmask, cfg.k, cfg.micro_batch_tokens)
-        else:
-            micros = torch.arange(n, device=ids.device).split(cfg.micro_batch_size or n)
         out = torch.zeros(comp.shape, dtype=torch.float32, device=ids.device)
-        for rows in micros:
+        for rows in self._micro_batches(mask, cmask):
             rows = rows.to(ids.device)
-            part = Rollout(ids[rows], mask[rows], comp[rows], cmask[rows], out[rows], out[rows, 0], rows, 1).trimmed()
-            lp = token_logprobs(model, part.prompt_ids, part.prompt_mask, part.completion_ids, part.completion_mask,
-                                cfg.temperature)
-            out[rows, :lp.shape[1]] = lp
+            p0, c1 = used_columns(mask[rows], cmask[rows])
+            out[rows, :c1] = token_logprobs(model, ids[rows, p0:], mask[rows, p0:], comp[rows, :c1],
+                                            cmask[rows, :c1], self.cfg.temperature)
         return out
 
     def rollout(self, step: int) -> tuple[Rollout, list[str]]:
@@ -327,7 +334,6 @@ class RLVRTrainer:
         cfg = self.cfg
         groups = batch.num_groups
         per_mini = groups // cfg.updates_per_epoch
-        micro_rows = cfg.micro_batch_size or per_mini * cfg.k
         gen = torch.Generator().manual_seed(step_seed(cfg.seed, step, 3))
         first_epoch: dict[str, float] = {}
         losses, norms = [], []
@@ -338,14 +344,9 @@ class RLVRTrainer:
                 mini_rows, mini_tokens = mini.rewards.shape[0], int(mini.completion_mask.sum())
                 self.optimizer.zero_grad(set_to_none=True)
                 total = 0.0
-                if cfg.micro_batch_tokens:
-                    micros = token_micro_batches(mini.prompt_mask, mini.completion_mask, cfg.k,
-                                                 cfg.micro_batch_tokens)
-                else:
-                    micros = group_micro_batches(per_mini, cfg.k, micro_rows)
-                for rows in micros:
+                for rows in self._micro_batches(mini.prompt_mask, mini.completion_mask):
                     micro = mini.rows(rows.to(self.device))
-                    with _checkpointing(self.model, cfg.gradient_checkpointing):
+                    with _checkpointing(self._checkpoint_layers):
                         loss, out = micro_batch_loss(self.model, cfg, micro, mini_rows, mini_tokens)
                     loss.backward()
                     total += float(loss.detach())
