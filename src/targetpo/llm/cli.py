@@ -76,6 +76,6 @@ def add_rlvr_parser(subparsers) -> argparse.ArgumentParser:
                    help="TPO's sequence log-score: sum of token log-probs (the paper), mean (length-normalised) "
                         "or both (two TPO runs); default sum")
     p.add_argument("--out", default=None, help="run directory (default results/rlvr-PRESET)")
-    add_runner_arguments(p, unit="methods (a partial one continues from its last checkpoint)", threads_default="1")
+    add_runner_arguments(p, unit="methods (a partial one continues from its last checkpoint)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (fields below)")
     return p

@@ -76,7 +76,7 @@ class RunContext:
 
     def log(self, record: dict[str, Any]) -> None:
         """Append one metrics record; a NaN/inf in any of its values ends the unit as diverged at this step
-        (the record is not written, so every stored curve is finite). Metrics named in the experiment's
+        (the record is not written, so every stored curve is finite). Metrics named in the config class's
         NAN_MEANS_EMPTY may be NaN."""
         if "step" not in record:
             raise ValueError(f"a metrics record needs a 'step' key; got keys {sorted(record)}")
@@ -120,6 +120,7 @@ def make_run_dir(run_dir: Path) -> None:
         if blocker is not None and not blocker.is_dir():
             why = f"{blocker} is a file, not a directory"
         raise OSError(f"cannot write the run directory {run_dir}: {why}") from None
+
 
 def units_of(exp: ModuleType, cfg: Any) -> list[str]:
     """An experiment's resumable units; by default one per method."""
@@ -180,11 +181,11 @@ def run_experiment(
         if meta["experiment"] != name:
             raise ValueError(f"{run_dir} holds a {meta['experiment']} run, not {name}")
         cfg = validated(config_from_dict(exp, meta["config"]))
-        if (preset is not None and preset != meta["preset"]) or overrides or seeds is not None:
-            requested = make_config(exp, preset or meta["preset"], seeds, overrides)
-            differ = config_differences(cfg, requested)
-            if differ or (preset is not None and preset != meta["preset"]):
-                what = f"preset {preset!r} differs" if preset is not None and preset != meta["preset"] else "the overrides differ"
+        other_preset = preset is not None and preset != meta["preset"]
+        if other_preset or overrides or seeds is not None:
+            differ = config_differences(cfg, make_config(exp, preset or meta["preset"], seeds, overrides))
+            if differ or other_preset:
+                what = f"preset {preset!r} differs" if other_preset else "the overrides differ"
                 fields = "; ".join(f"{k}: stored {a!r}, asked {b!r}" for k, (a, b) in differ.items()) or "no field"
                 raise ValueError(f"--resume continues the {meta['preset']} run stored in {run_dir}, but {what} "
                                  f"({fields}); drop --preset/--seeds/overrides to continue it, or use a new "
@@ -222,12 +223,12 @@ def run_experiment(
     total = sum(steps_of(exp, cfg, u) for u in todo)
     writer = MetricsWriter(run_dir / METRICS_FILE, existing)
     dev = torch.device(device)
+    nan_ok = getattr(type(cfg), "NAN_MEANS_EMPTY", ())  # metrics that are NaN by design (a mean over nothing)
     with tqdm(total=total, desc=f"{name} [{preset}]", unit="step", disable=not progress, mininterval=0.5,
               file=sys.stderr, dynamic_ncols=True) as bar:
         for unit in todo:
             bar.set_postfix_str(unit)
             try:
-                nan_ok = getattr(exp, "NAN_MEANS_EMPTY", None) or getattr(type(cfg), "NAN_MEANS_EMPTY", ())
                 exp.run_unit(cfg, unit, RunContext(unit, writer, bar, dev, meta, run_dir, nan_ok))
             except _Diverged as d:
                 writer.write({"unit": unit, "event": "diverged", "step": d.step, "metric": d.metric})
@@ -260,7 +261,7 @@ def run_experiment(
     return run_dir
 
 
-def add_runner_arguments(parser, *, unit: str = "units", threads_default: str = "the experiment's choice") -> None:
+def add_runner_arguments(parser, *, unit: str = "units") -> None:
     """The command-line options of :func:`run_experiment` shared by `targetpo run` and `targetpo rlvr`."""
     parser.add_argument("--resume", action="store_true", help=f"continue the run stored in --out: finished {unit} "
                         "(done or diverged) are skipped, a partial one is replayed without rewriting the lines "
@@ -268,6 +269,7 @@ def add_runner_arguments(parser, *, unit: str = "units", threads_default: str = 
     parser.add_argument("--force", action="store_true", help="delete an existing run in --out and start over; "
                         f"with --resume, replay diverged {unit} instead")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    parser.add_argument("--threads", type=int, default=None, help=f"torch CPU threads (default: {threads_default})")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1: these small tensors "
+                        "run fastest on one thread)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--no-report", action="store_true", help="do not write REPORT.md into the run directory")
