@@ -93,3 +93,14 @@ def test_malformed_data_files_are_named_before_a_run_folder_exists(tmp_path, cap
                       "--no-progress"], capsys)
     assert code == 2 and 'train.jsonl:1: expected an object with string fields "question" and "answer"' in err[0]
     assert not out.exists()
+
+
+def test_force_with_missing_data_keeps_the_existing_run(tmp_path, capsys, mnist_dir):
+    out = tmp_path / "run"
+    assert main(["run", "mnist", "--preset", "smoke", "--data-dir", str(mnist_dir), "--out", str(out),
+                 "--no-progress", "--no-report"]) == 0
+    before = (out / "metrics.jsonl").read_bytes()
+    code, err = _run(["run", "mnist", "--preset", "smoke", "--data-dir", str(tmp_path / "nope"), "--out", str(out),
+                      "--force", "--no-progress"], capsys)
+    assert code == 2 and "does not exist" in err[-1]
+    assert (out / "metrics.jsonl").read_bytes() == before

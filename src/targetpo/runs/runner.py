@@ -122,6 +122,12 @@ def make_run_dir(run_dir: Path) -> None:
         raise OSError(f"cannot write the run directory {run_dir}: {why}") from None
 
 
+def _check_data(exp: ModuleType, cfg: Any) -> None:
+    """The experiment's data check (MissingDataError, or a ValueError naming a malformed file), if it has one."""
+    if hasattr(exp, "check_data"):
+        exp.check_data(cfg)
+
+
 def units_of(exp: ModuleType, cfg: Any) -> list[str]:
     """An experiment's resumable units; by default one per method."""
     return exp.units(cfg) if hasattr(exp, "units") else list(cfg.methods)
@@ -191,9 +197,11 @@ def run_experiment(
                                  f"({fields}); drop --preset/--seeds/overrides to continue it, or use a new "
                                  f"--out")
         preset = meta["preset"]
+        _check_data(exp, cfg)
     else:
         preset = preset or "cpu"
         cfg = make_config(exp, preset, seeds, overrides)  # validated before anything on disk is touched
+        _check_data(exp, cfg)  # and the data checked before --force deletes anything
         if meta_path.exists() or (run_dir / METRICS_FILE).exists():
             if not force:
                 raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or --force to replace it")
@@ -204,8 +212,6 @@ def run_experiment(
                 "command": " ".join(sys.argv), "versions": versions(), "device": device,
                 "data_source": getattr(exp, "DATA_SOURCE", "generated (no external data)"),
                 "status": "running", "wall_time_s": 0.0, "runs": []}
-    if hasattr(exp, "check_data"):  # fail before creating anything when the data set cannot be found
-        exp.check_data(cfg)
     make_run_dir(run_dir)
 
     existing = {record_key(r): r for r in read_metrics(run_dir / METRICS_FILE, repair=True)}
