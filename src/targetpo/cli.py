@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 from targetpo.experiments import EXPERIMENTS, load
-from targetpo.runs.config import config_class, field_lines
-from targetpo.runs.runner import add_runner_arguments
+from targetpo.runs.config import config_class, field_lines, make_config
+from targetpo.runs.data import MissingDataError
+from targetpo.runs.runner import add_runner_arguments, is_not_run, mark_not_run, run_experiment
 
 
 def _experiment_epilog() -> str:
@@ -51,19 +52,22 @@ def _data_overrides(args, exp, strict: bool) -> list[str]:
     return [f"{k}={v}" for k, v in given.items() if k in fields]
 
 
-def cmd_run(args) -> int:
-    from targetpo.runs.runner import run_experiment
-
-    exp = load(args.name)
-    overrides = _data_overrides(args, exp, strict=True) + list(args.overrides or [])
-    run_dir = run_experiment(exp, args.preset, out=args.out, seeds=args.seeds, overrides=overrides,
-                             resume=args.resume, force=args.force, device=args.device,
-                             progress=not args.no_progress, threads=args.threads)
+def _run_and_report(exp, args, overrides: list[str], seeds: int | None = None) -> int:
+    """`targetpo run` and `targetpo rlvr`: run (or resume) one experiment, then write its REPORT.md."""
+    run_dir = run_experiment(exp, args.preset, out=args.out, seeds=seeds, overrides=overrides, resume=args.resume,
+                             force=args.force, device=args.device, progress=not args.no_progress,
+                             threads=args.threads)
     if not args.no_report:
         from targetpo.report import write_report
 
         print(f"report: {write_report(run_dir)}")
     return 0
+
+
+def cmd_run(args) -> int:
+    exp = load(args.name)
+    return _run_and_report(exp, args, _data_overrides(args, exp, strict=True) + list(args.overrides or []),
+                           seeds=args.seeds)
 
 
 def cmd_report(args) -> int:
@@ -74,36 +78,30 @@ def cmd_report(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from targetpo.runs.config import make_config
-    from targetpo.runs.runner import is_not_run, mark_not_run, run_experiment
     from targetpo.report import write_report
-    from targetpo.runs.data import MissingDataError
 
-    names = args.only or list(EXPERIMENTS)
     out = Path(args.out)
     missing = []
     # Every config is validated before the first run starts, so a refused one leaves nothing behind.
     plans = []
-    for name in names:
+    for name in args.only or list(EXPERIMENTS):
         exp = load(name)
         preset = args.preset or exp.REPRODUCE_PRESET
         overrides = _data_overrides(args, exp, strict=False)
-        plans.append((name, exp, preset, overrides, make_config(exp, preset, overrides=overrides)))
-    for name, exp, preset, overrides, cfg in plans:
+        make_config(exp, preset, overrides=overrides)
+        plans.append((name, exp, preset, overrides))
+    for name, exp, preset, overrides in plans:
         run_dir = out / name
-        try:
-            if hasattr(exp, "check_data"):
-                exp.check_data(cfg)
+        placeholder = is_not_run(run_dir)  # an earlier reproduce lacked the data: start this one afresh
+        resume = (run_dir / "run.json").exists() and not args.fresh and not placeholder
+        try:  # the runner checks the data before it writes anything
+            run_experiment(exp, preset, out=run_dir, resume=resume, force=args.fresh or placeholder,
+                           overrides=overrides or None, device=args.device, progress=not args.no_progress)
         except MissingDataError as exc:
             missing.append(name)
             cmd = f"targetpo run {name} --preset {preset} --data-dir DIR"
             mark_not_run(run_dir, exp, preset, f"{exc}. To run it: `{cmd}` (or `make reproduce MNIST_DIR=DIR`)")
             print(f"\n{'!' * 78}\n!! {name} NOT RUN: {exc}\n!! run it with: {cmd}\n{'!' * 78}\n", file=sys.stderr)
-            continue
-        placeholder = is_not_run(run_dir)  # an earlier reproduce lacked the data: start this one afresh
-        resume = (run_dir / "run.json").exists() and not args.fresh and not placeholder
-        run_experiment(exp, preset, out=run_dir, resume=resume, force=args.fresh or placeholder,
-                       overrides=overrides or None, device=args.device, progress=not args.no_progress)
     print(f"report: {write_report(out)}")
     if missing:
         print(f"WARNING: {len(missing)} experiment(s) NOT RUN for lack of data: {', '.join(missing)} "
@@ -113,15 +111,8 @@ def cmd_reproduce(args) -> int:
 
 def cmd_rlvr(args) -> int:
     from targetpo.llm.cli import rlvr_overrides
-    from targetpo.report import write_report
-    from targetpo.runs.runner import run_experiment
 
-    out = Path(args.out) if args.out else Path("results") / f"rlvr-{args.preset or 'cpu'}"
-    out = run_experiment(load("rlvr"), args.preset, out=out, overrides=rlvr_overrides(args), resume=args.resume,
-                   force=args.force, device=args.device, progress=not args.no_progress, threads=args.threads)
-    if not args.no_report:
-        print(f"report: {write_report(out)}")
-    return 0
+    return _run_and_report(load("rlvr"), args, rlvr_overrides(args))
 
 
 def cmd_data(args) -> int:
