@@ -170,12 +170,11 @@ def main() -> None:
         return
 
     results = {}
-    passthrough = [a for a in sys.argv[1:] if not a.startswith("--write")]
-    if "--write" in sys.argv:
-        i = sys.argv.index("--write")
-        passthrough = sys.argv[1:i] + sys.argv[i + 2:]
+    # The child process gets the model and batch options (everything but what only the parent uses).
+    shape = {k: v for k, v in vars(args).items() if k not in ("write", "path", "paths", "estimate", "paper_prompt")}
+    child = [f"--{k.replace('_', '-')}={v}" for k, v in shape.items()]
     for path in args.paths.split(","):
-        out = subprocess.run([sys.executable, __file__, *passthrough, "--path", path], check=True,
+        out = subprocess.run([sys.executable, __file__, *child, "--path", path], check=True,
                              capture_output=True, text=True).stdout
         results[path] = json.loads(out.strip().splitlines()[-1])
         r = results[path]
@@ -187,7 +186,7 @@ def main() -> None:
     if args.write:
         from _markdown import replace_section
 
-        cmd = "python benchmarks/llm_memory.py " + " ".join(passthrough)
+        cmd = "python benchmarks/llm_memory.py " + " ".join(child)
         rows = "\n".join(f"| `{p}` | {r['peak_above_gb']:.2f} | {r['seconds']:.1f} |" for p, r in results.items())
         trl = results.get("trl", {}).get("peak_above_gb")
         ratios = "\n".join(f"- `{p}` / `trl`: {r['peak_above_gb'] / trl:.2f}×" for p, r in results.items()
