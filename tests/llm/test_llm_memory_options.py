@@ -12,8 +12,7 @@ pytestmark = pytest.mark.llm
 pytest.importorskip("transformers", reason="needs the llm extra: pip install -e '.[llm]'")
 pytest.importorskip("reasoning_gym", reason="needs the llm extra: pip install -e '.[llm]'")
 
-from targetpo.llm.data import load_task, parse_options, train_and_heldout  # noqa: E402
-from targetpo.llm.models import build_char_tokenizer, build_tiny_model  # noqa: E402
+from targetpo.llm.models import build_tiny_model  # noqa: E402
 from targetpo.llm.rollout import token_micro_batches  # noqa: E402
 from targetpo.llm.templates import Template  # noqa: E402
 from targetpo.llm.trainer import RLVRTrainer, TrainerConfig  # noqa: E402
@@ -22,13 +21,8 @@ K, B = 4, 4
 
 
 @pytest.fixture(scope="module")
-def trainer_parts():
-    tok = build_char_tokenizer()
-    task = load_task("basic_arithmetic", compact=True, options=parse_options(
-        ["operators=+", "min_terms=2", "max_terms=3", "min_digits=1", "max_digits=3", "allow_parentheses=false",
-         "allow_negation=false"]))
-    train, held = train_and_heldout(task, 40, 4, seed=0)
-    return tok, task, train, held
+def trainer_parts(arithmetic_parts):  # mixed lengths: 2–3 terms of 1–3 digits
+    return arithmetic_parts(max_terms=3, min_digits=1, max_digits=3, heldout=4)
 
 
 def make(parts, **kw):

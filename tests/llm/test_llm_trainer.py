@@ -17,10 +17,9 @@ from safetensors.torch import load_file
 
 from targetpo.experiments import run_experiment
 from targetpo.llm import trainer as trainer_mod
-from targetpo.llm.data import load_task, parse_options, train_and_heldout
 from targetpo.llm.rollout import check_whole_groups, group_micro_batches
 from targetpo.llm.templates import Template
-from targetpo.llm.models import build_char_tokenizer, build_tiny_model
+from targetpo.llm.models import build_tiny_model
 from targetpo.llm.trainer import RLVRTrainer, TrainerConfig, add_lora, micro_batch_loss
 from targetpo.runs.store import read_metrics
 
@@ -33,13 +32,8 @@ def _offline(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def setup():
-    tok = build_char_tokenizer()
-    task = load_task("basic_arithmetic", compact=True, options=parse_options(
-        ["operators=+", "min_terms=2", "max_terms=2", "min_digits=2", "max_digits=2", "allow_parentheses=false",
-         "allow_negation=false"]))
-    train, held = train_and_heldout(task, 40, 6, seed=0)
-    return tok, task, train, held
+def setup(arithmetic_parts):  # two-digit addition
+    return arithmetic_parts(max_terms=2, min_digits=2, max_digits=2, heldout=6)
 
 
 def make_trainer(setup, **kw):

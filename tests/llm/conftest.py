@@ -1,0 +1,17 @@
+import pytest
+
+
+@pytest.fixture(scope="session")
+def arithmetic_parts():
+    """A factory: (tokenizer, task, train pool, held-out set) for reasoning-gym addition with the given term and
+    digit counts, on the offline character tokenizer."""
+    def make(*, max_terms: int, min_digits: int, max_digits: int, train: int = 40, heldout: int):
+        from targetpo.llm.data import load_task, parse_options, train_and_heldout
+        from targetpo.llm.models import build_char_tokenizer
+
+        task = load_task("basic_arithmetic", compact=True, options=parse_options(
+            ["operators=+", "min_terms=2", f"max_terms={max_terms}", f"min_digits={min_digits}",
+             f"max_digits={max_digits}", "allow_parentheses=false", "allow_negation=false"]))
+        return (build_char_tokenizer(), task, *train_and_heldout(task, train, heldout, seed=0))
+
+    return make
