@@ -281,6 +281,32 @@ def test_staleness_losses_use_the_behaviour_policy():
     torch.testing.assert_close(logits.grad, (torch.softmax(logits, -1) - q).detach() / 4)
 
 
+def test_staleness_baseline_and_anchor_can_be_the_learners():
+    """baseline_logp sets the Σπ² of every method's advantage, anchor_logp TPO's p_old; the ratio of pg_is
+    stays against the behaviour policy."""
+    torch.manual_seed(4)
+    logits = torch.randn(1, 4, 10, dtype=torch.float64, requires_grad=True)
+    beh = torch.log_softmax(torch.randn(1, 4, 10, dtype=torch.float64), -1)
+    own = torch.log_softmax(logits.detach(), -1)
+    a, y = torch.tensor([[1, 2, 3, 4]]), torch.tensor([[1, 0, 3, 0]])
+    adv = (a == y).double() - own.exp().square().sum(-1)
+    MB.bandit_loss("pg_is", logits, a, y, beh, baseline_logp=own).backward()
+    ratio = (own - beh).exp().gather(-1, a[..., None]).squeeze(-1)
+    lp = torch.log_softmax(logits, -1).gather(-1, a[..., None]).squeeze(-1)
+    want = torch.autograd.grad(-(ratio * adv * lp).mean(), logits)[0]
+    torch.testing.assert_close(logits.grad, want)
+    logits.grad = None
+    MB.bandit_loss("tpo", logits, a, y, beh, baseline_logp=own, anchor_logp=own).backward()
+    u = torch.where(torch.nn.functional.one_hot(a, 10).bool(), torch.where(adv[..., None] > 0, 3.0, -3.0),
+                    torch.where(adv[..., None] > 0, -1 / 3, 1 / 3))
+    q = torch.softmax(own + u, -1)
+    torch.testing.assert_close(logits.grad, (torch.softmax(logits, -1) - q).detach() / 4)
+    # The default is still the behaviour policy for both.
+    logits.grad = None
+    MB.bandit_loss("tpo", logits, a, y, beh).backward()
+    assert not torch.allclose(logits.grad, (torch.softmax(logits, -1) - q).detach() / 4)
+
+
 # ----------------------------------------------------------------------------- experiments (real digits)
 
 def metric_lines(run_dir):
@@ -373,15 +399,17 @@ def test_mnist_staleness_smoke(tmp_path, mnist_dir):
     assert "D=1000" in text and "REINFORCE collapses" in text and "mnist_staleness.png" in text
 
 
-def test_staleness_actor_uses_the_parameters_from_d_updates_ago(mnist_dir):
-    """The queue formulation against a direct one that keeps every parameter snapshot θ_0, θ_1, ..."""
+@pytest.mark.parametrize("reference", ["learner", "behaviour"])
+def test_staleness_actor_uses_the_parameters_from_d_updates_ago(mnist_dir, reference):
+    """The queue formulation against a direct one that keeps every parameter snapshot θ_0, θ_1, ...; the
+    baseline and TPO's anchor come from the learner (default) or the behaviour snapshot."""
     from dataclasses import replace
 
     from targetpo.mnist import train as E
     from targetpo.mnist import staleness as ST
 
     cfg = replace(ST.PRESETS["smoke"], seeds=1, steps=6, eval_every=3, delays=(0, 2, 4), lr=0.05,
-                  methods=("reinforce", "tpo"), data_dir=str(mnist_dir))
+                  methods=("reinforce", "tpo"), data_dir=str(mnist_dir), baseline=reference, anchor=reference)
 
     class Ctx:
         records = []
@@ -421,7 +449,9 @@ def test_staleness_actor_uses_the_parameters_from_d_updates_ago(mnist_dir):
             acts = MB.sample_actions(beh.exp(), noise.unsqueeze(1))
             rewards.append((acts == y[:, None]).float().mean(-1))
             for i, m in enumerate(cfg.methods):
-                loss = loss + MB.bandit_loss(m, logits[:, g, i], acts[:, i], y, beh[:, i], eta=cfg.eta)
+                ref = MB.log_softmax(logits[:, g, i].detach()) if reference == "learner" else beh[:, i]
+                loss = loss + MB.bandit_loss(m, logits[:, g, i], acts[:, i], y, beh[:, i], eta=cfg.eta,
+                                             baseline_logp=ref, anchor_logp=ref)
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -9,8 +9,9 @@ holds the pieces every MNIST experiment shares:
 - App. C closed forms: each method's expected logit-space update g(π, y), its one-vs-rest ("scalar")
   approximation, and the wrong-class concentration used by the mechanism analysis (Fig. 4b).
 
-Advantage. A = r − Σ_i π_i², the expected-reward baseline computed from the policy that *acted* (the current
-one on-policy; the behaviour snapshot under staleness).
+Advantage. A = r − Σ_i π_i², the expected-reward baseline (the authors' code computes it from the policy being
+trained, which on-policy is also the one that acted; under staleness `bandit_loss` takes it from either,
+docs/experiments.md §E13).
 """
 
 from __future__ import annotations
@@ -102,9 +103,14 @@ def bandit_loss(
     *,
     eta: float = 1.0,
     clip_eps: float = 0.2,
+    baseline_logp: Tensor | None = None,
+    anchor_logp: Tensor | None = None,
 ) -> Tensor:
     r"""One method's loss on a batch of S independent networks: logits [S, B, C] (current parameters),
     actions and labels [S, B], behaviour_logp [S, B, C] (log-probs of the policy that acted, no grad).
+    baseline_logp / anchor_logp [S, B, C] (no grad; default behaviour_logp): the policy whose Σπ² is the
+    advantage baseline, and TPO's anchor p_old. On-policy all three are the same policy; under staleness
+    (docs/experiments.md §E13) they may be the learner's own.
 
     Returns Σ_s (per-seed batch mean), so each seed's gradient is exactly its own network's batch-mean
     gradient. Every loss is a library objective:
@@ -113,7 +119,8 @@ def bandit_loss(
     - pg / reinforce: REINFORCE, A = r − Σπ_b² (`reinforce_loss`). pg and reinforce are the same loss;
       "reinforce" is the name the staleness table uses.
     - dg: σ(A·(−log π_θ(a))/η)·A gate on −log π_θ(a) (`dg_loss`; the gate reads the current log-prob).
-    - tpo: cross-entropy to q ∝ π_b·exp(u/η) over all C classes with scores A·onehot(a) (`tpo_loss`).
+    - tpo: cross-entropy to q ∝ p_old·exp(u/η) over all C classes with scores A·onehot(a), p_old the anchor
+      (`tpo_loss`).
     - grpo: single-sample GRPO, REINFORCE with rewards standardized over each seed's batch
       (`batch_standardized_pg_loss`).
     - group_pg: REINFORCE with TPO's standardized score of the sampled class, u_a = ±√(C−1)/η
@@ -127,8 +134,10 @@ def bandit_loss(
     logp_all = log_softmax(logits)
     logp_a = logp_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
     old = behaviour_logp.detach()
+    base = old if baseline_logp is None else baseline_logp.detach()
+    anchor = old if anchor_logp is None else anchor_logp.detach()
     rewards = (actions == labels).to(logits.dtype)
-    adv = rewards - expected_baseline(old.exp())
+    adv = rewards - expected_baseline(base.exp())
     flat = lambda t: t.reshape(-1)  # noqa: E731  (S·B single-sample contexts; mean = mean over seeds of means)
     old_a = old.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
     if o.name == "ce":
@@ -141,7 +150,7 @@ def bandit_loss(
             u_a = standardize_scores(scores).gather(-1, actions.unsqueeze(-1)).squeeze(-1) / eta
             out = reinforce_loss(flat(logp_a), flat(u_a))
         else:
-            out = o.fn(logits.reshape(-1, c), old.reshape(-1, c), scores.reshape(-1, c), eta=eta)
+            out = o.fn(logits.reshape(-1, c), anchor.reshape(-1, c), scores.reshape(-1, c), eta=eta)
     elif o.name == "grpo_single":
         out = o.fn(logp_a, rewards)  # standardized within each seed's batch (last dim)
     elif o.name == "dg":

@@ -8,16 +8,24 @@ on-policy protocol. The slides give only a table, so every choice they leave ope
   pending batches (actions and behaviour log-probs, not D parameter snapshots). Batches 0 … D−1 are acted
   by the initial θ_0 (there is no older policy). Every delay sees the same minibatch and action-noise
   sequence, and all (delay, method, seed) networks train together as one batched network.
-- Advantage: A = r − Σ_i μ_i², the expected-reward baseline of the behaviour policy μ that acted (at D = 0
-  exactly the `mnist` PG advantage).
+- What the learner receives from an actor: the image, the action a, the reward r and the behaviour policy μ.
+  Every other quantity is the learner's own, as when the authors' bandit losses (which take the trained
+  policy's log-probs plus separate action/reward feedback) are fed stale feedback:
+- Advantage: A = r − Σ_i π_i², the expected-reward baseline of the learner's current π_θ (`baseline`;
+  "behaviour" takes Σ μ_i² instead). DG and REINFORCE then use no behaviour probabilities at all (Osband
+  2026, arXiv 2603.20521: DG needs none).
 - REINFORCE: −A·log π_θ(a), no correction for the stale sampling.
 - PG (IS): −sg[ρ]·A·log π_θ(a) with the *unclipped* ratio ρ = π_θ(a)/μ(a) (gradient A·∇ρ).
 - PPO: the clipped surrogate min(ρA, clip(ρ, 1−ε, 1+ε)A), ε = 0.2, against the behaviour snapshot μ; one
-  epoch (one gradient step per batch, like every method here), so at D = 0 it equals REINFORCE.
+  epoch (one gradient step per batch, like every method here), so at D = 0 it equals REINFORCE. (Against the
+  learner's previous iterate a one-epoch ratio would be 1 and PPO would be REINFORCE at every D.)
 - DG: the gate σ(A·(−log π_θ(a))/η) reads the learner's current log-probability; A as above.
-- TPO: the anchor is the behaviour policy, q ∝ μ·exp(u/η) over the 10 classes with scores A·onehot(a); the
-  learner fits π_θ to q.
-At D = 0 REINFORCE, PG (IS) and PPO are the same update (ρ = 1), as in the slides' first column.
+- TPO: q ∝ p_old·exp(u/η) over the 10 classes with scores A·onehot(a); the learner fits π_θ to q. The anchor
+  p_old (`anchor`) is the learner's sg[π_θ] by default, so the target is a trust region around the current
+  learner; "behaviour" anchors on μ, which pulls the learner back towards the D-updates-old policy on every
+  class the actor did not pick.
+At D = 0 learner and behaviour coincide: REINFORCE, PG (IS) and PPO are the same update (ρ = 1), as in the
+slides' first column, and `baseline`/`anchor` change nothing.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ TITLE = "MNIST bandit with stale actors (talk slides; docs/experiments.md §E13)
 PAPER_REF = "talk slides 'Off-policy with distributed staleness'; docs/experiments.md §E13"
 METHODS = OFF_POLICY
 DELAYS = (0, 1, 3, 10, 30, 100, 300, 1000)
+REFERENCES = ("learner", "behaviour")  # which policy supplies the baseline / TPO's anchor
 check_data = base.check_data
 
 
@@ -51,6 +60,11 @@ class Config(MnistConfig):
     steps = default(3000, help="learner updates (one batch each)")
     eval_every = 500
     clip_eps: float = param(0.2, "PPO's clip range ε", gt=0, lt=1)
+    baseline: str = param("learner", "whose expected reward Σπ² is the advantage baseline: learner (the current "
+                          "π_θ, as the authors' losses compute it) or behaviour (the stale actor's μ)",
+                          choices=REFERENCES)
+    anchor: str = param("learner", "TPO's anchor p_old: learner (sg π_θ, as the authors' losses compute it) or "
+                        "behaviour (the stale actor's μ)", choices=REFERENCES)
     delays: tuple[int, ...] = param(DELAYS, "actor delays D (updates)", ge=0, unique=True)
     methods = default(METHODS, choices=METHODS)
 
@@ -130,12 +144,14 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
         batches.drop(t - 1)
         x, y = gather_batch(data, idx)
         logits = bank_forward(params, x, groups * per).view(s, groups, per, *actions.shape[-1:], -1)
+        learner = log_softmax(logits.detach())
+        ref = {"learner": learner, "behaviour": behaviour}
         yy = y.unsqueeze(1).expand(s, groups, -1).reshape(s * groups, -1)
+        flat = lambda t, i: t[:, :, i].reshape(s * groups, *logits.shape[-2:])  # noqa: E731
         # One loss call per method covers all its delays: [S·G] independent batches, Σ of per-batch means.
-        loss = sum(bandit_loss(m, logits[:, :, i].reshape(s * groups, *logits.shape[-2:]),
-                               actions[:, :, i].reshape(s * groups, -1), yy,
-                               behaviour[:, :, i].reshape(s * groups, *logits.shape[-2:]),
-                               eta=cfg.eta, clip_eps=cfg.clip_eps)
+        loss = sum(bandit_loss(m, flat(logits, i), actions[:, :, i].reshape(s * groups, -1), yy,
+                               flat(behaviour, i), eta=cfg.eta, clip_eps=cfg.clip_eps,
+                               baseline_logp=flat(ref[cfg.baseline], i), anchor_logp=flat(ref[cfg.anchor], i))
                    for i, m in enumerate(methods))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -185,6 +201,9 @@ def report(run, section) -> None:
     cfg = run.config
     section.text(__doc__.split("\n\n", 1)[1])
     section.text(f"**Data:** {run.meta.get('data_source')}.")
+    # Runs stored before `baseline` and `anchor` existed used the behaviour policy for both.
+    section.text(f"**Advantage baseline:** the {cfg.get('baseline', 'behaviour')} policy's Σπ²; **TPO's anchor:** "
+                 f"the {cfg.get('anchor', 'behaviour')} policy.")
     f = finals(run)
     if not f:
         section.text("No evaluation points were recorded.")
