@@ -86,6 +86,17 @@ def muon_shape_scale(fan_in: int, fan_out: int) -> float:
     return math.sqrt(max(1.0, fan_out / fan_in))
 
 
+def muon_step_scale(mhat: Tensor, full_step_norm: float) -> Tensor:
+    """Per-seed factor min(1, ‖M̂‖/τ) on Muon's orthogonalised step, ‖M̂‖ the seed's Nesterov-momentum norm over
+    all its Muon matrices ([S, n] → [S]); τ = full_step_norm, 0 = always 1 (optax). Orthogonalisation gives
+    every step the same length however small the gradient, so once a policy is nearly solved (all groups
+    zero-variance, gradient ~1e-9) optax's Muon keeps walking at full speed along stale momentum and noise;
+    with τ > 0 a step below τ shrinks in proportion, like SGD with momentum (docs/experiments.md §E6)."""
+    if full_step_norm == 0:
+        return torch.ones(mhat.shape[0], dtype=mhat.dtype, device=mhat.device)
+    return (mhat.norm(dim=1) / full_step_norm).clamp(max=1.0)
+
+
 class MuonAdamW:
     """optax-0.2.8 ``contrib.muon(learning_rate=lr)`` on seed-batched parameters ``{name: [S, *shape]}``.
 
@@ -95,9 +106,12 @@ class MuonAdamW:
 
     def __init__(self, params: dict[str, Tensor], infos: dict[str, ParamInfo], lr: float, *, beta: float = 0.95,
                  ns_steps: int = 5, eps: float = 1e-8, adam_b1: float = 0.9, adam_b2: float = 0.999,
-                 adam_eps: float = 1e-8):
+                 adam_eps: float = 1e-8, full_step_norm: float = 0.0):
         if not lr > 0:
             raise ValueError(f"lr must be > 0, got {lr}")
+        if not full_step_norm >= 0:
+            raise ValueError(f"full_step_norm must be >= 0 (0 = optax's Muon), got {full_step_norm}")
+        self.full_step_norm = full_step_norm
         missing = set(infos) ^ set(params)
         if missing:
             raise ValueError(f"params and infos disagree on names: {sorted(missing)}")
@@ -139,6 +153,7 @@ class MuonAdamW:
             g = self._flat([grads[k] for k in self.muon_names], s)
             self.mu.lerp_(g, 1.0 - self.beta)
             mhat = self.mu * (self.beta / (1.0 - self.beta ** (t + 1))) + g * ((1.0 - self.beta) / (1.0 - self.beta ** t))
+            scale = muon_step_scale(mhat, self.full_step_norm).view(s, 1, 1, 1) if self.full_step_norm else None
             mats: dict[str, Tensor] = {}
             off = 0
             for k in self.muon_names:
@@ -154,6 +169,8 @@ class MuonAdamW:
                 for k, o in zip(keys, orth.split([mats[k].shape[0] for k in keys], dim=0)):
                     r, c = self.infos[k].shape[-2:]
                     o = o.transpose(1, 2) if r > c else o
+                    if scale is not None:
+                        o = o.reshape(s, -1, *o.shape[1:]) * scale              # [S, matrices, r, c]
                     out[k] = o.reshape(s, *self.infos[k].shape) * (-self.lr * muon_shape_scale(r, c))
         if self.adam_names:
             g = self._flat([grads[k] for k in self.adam_names], s)
@@ -215,10 +232,15 @@ class TorchMuonAdamW:
         self.adam.step()
 
 
-def make_optimizer(kind: str, params: dict[str, Tensor], infos: dict[str, ParamInfo], lr: float):
-    """``"optax"``: the paper's optimizer (:class:`MuonAdamW`); ``"torch"``: :class:`TorchMuonAdamW`."""
+def make_optimizer(kind: str, params: dict[str, Tensor], infos: dict[str, ParamInfo], lr: float, *,
+                   muon_full_step_norm: float = 0.0):
+    """``"optax"``: the paper's optimizer (:class:`MuonAdamW`, `muon_full_step_norm` its `full_step_norm`);
+    ``"torch"``: :class:`TorchMuonAdamW`."""
     if kind == "optax":
-        return MuonAdamW(params, infos, lr)
+        return MuonAdamW(params, infos, lr, full_step_norm=muon_full_step_norm)
     if kind == "torch":
+        if muon_full_step_norm:
+            raise ValueError(f"muon_full_step_norm={muon_full_step_norm} needs optimizer 'optax' (torch.optim.Muon "
+                             "has no such option)")
         return TorchMuonAdamW(params, infos, lr)
     raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {kind!r}")

@@ -9,7 +9,7 @@ import torch
 from targetpo.tokens import engine as te
 from targetpo.tokens import transformer as tfm
 from targetpo.objectives import tpo_target
-from targetpo.optim import MuonAdamW, TorchMuonAdamW, muon_shape_scale, newton_schulz
+from targetpo.optim import MuonAdamW, TorchMuonAdamW, make_optimizer, muon_shape_scale, newton_schulz
 from targetpo.tokens import tasks
 
 
@@ -226,6 +226,47 @@ def test_optimizer_matches_a_hand_computation_of_optax_muon():
     for k in params:
         assert np.allclose(params[k].double().numpy(), ref[k], atol=2e-6, rtol=1e-5), k
     assert not torch.equal(params["ln_f.scale"], torch.ones_like(params["ln_f.scale"]))
+
+
+def test_muon_full_step_norm_shrinks_only_small_steps():
+    """τ = full_step_norm scales each seed's Muon step by min(1, ‖M̂‖/τ); AdamW is untouched; τ = 0 is optax's
+    Muon, whose step keeps its full length when the gradient vanishes."""
+    spec = tfm.TransformerSpec(vocab=4, max_len=6, d_model=8, heads=2, layers=1, ffn_mult=2)
+    info = tfm.param_info(spec)
+    params = tfm.init_params(spec, [0, 1])
+    g = torch.Generator().manual_seed(5)
+    first = {k: torch.randn(v.shape, generator=g) for k, v in params.items()}
+    # Seed 1's gradient 1e-6 of seed 0's: optax's Muon gives both the same step length.
+    first = {k: v * torch.tensor([1.0, 1e-6]).view(2, *[1] * (v.dim() - 1)) for k, v in first.items()}
+    zero = {k: torch.zeros_like(v) for k, v in params.items()}
+    muon = [k for k, i in info.items() if i.optimizer == "muon"]
+    adam = [k for k, i in info.items() if i.optimizer == "adamw"]
+
+    def norms(upd, keys):
+        return torch.stack([upd[k].reshape(2, -1).square().sum(1) for k in keys]).sum(0).sqrt()
+
+    plain, tiny, damped = (MuonAdamW(params, info, 1e-3, full_step_norm=tau) for tau in (0.0, 1e-12, 1.0))
+    up, ut, ud = plain.updates(first), tiny.updates(first), damped.updates(first)
+    for k in params:
+        torch.testing.assert_close(ut[k], up[k])           # τ far below ‖M̂‖: the paper's step
+    for k in adam:
+        torch.testing.assert_close(ud[k], up[k])
+    # Step 1: μ = (1−β)g, so M̂ = βμ/(1−β²) + g = g·(1+2β)/(1+β).
+    mhat_norm = torch.stack([first[k].reshape(2, -1).square().sum(1) for k in muon]).sum(0).sqrt() * 2.9 / 1.95
+    torch.testing.assert_close(norms(ud, muon), norms(up, muon) * mhat_norm.clamp(max=1.0), rtol=1e-4, atol=0)
+    assert norms(up, muon)[1] > 0.5 * norms(up, muon)[0]   # optax: full length for a 1e-6 gradient
+    assert norms(ud, muon)[1] < 1e-3 * norms(up, muon)[1]
+    # Zero gradients afterwards: optax keeps stepping along the momentum at full length, τ > 0 winds down.
+    for _ in range(20):
+        up, ud = plain.updates(zero), damped.updates(zero)
+    assert norms(up, muon)[0] > 0.5 * norms(plain.updates(first), muon)[0]
+    assert norms(ud, muon)[0] < 0.5 * norms(up, muon)[0]
+    with pytest.raises(ValueError, match="full_step_norm"):
+        MuonAdamW(params, info, 1e-3, full_step_norm=-1.0)
+    with pytest.raises(ValueError, match="optax"):
+        make_optimizer("torch", params, info, 1e-3, muon_full_step_norm=0.1)
+    with pytest.raises(ValueError, match="muon_full_step_norm"):
+        te.TrialConfig(optimizer="torch", muon_full_step_norm=0.1).validate()
 
 
 def test_newton_schulz_orthogonalises_per_matrix():

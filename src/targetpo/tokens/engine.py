@@ -168,6 +168,9 @@ class TrialConfig:
                        "the paper's numbers; the text says 4)", ge=1)
     optimizer: str = param("optax", "optax (the paper's Muon + Nesterov-AdamW partition) or torch "
                            "(torch.optim.Muon + AdamW)", choices=OPTIMIZERS)
+    muon_full_step_norm: float = param(0.0, "τ: Muon's step is scaled by min(1, ‖M̂‖/τ), ‖M̂‖ a seed's momentum "
+                                       "norm, so a vanishing gradient gives a vanishing step (late-training "
+                                       "spikes, docs/experiments.md §E6); 0 = the paper's Muon (optax only)", ge=0)
 
     def validate(self) -> None:
         validate(self)
@@ -176,6 +179,9 @@ class TrialConfig:
     def check(self) -> None:
         if 64 % self.heads:
             raise ValueError(f"heads={self.heads}: must divide d_model = 64")
+        if self.muon_full_step_norm and self.optimizer != "optax":
+            raise ValueError(f"muon_full_step_norm={self.muon_full_step_norm} needs optimizer='optax', got "
+                             f"{self.optimizer!r}")
 
 
 def trial_config(cfg: Any, **overrides) -> TrialConfig:
@@ -497,7 +503,8 @@ def run_trial(cfg: TrialConfig, method: str, seeds: Sequence[int], device: str |
     spec = model_spec(cfg)
     params = tfm.init_params(spec, seeds, device)
     infos = tfm.param_info(spec)
-    opt = make_optimizer(cfg.optimizer, params, infos, method_lr(cfg, method))
+    opt = make_optimizer(cfg.optimizer, params, infos, method_lr(cfg, method),
+                         muon_full_step_norm=cfg.muon_full_step_norm)
     for p in params.values():
         p.requires_grad_(True)
     names = list(params)
