@@ -8,9 +8,9 @@ on-policy protocol. The slides give only a table, so every choice they leave ope
   pending batches (actions and behaviour log-probs, not D parameter snapshots). Batches 0 … D−1 are acted
   by the initial θ_0 (there is no older policy). Every delay sees the same minibatch and action-noise
   sequence, and all (delay, method, seed) networks train together as one batched network.
-- What the learner receives from an actor: the image, the action a, the reward r and the behaviour policy μ.
-  Every other quantity is the learner's own, as when the authors' bandit losses (which take the trained
-  policy's log-probs plus separate action/reward feedback) are fed stale feedback:
+- What an actor sends: the image, its action a, the reward r and its policy μ. Every other quantity is the
+  learner's own, as in the authors' bandit losses, which take the trained policy's log-probs and, separately,
+  the (action, reward) feedback.
 - Advantage: A = r − Σ_i π_i², the expected-reward baseline of the learner's current π_θ (`baseline`;
   "behaviour" takes Σ μ_i² instead). DG and REINFORCE then use no behaviour probabilities at all (Osband
   2026, arXiv 2603.20521: DG needs none).
@@ -147,7 +147,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
         learner = log_softmax(logits.detach())
         ref = {"learner": learner, "behaviour": behaviour}
         yy = y.unsqueeze(1).expand(s, groups, -1).reshape(s * groups, -1)
-        flat = lambda t, i: t[:, :, i].reshape(s * groups, *logits.shape[-2:])  # noqa: E731
+        flat = lambda v, i: v[:, :, i].reshape(s * groups, *logits.shape[-2:])  # noqa: E731  method i, [S·G, B, C]
         # One loss call per method covers all its delays: [S·G] independent batches, Σ of per-batch means.
         loss = sum(bandit_loss(m, flat(logits, i), actions[:, :, i].reshape(s * groups, -1), yy,
                                flat(behaviour, i), eta=cfg.eta, clip_eps=cfg.clip_eps,
