@@ -31,6 +31,8 @@ EXPERIMENTS: dict[str, str] = {
     "mnist": "targetpo.mnist.train",
     "mnist-mechanism": "targetpo.mnist.mechanism",
     "mnist-staleness": "targetpo.mnist.staleness",
+    "mnist-replay": "targetpo.mnist.replay",
+    "mnist-friction": "targetpo.mnist.friction",
     "token-dense": "targetpo.tokens.dense",
     "token-terminal": "targetpo.tokens.terminal",
     "token-variants": "targetpo.tokens.variants",
