@@ -321,8 +321,9 @@ def tpo_loss(
         old = as_float("old_logp", old_logp)
         with torch.no_grad():
             log_p, log_old = _masked_log_softmax(lp.detach(), m), _masked_log_softmax(old.detach(), m)
-            over = (log_p - log_old) > math.log(is_clip)
-            truncated = (over if m is None else over & m).float().sum() / (over.numel() if m is None else m.sum())
+            over = (log_p - log_old) > math.log(is_clip) + 1e-6  # beyond rounding: π = μ counts as untruncated
+            over = over if m is None else over & m
+            truncated = over.to(lp.dtype).sum() / (over.numel() if m is None else m.sum())
         old_logp = corrected_anchor(lp, old, is_clip, m)
     target = _target(old_logp, scores, eta, mask, anchor, kl_budget, std_floor, std_shrink)
     mask = as_mask("mask", mask, lp)
