@@ -31,8 +31,6 @@ EXPERIMENTS: dict[str, str] = {
     "mnist": "targetpo.mnist.train",
     "mnist-mechanism": "targetpo.mnist.mechanism",
     "mnist-staleness": "targetpo.mnist.staleness",
-    "mnist-replay": "targetpo.mnist.replay",
-    "mnist-friction": "targetpo.mnist.friction",
     "token-dense": "targetpo.tokens.dense",
     "token-terminal": "targetpo.tokens.terminal",
     "token-variants": "targetpo.tokens.variants",
@@ -41,6 +39,9 @@ EXPERIMENTS: dict[str, str] = {
     "token-sweeps": "targetpo.tokens.sweeps",
     "token-temperature": "targetpo.tokens.temperature",
     "dg-epochs": "targetpo.tokens.dg_epochs",
+    # Open questions of the paper's §6 (SUITE = "open-questions"; docs/experiments.md §E17–§E18).
+    "mnist-replay": "targetpo.mnist.replay",
+    "mnist-friction": "targetpo.mnist.friction",
     "rlvr": "targetpo.llm.experiment",
 }
 

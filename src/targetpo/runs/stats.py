@@ -63,24 +63,3 @@ def ours_vs_paper(curve: Curve, ref_steps, ref_values) -> list[str]:
     last = curve.steps[-1]
     return [f"{fmt(value_at(curve.steps, curve.mean, s))} ({fmt(v)})" for s, v in zip(ref_steps, ref_values) if s <= last]
 
-
-# Two-sided 95 % Student-t quantiles t_{0.975, df} for df = 1 … 30 (standard tables); above 30 the normal 1.96
-# is within 2 % of t.
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def t_quantile_975(df: int) -> float:
-    if df < 1:
-        raise ValueError(f"df={df}: a t interval needs at least 2 seeds (df >= 1)")
-    return _T975[df - 1] if df <= len(_T975) else 1.96
-
-
-def mean_ci95(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """values [..., seeds] -> (mean, half-width of the 95 % t interval of the mean, std(ddof=1)/√n · t) over the
-    last axis; NaN half-width for a single seed."""
-    v = np.asarray(values, dtype=float)
-    n = v.shape[-1]
-    if n < 2:
-        return v.mean(axis=-1), np.full(v.shape[:-1], np.nan)
-    return v.mean(axis=-1), t_quantile_975(n - 1) * v.std(axis=-1, ddof=1) / np.sqrt(n)
