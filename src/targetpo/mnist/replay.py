@@ -91,6 +91,9 @@ def label(key: str) -> str:
     return f"TPO + IS (c̄={key[len('tpo_is'):]})" if key.startswith("tpo_is") else LABELS[key]
 
 
+_IS_COLORS = ("#ff7f0e", "#8c564b", "#e377c2", "#17becf")  # TPO + IS, one per c̄ (TPO itself is red)
+
+
 def tpo_is_loss(logits: torch.Tensor, actions: torch.Tensor, labels: torch.Tensor, behaviour_logp: torch.Tensor, *,
                 eta: float, is_clip: float) -> LossOutput:
     """`bandit_loss`'s TPO (the group is all C classes, scores A·onehot(a), A = r − Σμ²) with the anchor's
@@ -252,15 +255,15 @@ def report(run, section) -> None:
                        for k, tr in trunc.items()],
                       f"TPO + IS: candidates whose ratio π/μ exceeded c̄ (%, last {cfg['eval_every']} updates)")
 
+    is_keys = [k for k in f if k.startswith("tpo_is")]
+    color = lambda k: _IS_COLORS[is_keys.index(k) % len(_IS_COLORS)] if k in is_keys else plots.COLORS.get(k)  # noqa: E731
     fig, (ax1, ax2) = plots.figure(2, width=5.4)
     x = np.arange(len(reps))
     for k, v in f.items():
         mean = np.array([v[r].mean() if r in v else np.nan for r in reps])
         half = np.array([mean_ci95(v[r])[1] if r in v else np.nan for r in reps])
-        color = plots.COLORS.get(k, None if not k.startswith("tpo_is") else None)
-        line, = ax1.plot(x, mean, marker="o", color=color, label=label(k),
-                         ls="--" if k.startswith("tpo_is") else "-")
-        ax1.fill_between(x, mean - half, mean + half, color=line.get_color(), alpha=0.15, lw=0)
+        ax1.plot(x, mean, marker="o", color=color(k), label=label(k), ls="--" if k.startswith("tpo_is") else "-")
+        ax1.fill_between(x, mean - half, mean + half, color=color(k), alpha=0.15, lw=0)
     ax1.set_xticks(x, [str(r) for r in reps])
     plots.finish(ax1, "Final test error vs replay ratio (± 95 % CI)", "replay ratio R", "test error", log=True)
     worst = max(reps)
@@ -268,7 +271,7 @@ def report(run, section) -> None:
     for k in f:
         key = f"{k}.error.R{worst}"
         if key in rows_all[-1]:
-            plots.curve(ax2, st, np.array([row[key] for row in rows_all], dtype=float), label(k), plots.COLORS.get(k))
+            plots.curve(ax2, st, np.array([row[key] for row in rows_all], dtype=float), label(k), color(k))
     plots.finish(ax2, f"Test error during training at R={worst}", "update", "test error", log=True)
     section.figure(fig, "mnist_replay", f"MNIST replay: seed mean ({cfg['seeds']} seeds)")
 
