@@ -82,7 +82,7 @@ PRESETS = {
                     thresholds=(0.2, 0.1, 0.05)),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "7 conditions × 4 methods × 5 seeds, ~6 min"
+RUNTIME = "7 conditions × 4 methods, ~2 min of CPU time on one core"
 UNIT = "friction"  # one unit: every (condition, method, seed) network is stacked into one batched network
 
 

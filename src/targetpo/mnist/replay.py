@@ -69,7 +69,7 @@ PRESETS = {
     "paper": Config(seeds=20, steps=10_000, eval_every=500, replays=(1, 4, 16, 32, 64)),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "4 replay ratios × 6 methods × 5 seeds, ~6 min"
+RUNTIME = "4 replay ratios × 6 methods, ~3 min of CPU time on one core"
 UNIT = "replay"  # one unit: every (replay ratio, method, seed) network is stacked into one batched network
 
 
