@@ -101,7 +101,7 @@ def conditions(cfg) -> list[tuple[str, str, float]]:
     return out
 
 
-def describe(name: str, kind: str, level: float) -> str:
+def describe(kind: str, level: float) -> str:
     return {"clean": "clean", "flip": f"flip {level:g}", "random": f"random reward {level:g}",
             "uniform": f"uniform actor {level:g}", "frozen": f"frozen actor {level:g}",
             "rare": f"rare (β = {level:g})"}[kind]
@@ -229,7 +229,7 @@ def report(run, section) -> None:
         return
     conds = [cd for cd in conditions(cfg) if any(cd[0] in v for v in e.values())]
     names = [n for n, _, _ in conds]
-    desc = {n: describe(n, k, lv) for n, k, lv in conds}
+    desc = {n: describe(k, lv) for n, k, lv in conds}
     section.table(["method"] + [desc[n] for n in names],
                   [[LABELS[m]] + [pm(v[n][-1]) if n in v else "–" for n in names] for m, v in e.items()],
                   f"Final test error (%) after {int(steps[-1]):,} updates: mean ± 95 % t interval over "

@@ -14,7 +14,8 @@ Methods, each against the behaviour policy μ that acted (its log-probs are stor
   q_i ∝ μ_i·min(c̄, π_i/μ_i)·exp(u_i/η), π the learner's current policy; one run per c̄ in `is_clips`.
 - DG (gate on the learner's current log-prob), PPO (clipped surrogate against μ, ε = clip_eps), PG (IS)
   (unclipped ratio π(a)/μ(a)) and, if asked for, REINFORCE (no correction); A as above, as in §E13.
-Reported: final greedy test error per (method, R) and the actors' reward on the batches they acted. Every
+Measured: greedy test error every `eval_every` updates, the actors' reward on the batches they acted and, for
+TPO + IS, the fraction of truncated ratios; reported: final error per (method, R) with paired differences. Every
 method does one Adam step per update, so at a given update count a larger R has seen R times fewer samples.
 """
 
