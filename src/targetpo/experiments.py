@@ -39,6 +39,9 @@ EXPERIMENTS: dict[str, str] = {
     "token-sweeps": "targetpo.tokens.sweeps",
     "token-temperature": "targetpo.tokens.temperature",
     "dg-epochs": "targetpo.tokens.dg_epochs",
+    # Open questions of the paper's §6 (SUITE = "open-questions"; docs/experiments.md §E17–§E18).
+    "mnist-replay": "targetpo.mnist.replay",
+    "mnist-friction": "targetpo.mnist.friction",
     "rlvr": "targetpo.llm.experiment",
 }
 

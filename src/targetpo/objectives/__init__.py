@@ -45,6 +45,7 @@ from targetpo.objectives.tpo import (
     PROJECTIONS,
     adaptive_eta,
     alpha_projection,
+    corrected_anchor,
     jensen_shannon_projection,
     kl_to_old,
     reverse_kl_projection,
@@ -53,6 +54,7 @@ from targetpo.objectives.tpo import (
     tpo_sequence_loss,
     tpo_target,
     tpo_token_loss,
+    truncated_is_weights,
 )
 
 __all__ = [
@@ -61,7 +63,7 @@ __all__ = [
     "expected_baseline", "batch_mean_baseline",
     "tpo_target", "tpo_loss", "tpo_token_loss", "tpo_sequence_loss", "sequence_logp",
     "PROJECTIONS", "reverse_kl_projection", "jensen_shannon_projection", "alpha_projection", "adaptive_eta",
-    "kl_to_old",
+    "kl_to_old", "corrected_anchor", "truncated_is_weights",
     "reinforce_loss", "importance_weighted_pg_loss", "batch_standardized_pg_loss", "rloo_loss", "group_pg_loss",
     "ppo_loss", "grpo_loss", "dr_grpo_loss", "dapo_loss", "gspo_loss", "sapo_loss", "cispo_loss",
     "clip_cov_loss", "kl_cov_loss", "gmpo_loss", "dual_clip", "kl_estimate", "CONVENTIONS",

@@ -167,6 +167,7 @@ HYPERPARAMETERS: dict[str, tuple[str, object]] = {
     "kl_budget": ("> 0 or None (the KL(q ‖ p_old) an adaptive η targets)", lambda v: v is None or v > 0),
     "std_floor": (">= 0", lambda v: v >= 0),
     "std_shrink": (">= 0", lambda v: v >= 0),
+    "is_clip": ("> 0 or None (c̄, the truncation of TPO's anchor importance weights)", lambda v: v is None or v > 0),
     # Engine conventions and verl's objectives (docs/conventions.md).
     "std_ddof": ("0 or 1", lambda v: v in (0, 1)),
     "dual_clip_c": ("> 1 or None (dual-clip bound)", lambda v: v is None or v > 1),

@@ -21,8 +21,9 @@ Three forms share that one loss:
 
 Options beyond the paper (its §6 open questions; docs/method.md §8), all off by default: other projections onto
 q (`projection=`: reverse KL, Jensen–Shannon, the α-divergences between the two KLs), a per-group η chosen
-from a KL budget (`eta="adaptive"`, `kl_budget=`), and a floor or shrinkage of low-variance groups' std
-(`std_floor=`, `std_shrink=`).
+from a KL budget (`eta="adaptive"`, `kl_budget=`), a floor or shrinkage of low-variance groups' std
+(`std_floor=`, `std_shrink=`), and a truncated importance correction of the anchor for stale or replayed
+rollouts (`is_clip=`).
 """
 
 from __future__ import annotations
@@ -147,6 +148,23 @@ def adaptive_eta(log_old: Tensor, u: Tensor, kl_budget: float, mask: Tensor | No
         return hi.exp()  # the end with KL ≤ ε
 
 
+def truncated_is_weights(log_p: Tensor, log_old: Tensor, is_clip: float) -> Tensor:
+    r"""c_i = min(c̄, p^θ_i / p^old_i) per candidate, from group-normalised log-probabilities [..., K]."""
+    return (log_p - log_old).clamp_max(math.log(is_clip)).exp()
+
+
+def corrected_anchor(logp: Tensor, old_logp: Tensor, is_clip: float, mask: Tensor | None = None) -> Tensor:
+    r"""The log of TPO's importance-corrected anchor a ∝ p^old·c with c_i = min(c̄, p^θ_i/p^old_i), normalised
+    over the group (docs/method.md §8): log a = log_softmax(min(log p^old + log c̄, log p^θ)), detached.
+
+    p^θ (current policy) and p^old (the behaviour policy that drew the candidates) are the group-renormalised
+    softmaxes of `logp` and `old_logp` [..., K]. When p^θ = p^old, a = p^old for every c̄ > 0 (plain TPO)."""
+    with torch.no_grad():
+        log_p = _masked_log_softmax(logp.detach(), mask)
+        log_old = _masked_log_softmax(old_logp.detach(), mask)
+        return _masked_log_softmax(torch.minimum(log_old + math.log(is_clip), log_p), mask)
+
+
 def _check_options(eta, kl_budget, anchor: bool, projection=None, alpha=None) -> None:
     if eta == "adaptive":
         if kl_budget is None:
@@ -267,6 +285,7 @@ def tpo_loss(
     kl_budget: float | None = None,
     std_floor: float = 0.0,
     std_shrink: float = 0.0,
+    is_clip: float | None = None,
 ) -> LossOutput:
     r"""TPO cross-entropy to the target, averaged over groups: L = mean_g −Σ_i q_i log_softmax(logp)_i.
 
@@ -281,17 +300,37 @@ def tpo_loss(
         :func:`reverse_kl_projection`), "js" (Jensen–Shannon, :func:`jensen_shannon_projection`) or "alpha"
         (D_α(q ‖ p_θ) with `alpha` in [0, 1], :func:`alpha_projection`). Every one is zero-gradient at p_θ = q.
       alpha: the α of projection="alpha" (and only then): 1 = forward KL, 0 = reverse KL.
+      is_clip: c̄ > 0 turns on the truncated importance correction of the anchor for candidates drawn by a
+        behaviour policy μ = softmax(old_logp) that the current policy has since moved away from (replay,
+        staleness; docs/method.md §8): q_i ∝ μ_i·min(c̄, π_i/μ_i)·exp(u_i/η) with π = softmax(logp), detached.
+        None (default) is the paper's q ∝ μ·exp(u/η). On-policy (π = μ) both are the same for every c̄.
     Returns:
-      LossOutput with metrics target_entropy, kl_q_p (KL(q‖p_θ)), frac_zero_var, target_max, policy_max, and
-      eta_mean (the adaptive η's mean over groups with a score spread) with eta="adaptive".
+      LossOutput with metrics target_entropy, kl_q_p (KL(q‖p_θ)), frac_zero_var, target_max, policy_max,
+      eta_mean (the adaptive η's mean over groups with a score spread) with eta="adaptive", and with is_clip
+      frac_truncated (the fraction of candidates whose ratio π/μ exceeds c̄).
     """
     lp = as_float("logp", logp)
     group_layout(lp, scores, token=False)
     check_same_shape(logp=lp, old_logp=old_logp)
     _check_options(eta, kl_budget, anchor, projection, alpha)
+    truncated = None
+    if is_clip is not None:
+        if not anchor:
+            raise ValueError(f"is_clip={is_clip!r} corrects the p_old anchor, which anchor=False removes")
+        m = as_mask("mask", mask, lp)
+        old = as_float("old_logp", old_logp)
+        with torch.no_grad():
+            log_p, log_old = _masked_log_softmax(lp.detach(), m), _masked_log_softmax(old.detach(), m)
+            over = (log_p - log_old) > math.log(is_clip) + 1e-6  # beyond rounding: π = μ counts as untruncated
+            over = over if m is None else over & m
+            truncated = over.to(lp.dtype).sum() / (over.numel() if m is None else m.sum())
+        old_logp = corrected_anchor(lp, old, is_clip, m)
     target = _target(old_logp, scores, eta, mask, anchor, kl_budget, std_floor, std_shrink)
     mask = as_mask("mask", mask, lp)
-    return _tpo_from_group_logp(lp, target, mask, projection, alpha)
+    out = _tpo_from_group_logp(lp, target, mask, projection, alpha)
+    if truncated is not None:
+        out.metrics["frac_truncated"] = truncated.to(out.loss.dtype)
+    return out
 
 
 @checked(words=ADAPTIVE)
@@ -309,6 +348,7 @@ def tpo_token_loss(
     kl_budget: float | None = None,
     std_floor: float = 0.0,
     std_shrink: float = 0.0,
+    is_clip: float | None = None,
 ) -> LossOutput:
     r"""Token-level TPO (the paper's TPO_token, docs/method.md §7): each prefix state is a group of K candidate next tokens.
 
@@ -319,7 +359,8 @@ def tpo_token_loss(
       old_logp: [..., K] rollout-time log-probs of the candidates.
       scores: [..., K] candidate rewards (e.g. correct-token indicator; alive × correct for sequential reward).
     The loss averages over all states, including dead and zero-variance ones, as the paper's code does.
-    The options (eta, mask, anchor, projection, alpha, kl_budget, std_floor, std_shrink) are :func:`tpo_loss`'s.
+    The options (eta, mask, anchor, projection, alpha, kl_budget, std_floor, std_shrink, is_clip) are
+    :func:`tpo_loss`'s.
     """
     tl = as_float("token_logp", token_logp)
     if candidates.dtype not in (torch.int64, torch.int32):
@@ -336,7 +377,7 @@ def tpo_token_loss(
                          f"[{int(candidates.min())}, {int(candidates.max())}]")
     cand_logp = torch.gather(torch.log_softmax(tl, dim=-1), -1, candidates.long())
     return tpo_loss(cand_logp, old_logp, scores, eta=eta, mask=mask, anchor=anchor, projection=projection, alpha=alpha,
-                    kl_budget=kl_budget, std_floor=std_floor, std_shrink=std_shrink)
+                    kl_budget=kl_budget, std_floor=std_floor, std_shrink=std_shrink, is_clip=is_clip)
 
 
 SeqReduce = Literal["sum", "mean"]
@@ -371,6 +412,7 @@ def tpo_sequence_loss(
     kl_budget: float | None = None,
     std_floor: float = 0.0,
     std_shrink: float = 0.0,
+    is_clip: float | None = None,
 ) -> LossOutput:
     r"""Sequence-level TPO: each group is K full completions of one prompt.
 
@@ -380,7 +422,8 @@ def tpo_sequence_loss(
       scores: [G, K] completion rewards.
       token_mask: [G, K, T] bool, True on completion tokens (False on padding).
       seq_logp: "sum" (the paper) or "mean" (length-normalised) reduction of the per-token log-probs.
-    The options (eta, mask, anchor, projection, alpha, kl_budget, std_floor, std_shrink) are :func:`tpo_loss`'s.
+    The options (eta, mask, anchor, projection, alpha, kl_budget, std_floor, std_shrink, is_clip) are
+    :func:`tpo_loss`'s; with is_clip the ratios are those of the group-renormalised sequence log-scores.
     """
     lp = as_float("logp", logp)
     group_layout(lp, scores, token_mask, candidate=False)
@@ -388,4 +431,4 @@ def tpo_sequence_loss(
     seq = sequence_logp(lp, token_mask, seq_logp)
     old_seq = sequence_logp(as_float("old_logp", old_logp).detach(), token_mask, seq_logp)
     return tpo_loss(seq, old_seq, scores, eta=eta, mask=mask, anchor=anchor, projection=projection, alpha=alpha,
-                    kl_budget=kl_budget, std_floor=std_floor, std_shrink=std_shrink)
+                    kl_budget=kl_budget, std_floor=std_floor, std_shrink=std_shrink, is_clip=is_clip)

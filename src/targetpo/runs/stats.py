@@ -62,3 +62,4 @@ def ours_vs_paper(curve: Curve, ref_steps, ref_values) -> list[str]:
     """'ours (paper)' cells at the paper's steps that this run recorded."""
     last = curve.steps[-1]
     return [f"{fmt(value_at(curve.steps, curve.mean, s))} ({fmt(v)})" for s, v in zip(ref_steps, ref_values) if s <= last]
+
