@@ -130,10 +130,15 @@ def _not_run(plan: _Plan, reason: str) -> None:
     print(f"\n{'!' * 78}\n!! {plan.name} NOT RUN: {reason}\n!! run it with: {cmd}\n{'!' * 78}\n", file=sys.stderr)
 
 
+def _exit_on_signal(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def _reproduce_worker(conn, plan: _Plan, device: str) -> None:
     """One experiment in its own process, one torch thread; sends ("done", summary), ("missing", reason) or
     ("failed", traceback) to the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
+    signal.signal(signal.SIGTERM, _exit_on_signal)  # by SIGTERM, and the interpreter then shuts down cleanly
     try:
         _run_plan(plan, device, progress=False, threads=1, quiet=True)
         exp = load(plan.name)
@@ -145,7 +150,7 @@ def _reproduce_worker(conn, plan: _Plan, device: str) -> None:
             conn.send(("done", ""))
     except MissingDataError as exc:
         conn.send(("missing", str(exc)))
-    except BaseException:  # noqa: BLE001  (reported by the parent; the other experiments go on)
+    except Exception:  # noqa: BLE001  (reported by the parent; the other experiments go on)
         conn.send(("failed", traceback.format_exc()))
 
 
@@ -198,11 +203,15 @@ def _run_parallel(plans: list[_Plan], jobs: int, device: str, progress: bool) ->
                     bar.write(f"{line} FAILED after {time.time() - t0:.1f}s (its run folder is kept; the other "
                               f"experiments go on):\n{detail.rstrip()}", file=sys.stderr)
                 bar.update(1)
+        bar.set_postfix_str("")
     except KeyboardInterrupt:
         for plan, proc, *_ in running.values():
             proc.terminate()
         for plan, proc, *_ in running.values():
-            proc.join()
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
         bar.close()
         names = ", ".join(p.name for p, *_ in running.values()) or "none"
         print(f"\ninterrupted: stopped the running experiments ({names}); every finished line is kept and "
@@ -242,7 +251,10 @@ def cmd_reproduce(args) -> int:
                 missing.append(plan.name)
                 _not_run(plan, str(exc))
     else:
-        missing, failed = _run_parallel(plans, min(jobs, len(plans)), args.device, progress=not args.no_progress)
+        try:
+            missing, failed = _run_parallel(plans, min(jobs, len(plans)), args.device, progress=not args.no_progress)
+        except KeyboardInterrupt:
+            return 130
     print(f"report: {write_report(out)}")
     if missing:
         print(f"WARNING: {len(missing)} experiment(s) NOT RUN for lack of data: {', '.join(missing)} "
