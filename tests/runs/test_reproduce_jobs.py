@@ -40,3 +40,18 @@ def test_longest_first_order_reads_the_runtime_note():
     assert estimated_seconds(load("mnist")) == 120
     assert estimated_seconds(load("tabular-multi")) == 6  # "~6–7 s": the lower end
     assert estimated_seconds(type("E", (), {"RUNTIME": "no estimate"})) == math.inf
+
+
+def test_a_failing_experiment_is_reported_and_the_others_finish(tmp_path, capsys):
+    bad = tmp_path / "bad-data"  # files with the right names and wrong contents: a ValueError, not missing data
+    bad.mkdir()
+    for name in ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
+        (bad / name).write_bytes(b"not an IDX file")
+    out = tmp_path / "par"
+    rc = main(["reproduce", "--out", str(out), "--only", "tabular-single", "mnist", "--preset", "smoke",
+               "--jobs", "2", "--no-progress", "--data-dir", str(bad)])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert json.loads((out / "tabular-single" / "run.json").read_text())["status"] == "complete"
+    assert "mnist [smoke] FAILED" in captured.err and "experiment(s) FAILED: mnist" in captured.err
+    assert (out / "REPORT.md").exists()
