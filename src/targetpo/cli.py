@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import re
+import signal
 import sys
+import time
+import traceback
 from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
 
 from targetpo.experiments import EXPERIMENTS, load
 from targetpo.runs.config import config_class, field_lines, make_config
@@ -77,11 +88,152 @@ def cmd_report(args) -> int:
     return 0
 
 
+def estimated_seconds(exp) -> float:
+    """The reproduce preset's wall time read from the experiment's RUNTIME note ("~2 s", "~1.5 min", the last
+    "~N unit" in it); inf without one, so an experiment of unknown length is scheduled first."""
+    found = re.findall(r"~\s*(\d+(?:\.\d+)?)(?:\s*[–-]\s*\d+(?:\.\d+)?)?\s*(s|min|h)\b", getattr(exp, "RUNTIME", ""))
+    if not found:
+        return math.inf
+    value, unit = found[-1]
+    return float(value) * {"s": 1, "min": 60, "h": 3600}[unit]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """One experiment of a reproduce: what to run and whether its run folder is continued or started afresh."""
+
+    name: str
+    preset: str
+    overrides: tuple[str, ...]
+    run_dir: Path
+    resume: bool
+    force: bool
+
+
+def _plan(out: Path, name: str, preset: str, overrides: list[str], fresh: bool) -> _Plan:
+    run_dir = out / name
+    placeholder = is_not_run(run_dir)  # an earlier reproduce lacked the data: start this one afresh
+    resume = (run_dir / "run.json").exists() and not fresh and not placeholder
+    return _Plan(name, preset, tuple(overrides), run_dir, resume, fresh or placeholder)
+
+
+def _run_plan(plan: _Plan, device: str, progress: bool, threads: int | None = None, quiet: bool = False) -> None:
+    run_experiment(load(plan.name), plan.preset, out=plan.run_dir, resume=plan.resume, force=plan.force,
+                   overrides=list(plan.overrides) or None, device=device, progress=progress, quiet=quiet,
+                   threads=threads)
+
+
+def _not_run(plan: _Plan, reason: str) -> None:
+    cmd = f"targetpo run {plan.name} --preset {plan.preset} --data-dir DIR"
+    mark_not_run(plan.run_dir, load(plan.name), plan.preset,
+                 f"{reason}. To run it: `{cmd}` (or `make reproduce MNIST_DIR=DIR`)")
+    print(f"\n{'!' * 78}\n!! {plan.name} NOT RUN: {reason}\n!! run it with: {cmd}\n{'!' * 78}\n", file=sys.stderr)
+
+
+def _exit_on_signal(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _reproduce_worker(conn, plan: _Plan, device: str) -> None:
+    """One experiment in its own process, one torch thread; sends ("done", summary), ("missing", reason) or
+    ("failed", traceback) to the parent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
+    signal.signal(signal.SIGTERM, _exit_on_signal)  # by SIGTERM, and the interpreter then shuts down cleanly
+    try:
+        _run_plan(plan, device, progress=False, threads=1, quiet=True)
+        exp = load(plan.name)
+        if hasattr(exp, "summary"):
+            from targetpo.runs.store import Run
+
+            conn.send(("done", exp.summary(Run.load(plan.run_dir))))
+        else:
+            conn.send(("done", ""))
+    except MissingDataError as exc:
+        conn.send(("missing", str(exc)))
+    except Exception:  # noqa: BLE001  (reported by the parent; the other experiments go on)
+        conn.send(("failed", traceback.format_exc()))
+
+
+def _run_parallel(plans: list[_Plan], jobs: int, device: str, progress: bool) -> tuple[list[str], list[str]]:
+    """Run `plans` in up to `jobs` worker processes, longest first (by RUNTIME). Prints one line per finished
+    experiment under an overall bar. Returns (names not run for lack of data, names that failed)."""
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked OpenMP or torch state
+    queue = sorted(plans, key=lambda p: -estimated_seconds(load(p.name)))
+    running: dict[Any, tuple[_Plan, Any, Any, float]] = {}  # sentinel -> (plan, process, connection, start)
+    replies: dict[str, tuple[str, str]] = {}
+    missing, failed = [], []
+    start = time.time()
+    bar = tqdm(total=len(plans), desc=f"reproduce ({jobs} jobs)", unit="exp", disable=not progress,
+               file=sys.stderr, dynamic_ncols=True, bar_format="{desc}: {bar} {n}/{total} [{elapsed}]{postfix}")
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                plan = queue.pop(0)
+                recv, send = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_reproduce_worker, args=(send, plan, device), name=f"reproduce-{plan.name}")
+                proc.start()
+                send.close()
+                running[proc.sentinel] = (plan, proc, recv, time.time())
+            bar.set_postfix_str("running: " + ", ".join(p.name for p, *_ in running.values()))
+            # A worker's reply, then its exit; a read pipe stays readable at EOF, so it is waited on once.
+            ready = multiprocessing.connection.wait(
+                [o for s, (p, _, recv, _) in running.items() for o in ((s,) if p.name in replies else (s, recv))])
+            for sentinel in [s for s, v in running.items() if v[2] in ready or s in ready]:
+                plan, proc, recv, t0 = running[sentinel]
+                if plan.name not in replies and recv.poll():  # read before the process ends: a big reply blocks it
+                    try:
+                        replies[plan.name] = recv.recv()
+                    except EOFError:
+                        pass
+                if sentinel not in ready:
+                    continue
+                proc.join()
+                del running[sentinel]
+                status, detail = replies.get(plan.name, ("failed", f"the worker process exited with code "
+                                                                   f"{proc.exitcode} without a result"))
+                line = f"[{bar.n + 1}/{len(plans)}] {plan.name} [{plan.preset}]"
+                if status == "done":
+                    bar.write(f"{line} done in {time.time() - t0:.1f}s -> {plan.run_dir}" +
+                              (f"\n  {detail}" if detail else ""), file=sys.stdout)
+                elif status == "missing":
+                    missing.append(plan.name)
+                    _not_run(plan, detail)
+                else:
+                    failed.append(plan.name)
+                    bar.write(f"{line} FAILED after {time.time() - t0:.1f}s (its run folder is kept; the other "
+                              f"experiments go on):\n{detail.rstrip()}", file=sys.stderr)
+                bar.update(1)
+        bar.set_postfix_str("")
+    except KeyboardInterrupt:
+        for plan, proc, *_ in running.values():
+            proc.terminate()
+        for plan, proc, *_ in running.values():
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        bar.close()
+        names = ", ".join(p.name for p, *_ in running.values()) or "none"
+        print(f"\ninterrupted: stopped the running experiments ({names}); every finished line is kept and "
+              "`targetpo reproduce` with the same --out resumes them", file=sys.stderr)
+        raise
+    bar.close()
+    print(f"reproduce: {len(plans)} experiments in {time.time() - start:.0f}s with {jobs} jobs")
+    return missing, failed
+
+
+def default_jobs() -> int:
+    """The number of CPU cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def cmd_reproduce(args) -> int:
     from targetpo.report import write_report
 
+    jobs = default_jobs() if args.jobs is None else args.jobs
+    if jobs < 1:
+        raise ValueError(f"--jobs={jobs}: must be at least 1 (1 runs the experiments one after another)")
     out = Path(args.out)
-    missing = []
     # Every config is validated before the first run starts, so a refused one leaves nothing behind.
     plans = []
     for name in args.only or list(EXPERIMENTS):
@@ -89,23 +241,29 @@ def cmd_reproduce(args) -> int:
         preset = args.preset or exp.REPRODUCE_PRESET
         overrides = _data_overrides(args, exp, strict=False)
         make_config(exp, preset, overrides=overrides)
-        plans.append((name, exp, preset, overrides))
-    for name, exp, preset, overrides in plans:
-        run_dir = out / name
-        placeholder = is_not_run(run_dir)  # an earlier reproduce lacked the data: start this one afresh
-        resume = (run_dir / "run.json").exists() and not args.fresh and not placeholder
-        try:  # the runner checks the data before it writes anything
-            run_experiment(exp, preset, out=run_dir, resume=resume, force=args.fresh or placeholder,
-                           overrides=overrides or None, device=args.device, progress=not args.no_progress)
-        except MissingDataError as exc:
-            missing.append(name)
-            cmd = f"targetpo run {name} --preset {preset} --data-dir DIR"
-            mark_not_run(run_dir, exp, preset, f"{exc}. To run it: `{cmd}` (or `make reproduce MNIST_DIR=DIR`)")
-            print(f"\n{'!' * 78}\n!! {name} NOT RUN: {exc}\n!! run it with: {cmd}\n{'!' * 78}\n", file=sys.stderr)
+        plans.append(_plan(out, name, preset, overrides, args.fresh))
+    missing, failed = [], []
+    if jobs == 1 or len(plans) == 1:
+        for plan in plans:
+            try:  # the runner checks the data before it writes anything
+                _run_plan(plan, args.device, progress=not args.no_progress)
+            except MissingDataError as exc:
+                missing.append(plan.name)
+                _not_run(plan, str(exc))
+    else:
+        try:
+            missing, failed = _run_parallel(plans, min(jobs, len(plans)), args.device, progress=not args.no_progress)
+        except KeyboardInterrupt:
+            return 130
     print(f"report: {write_report(out)}")
     if missing:
         print(f"WARNING: {len(missing)} experiment(s) NOT RUN for lack of data: {', '.join(missing)} "
               "(see the report)", file=sys.stderr)
+    if failed:
+        print(f"ERROR: {len(failed)} experiment(s) FAILED: {', '.join(failed)} (tracebacks above; the report "
+              "shows what they wrote; run `targetpo reproduce` again with the same --out to resume them)",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -176,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default=None, help="use this preset for every experiment instead of each one's default")
     p.add_argument("--fresh", action="store_true", help="discard existing runs instead of resuming them")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    p.add_argument("--jobs", type=int, default=None, help="experiments run at once, each in its own process with "
+                   "one torch thread, longest first (default: the number of CPU cores; 1 runs them one after "
+                   "another in this process); the results are the same for any value")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     _add_data_flags(p, reproduce=True)
     p.set_defaults(func=cmd_reproduce)

@@ -80,6 +80,10 @@ class RunContext:
         NAN_MEANS_EMPTY may be NaN."""
         if "step" not in record:
             raise ValueError(f"a metrics record needs a 'step' key; got keys {sorted(record)}")
+        # Tensors move to NumPy once, for both the finiteness check and the JSON text (each is several times
+        # cheaper on a small NumPy array than on a tensor; logging was ~1/4 of tabular-multi's run time).
+        record = {k: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) and v.dtype != torch.bfloat16 else v
+                  for k, v in record.items()}
         bad = first_non_finite({k: v for k, v in record.items() if k != "step"}, self._nan_means_empty)
         if bad is not None:
             raise _Diverged(int(record["step"]), bad)

@@ -44,18 +44,36 @@ def beta_tpo(p: Tensor, num_actions: int) -> Tensor:
 
 def correct_direction(probs: Tensor, correct: int = 0) -> Tensor:
     """v = e_y − π, the CE gradient direction in logit space."""
-    v = -probs.clone()
+    v = torch.neg(probs)  # a new tensor in probs' layout
     v[..., correct] += 1.0
     return v
 
 
-def exact_update(method: str, probs: Tensor, correct: int = 0, eta: float = 1.0) -> Tensor:
-    """Expected (population) logit-space update g for a one-hot reward on action `correct` (docs/experiments.md §E2).
+def one_hot_target_shift(probs: Tensor, correct: int = 0, eta: float = 1.0) -> Tensor:
+    """u/η of a one-hot score on `correct`, in probs' shape, dtype and layout, computed as :func:`tpo_target`
+    computes it: the part of TPO's target logits that never changes over a run."""
+    onehot = torch.zeros_like(probs)
+    onehot[..., correct] = 1.0
+    return standardize_scores(onehot).to(probs.dtype) / eta
 
-    TPO is computed from its target (q − π with q from :func:`tpo_target`), not from β, so that the identity
-    g = β_TPO(p)·v is a property we can test rather than an assumption.
-    """
-    v = correct_direction(probs, correct)
+
+def _log_softmax(x: Tensor) -> Tensor:
+    # The max-shifted formula of objectives/tpo.py, op for op (the test pins the bitwise equality).
+    shifted = x - x.amax(dim=-1, keepdim=True)
+    return shifted - shifted.exp().sum(dim=-1, keepdim=True).log()
+
+
+def tpo_update(probs: Tensor, shift: Tensor) -> Tensor:
+    """exact_update("tpo", probs) with u/η precomputed (`shift` from :func:`one_hot_target_shift`): q − π with
+    q = softmax(log_softmax(log(π + 1e-8)) + u/η), the same float operations in the same order as
+    :func:`tpo_target`, hence bitwise the same update, without re-standardizing the constant scores and
+    re-checking the inputs at every step of a run."""
+    log_q = _log_softmax(shift + _log_softmax(torch.log(probs + 1e-8)))
+    return log_q.exp() - probs
+
+
+def exact_update_along(method: str, probs: Tensor, v: Tensor, correct: int = 0, eta: float = 1.0) -> Tensor:
+    """β(p)·v, the expected update of every method but TPO, given v = :func:`correct_direction` (probs, correct)."""
     p = probs[..., correct : correct + 1]
     if method == "ce":
         return v
@@ -65,13 +83,22 @@ def exact_update(method: str, probs: Tensor, correct: int = 0, eta: float = 1.0)
         return beta_dg(p, eta) * v
     if method == "grpo":
         return beta_grpo(p) * v
+    raise ValueError(f"unknown tabular method {method!r}; choose from ce, pg, dg, grpo, tpo")
+
+
+def exact_update(method: str, probs: Tensor, correct: int = 0, eta: float = 1.0) -> Tensor:
+    """Expected (population) logit-space update g for a one-hot reward on action `correct` (docs/experiments.md §E2).
+
+    TPO is computed from its target (q − π with q from :func:`tpo_target`), not from β, so that the identity
+    g = β_TPO(p)·v is a property we can test rather than an assumption.
+    """
     if method == "tpo":
         onehot = torch.zeros_like(probs)
         onehot[..., correct] = 1.0
         # The authors' code anchors on log(π + 1e-8); any per-group constant is irrelevant to q.
         q = tpo_target(torch.log(probs + 1e-8), onehot, eta=eta)
         return q - probs
-    raise ValueError(f"unknown tabular method {method!r}; choose from ce, pg, dg, grpo, tpo")
+    return exact_update_along(method, probs, correct_direction(probs, correct), correct, eta)
 
 
 def standardized_one_hot(num_actions: int) -> Tensor:
@@ -81,12 +108,23 @@ def standardized_one_hot(num_actions: int) -> Tensor:
     return standardize_scores(onehot)
 
 
-def misalignment(g: Tensor, ref: Tensor, dims: tuple[int, ...] = (-1,)) -> Tensor:
-    """1 − cos(g, ref) over `dims`, norms with +1e-12 inside the sqrt (as the paper's code)."""
+def squared_norm(g: Tensor, dims: tuple[int, ...] = (-1,)) -> Tensor:
+    """Σ g² over `dims`, kept as size-1 dims (what :func:`misalignment` and :func:`normalized_step` share)."""
+    return g.square().sum(dim=dims, keepdim=True)
+
+
+def misalignment(g: Tensor, ref: Tensor, dims: tuple[int, ...] = (-1,), g_sq: Tensor | None = None,
+                 ref_sq: Tensor | None = None) -> Tensor:
+    """1 − cos(g, ref) over `dims`, norms with +1e-12 inside the sqrt (as the paper's code). `g_sq`/`ref_sq`:
+    their :func:`squared_norm`, when the caller already has them."""
     dot = (g * ref).sum(dim=dims)
-    return 1.0 - dot / (torch.sqrt(g.square().sum(dim=dims) + 1e-12) * torch.sqrt(ref.square().sum(dim=dims) + 1e-12))
+    g_sq = (squared_norm(g, dims) if g_sq is None else g_sq).reshape(dot.shape)
+    ref_sq = (squared_norm(ref, dims) if ref_sq is None else ref_sq).reshape(dot.shape)
+    return 1.0 - dot / (torch.sqrt(g_sq + 1e-12) * torch.sqrt(ref_sq + 1e-12))
 
 
-def normalized_step(logits: Tensor, g: Tensor, lr: float, dims: tuple[int, ...] = (-1,)) -> Tensor:
-    """logits + α·g/‖g‖ with ‖g‖ = sqrt(Σg² + 1e-30) over `dims` (the paper's fixed-length step)."""
-    return logits + lr * g / torch.sqrt(g.square().sum(dim=dims, keepdim=True) + 1e-30)
+def normalized_step(logits: Tensor, g: Tensor, lr: float, dims: tuple[int, ...] = (-1,),
+                    g_sq: Tensor | None = None) -> Tensor:
+    """logits + α·g/‖g‖ with ‖g‖ = sqrt(Σg² + 1e-30) over `dims` (the paper's fixed-length step); `g_sq`: the
+    :func:`squared_norm` of g, when the caller already has it."""
+    return logits + lr * g / torch.sqrt((squared_norm(g, dims) if g_sq is None else g_sq) + 1e-30)

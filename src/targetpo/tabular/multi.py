@@ -17,7 +17,10 @@ from targetpo.runs.config import config, default, param
 from targetpo.tabular.config import TabularConfig, error_rows
 from targetpo.runs import plots
 from targetpo.runs.stats import curves, first_below, fmt, ours_vs_paper, value_at
-from targetpo.tabular.bandit import beta_dg, beta_grpo, beta_pg, beta_tpo, correct_direction, exact_update, misalignment, normalized_step
+from targetpo.tabular.bandit import (
+    beta_dg, beta_grpo, beta_pg, beta_tpo, correct_direction, exact_update, exact_update_along, misalignment,
+    normalized_step, one_hot_target_shift, squared_norm, tpo_update,
+)
 
 NAME = "tabular-multi"
 TITLE = "Tabular multi-context bandit (paper §3.2, Fig. 3)"
@@ -53,10 +56,15 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
     logits = logits.transpose(-1, -2).contiguous().transpose(-1, -2)
     every = (-2, -1)  # normalise over all N·A entries of one seed
     probs = softmax(logits)
+    shift = one_hot_target_shift(probs, correct=0, eta=cfg.eta) if unit == "tpo" else None
     for t in range(cfg.steps):
-        g = exact_update(unit, probs, correct=0, eta=cfg.eta)
-        mis = misalignment(g, correct_direction(probs), dims=every)
-        logits = normalized_step(logits, g, cfg.lr, dims=every)
+        # The same float operations as exact_update → misalignment → normalized_step, with the shared pieces
+        # (v, ‖g‖², TPO's constant u/η) computed once per step or per run.
+        v = correct_direction(probs)
+        g = tpo_update(probs, shift) if unit == "tpo" else exact_update_along(unit, probs, v, eta=cfg.eta)
+        g_sq, v_sq = squared_norm(g, every), squared_norm(v, every)
+        mis = misalignment(g, v, dims=every, g_sq=g_sq, ref_sq=v_sq)
+        logits = normalized_step(logits, g, cfg.lr, dims=every, g_sq=g_sq)
         probs = softmax(logits)
         ctx.log({"step": t, "error": 1.0 - probs[..., 0].mean(dim=-1), "misalignment": mis})
         ctx.advance()

@@ -25,7 +25,7 @@ from targetpo.tabular.config import TabularConfig, error_rows
 from targetpo.objectives import dg_loss, reinforce_loss, tpo_loss
 from targetpo.runs import plots
 from targetpo.runs.stats import curves, first_below, fmt, ours_vs_paper
-from targetpo.tabular.bandit import correct_direction, misalignment, normalized_step
+from targetpo.tabular.bandit import correct_direction, misalignment, normalized_step, squared_norm
 
 NAME = "tabular-single"
 TITLE = "Tabular single-context bandit (paper §3.1, Fig. 2)"
@@ -85,9 +85,10 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
         actions = torch.searchsorted(cdf, uniform * cdf[:, -1:]).clamp_max(cfg.actions - 1)
         rewards = (actions == 0).to(torch.float64)
         g = direction(unit, logits, actions, rewards, cfg)
+        g_sq = squared_norm(g)  # shared by the misalignment and the step (the same sums as each would take)
         exact_pg = probs[:, :1] * correct_direction(probs)
-        ctx.log({"step": t, "error": 1.0 - probs[:, 0], "misalignment": misalignment(g, exact_pg)})
-        logits = normalized_step(logits, g, cfg.lr)
+        ctx.log({"step": t, "error": 1.0 - probs[:, 0], "misalignment": misalignment(g, exact_pg, g_sq=g_sq)})
+        logits = normalized_step(logits, g, cfg.lr, g_sq=g_sq)
         ctx.advance()
 
 

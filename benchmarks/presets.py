@@ -1,0 +1,86 @@
+"""Wall time of whole experiment presets: the runner's `wall_time_s` (run.json) and the whole command.
+
+Each repeat is a fresh `targetpo run NAME --preset P --force --no-progress --no-report` in its own interpreter
+(one torch thread, the runner's default); the table gives medians. With --src A --src B the same presets run
+from two source trees (e.g. a checkout of an older commit), interleaved repeat by repeat so that both see the
+same machine load, and their metrics.jsonl are compared (wall_* keys ignored).
+
+    python benchmarks/presets.py tabular-single:paper tabular-multi:paper --repeats 3
+    python benchmarks/presets.py mnist:paper --repeats 1 --data-dir ../shared/data/mnist
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_once(src: Path, name: str, preset: str, out: Path, extra: list[str]) -> tuple[float, float, float]:
+    """(runner wall_time_s, whole-command seconds, whole-command CPU seconds) of one fresh run. On a shared
+    machine the CPU time (user + sys) is the steadier number: it leaves out the time spent waiting for a core."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    cmd = [sys.executable, "-m", "targetpo.cli", "run", name, "--preset", preset, "--out", str(out), "--force",
+           "--no-progress", "--no-report", *extra]
+    t, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    whole, after = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return json.loads((out / "run.json").read_text())["wall_time_s"], whole, cpu
+
+
+def stable_lines(path: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith("wall_")}
+            for line in path.read_text().splitlines()]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("presets", nargs="+", metavar="NAME:PRESET")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--src", action="append", default=None, help="a source tree's src/ folder (repeatable; "
+                    "default: this checkout's)")
+    ap.add_argument("--data-dir", default=None, help="passed to experiments that read MNIST")
+    ap.add_argument("--out", default=None, help="where the runs go (default: a temporary directory)")
+    args = ap.parse_args()
+    srcs = [Path(s).resolve() for s in (args.src or [ROOT / "src"])]
+    out = Path(args.out or tempfile.mkdtemp(prefix="targetpo-presets-"))
+    rows = []
+    for spec in args.presets:
+        name, _, preset = spec.partition(":")
+        extra = ["--data-dir", args.data_dir] if args.data_dir and name.startswith("mnist") else []
+        times = {s: [] for s in srcs}
+        for r in range(args.repeats):
+            for i, s in enumerate(srcs):
+                times[s].append(run_once(s, name, preset or "cpu", out / f"{name}-{preset}-{i}", extra))
+        same = ""
+        if len(srcs) > 1:
+            ref = stable_lines(out / f"{name}-{preset}-0" / "metrics.jsonl")
+            same = all(stable_lines(out / f"{name}-{preset}-{i}" / "metrics.jsonl") == ref for i in range(1, len(srcs)))
+            same = "identical" if same else "DIFFERENT"
+        for i, s in enumerate(srcs):
+            wall = statistics.median(t[0] for t in times[s])
+            whole = statistics.median(t[1] for t in times[s])
+            cpu = statistics.median(t[2] for t in times[s])
+            rows.append(f"| `{name}` | {preset} | {s.parent.name if len(srcs) > 1 else ''} | {wall:.2f} | {whole:.2f} | "
+                        f"{cpu:.2f} | "
+                        f"{', '.join(f'{t[0]:.2f}' for t in times[s])} | {same} |")
+    print(f"median of {args.repeats} runs each, 1 torch thread, load average at the end "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print("\n| experiment | preset | tree | wall_time_s | whole command (s) | whole command CPU (s) | all wall_time_s "
+          "| metrics |")
+    print("|---|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""`targetpo reproduce --jobs N`: experiments in parallel worker processes give the sequential run's metrics."""
+
+import json
+import math
+
+from targetpo.cli import estimated_seconds, main
+from targetpo.experiments import load
+
+
+def _stable_records(path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith("wall_")}
+            for line in path.read_text().splitlines()]
+
+
+def test_parallel_reproduce_matches_sequential(tmp_path, capsys):
+    # Two experiments plus one without its data set, on two workers: the third waits for a free worker.
+    names = ["tabular-single", "tabular-multi", "mnist"]
+    common = ["--only", *names, "--preset", "smoke", "--no-progress", "--data-dir", str(tmp_path / "no-data")]
+    assert main(["reproduce", "--out", str(tmp_path / "seq"), "--jobs", "1", *common]) == 0
+    assert main(["reproduce", "--out", str(tmp_path / "par"), "--jobs", "2", *common]) == 0
+    out, err = capsys.readouterr()
+    for name in names[:2]:
+        seq, par = (_stable_records(tmp_path / d / name / "metrics.jsonl") for d in ("seq", "par"))
+        assert par == seq and len(seq) > 10
+        assert json.loads((tmp_path / "par" / name / "run.json").read_text())["status"] == "complete"
+        assert f"] {name} [smoke] done in" in out
+    for d in ("seq", "par"):  # the missing data set is reported as not run either way
+        assert json.loads((tmp_path / d / "mnist" / "run.json").read_text())["status"] == "not run"
+        assert (tmp_path / d / "REPORT.md").exists()
+    assert "mnist NOT RUN" in err and "reproduce: 3 experiments" in out
+
+
+def test_jobs_must_be_positive(tmp_path, capsys):
+    assert main(["reproduce", "--out", str(tmp_path / "x"), "--only", "tabular-single", "--jobs", "0"]) == 2
+    assert "--jobs=0" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_longest_first_order_reads_the_runtime_note():
+    assert estimated_seconds(load("tabular-single")) == 2
+    assert estimated_seconds(load("mnist")) == 120
+    assert estimated_seconds(load("tabular-multi")) == 6  # "~6–7 s": the lower end
+    assert estimated_seconds(type("E", (), {"RUNTIME": "no estimate"})) == math.inf
+
+
+def test_a_failing_experiment_is_reported_and_the_others_finish(tmp_path, capsys):
+    bad = tmp_path / "bad-data"  # files with the right names and wrong contents: a ValueError, not missing data
+    bad.mkdir()
+    for name in ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
+        (bad / name).write_bytes(b"not an IDX file")
+    out = tmp_path / "par"
+    rc = main(["reproduce", "--out", str(out), "--only", "tabular-single", "mnist", "--preset", "smoke",
+               "--jobs", "2", "--no-progress", "--data-dir", str(bad)])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert json.loads((out / "tabular-single" / "run.json").read_text())["status"] == "complete"
+    assert "mnist [smoke] FAILED" in captured.err and "experiment(s) FAILED: mnist" in captured.err
+    assert (out / "REPORT.md").exists()
