@@ -6,6 +6,8 @@ OUT ?= results
 # MNIST IDX files for the MNIST experiments: passed on when the directory exists (else $TARGETPO_MNIST_DIR is
 # used, and without data the MNIST experiments are reported as not run, with how to provide it).
 MNIST_DIR ?= ../shared/data/mnist
+# paper (the default), open-questions (the experiments past the paper) or all: `make reproduce SUITE=all`.
+SUITE ?= paper
 # Experiments run at once, each in its own process with one torch thread (empty: one per CPU core; 1: one after
 # another). The results do not depend on it.
 JOBS ?=
@@ -23,7 +25,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 install: $(VENV)/.installed
 
 reproduce: $(VENV)/.installed
-	$(VENV)/bin/targetpo reproduce --out $(OUT) $(if $(JOBS),--jobs $(JOBS),) $(if $(wildcard $(MNIST_DIR)),--data-dir $(MNIST_DIR),)
+	$(VENV)/bin/targetpo reproduce --out $(OUT) --suite $(SUITE) $(if $(JOBS),--jobs $(JOBS),) $(if $(wildcard $(MNIST_DIR)),--data-dir $(MNIST_DIR),)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

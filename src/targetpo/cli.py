@@ -18,7 +18,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from targetpo.experiments import EXPERIMENTS, load
+from targetpo.experiments import EXPERIMENTS, SUITES, in_suite, load, suite_of
 from targetpo.runs.config import config_class, field_lines, make_config
 from targetpo.runs.data import MissingDataError
 from targetpo.runs.runner import add_runner_arguments, is_not_run, mark_not_run, run_experiment
@@ -38,7 +38,7 @@ def cmd_list(args) -> int:
     for name in EXPERIMENTS:
         exp = load(name)
         presets = ", ".join(f"{p} ({c.seeds} seeds)" for p, c in exp.PRESETS.items())
-        print(f"{name:<20} {exp.TITLE}\n{'':<20} presets: {presets}")
+        print(f"{name:<20} {exp.TITLE}\n{'':<20} suite: {suite_of(name)}; presets: {presets}")
     return 0
 
 
@@ -236,7 +236,7 @@ def cmd_reproduce(args) -> int:
     out = Path(args.out)
     # Every config is validated before the first run starts, so a refused one leaves nothing behind.
     plans = []
-    for name in args.only or list(EXPERIMENTS):
+    for name in args.only or in_suite(args.suite):
         exp = load(name)
         preset = args.preset or exp.REPRODUCE_PRESET
         overrides = _data_overrides(args, exp, strict=False)
@@ -330,7 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("reproduce", help="run every experiment at its reproduce preset and write one report")
     p.add_argument("--out", default="results", help="directory for all runs and REPORT.md (default results)")
-    p.add_argument("--only", nargs="*", choices=list(EXPERIMENTS), help="run only these experiments")
+    p.add_argument("--suite", default="paper", choices=list(SUITES),
+                   help="which experiments: " + "; ".join(f"{k}: {v}" for k, v in SUITES.items()))
+    p.add_argument("--only", nargs="*", choices=list(EXPERIMENTS), help="run only these experiments (any suite; "
+                   "overrides --suite)")
     p.add_argument("--preset", default=None, help="use this preset for every experiment instead of each one's default")
     p.add_argument("--fresh", action="store_true", help="discard existing runs instead of resuming them")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")

@@ -13,7 +13,8 @@ An experiment module defines:
 - ``run_unit(cfg, unit, ctx)``: does the work, calling ``ctx.log({"step": t, ...})`` as metrics are produced;
   it must be deterministic given (cfg, unit) so a resumed run replays it exactly;
 - ``report(run, section)``: tables next to the paper's numbers, plots and claim checks, from the metrics only;
-- optionally ``summary(run) -> str``: the one-line result printed at the end of a run.
+- optionally ``summary(run) -> str``: the one-line result printed at the end of a run;
+- optionally ``SUITE``: which ``targetpo reproduce --suite`` runs it (one of :data:`SUITES`; default ``"paper"``).
 """
 
 from __future__ import annotations
@@ -46,10 +47,34 @@ EXPERIMENTS: dict[str, str] = {
 }
 
 
+# `targetpo reproduce --suite`: the paper's experiments (the default, what `make reproduce` runs) and the
+# experiments past the paper (its §6 open questions and the LLM length study; docs/experiments.md §E14–§E19).
+SUITES: dict[str, str] = {
+    "paper": "the paper's experiments (the default)",
+    "open-questions": "the experiments past the paper: its §6 open questions and the LLM length study",
+    "all": "both suites",
+}
+
+
 def load(name: str) -> ModuleType:
     if name not in EXPERIMENTS:
         raise KeyError(f"unknown experiment {name!r}; available: {', '.join(EXPERIMENTS)}")
     return importlib.import_module(EXPERIMENTS[name])
+
+
+def suite_of(name: str) -> str:
+    """The suite experiment `name` belongs to: its module's ``SUITE`` (default "paper")."""
+    suite = getattr(load(name), "SUITE", "paper")
+    if suite not in SUITES or suite == "all":
+        raise ValueError(f"experiment {name!r} declares SUITE={suite!r}: must be 'paper' or 'open-questions'")
+    return suite
+
+
+def in_suite(suite: str) -> list[str]:
+    """The experiments `targetpo reproduce --suite SUITE` runs, in the list's order."""
+    if suite not in SUITES:
+        raise ValueError(f"suite={suite!r}: must be one of {', '.join(map(repr, SUITES))}")
+    return [n for n in EXPERIMENTS if suite == "all" or suite_of(n) == suite]
 
 
 def run_experiment(name: str, preset: str = "cpu", **kwargs) -> Path:

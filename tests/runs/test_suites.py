@@ -1,0 +1,27 @@
+"""`targetpo reproduce --suite`: every experiment declares one suite, and the default runs the paper's only."""
+
+import pytest
+
+from targetpo import cli
+from targetpo.experiments import EXPERIMENTS, SUITES, in_suite, suite_of
+
+
+def test_every_experiment_declares_a_known_suite():
+    assert {suite_of(n) for n in EXPERIMENTS} <= set(SUITES) - {"all"}
+
+
+def test_suites_partition_the_experiments():
+    paper, open_q = in_suite("paper"), in_suite("open-questions")
+    assert not set(paper) & set(open_q)
+    assert sorted(paper + open_q) == sorted(in_suite("all")) == sorted(EXPERIMENTS)
+    assert "mnist" in paper and "mnist-replay" in open_q
+
+
+def test_unknown_suite_is_refused():
+    with pytest.raises(ValueError, match="suite='bogus'"):
+        in_suite("bogus")
+
+
+def test_reproduce_defaults_to_the_paper_suite():
+    args = cli.build_parser().parse_args(["reproduce"])
+    assert args.suite == "paper"
