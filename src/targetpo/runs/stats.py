@@ -61,9 +61,18 @@ def curves(run, metric: str) -> dict[str, Curve]:
 
 
 def ours_vs_paper(curve: Curve, ref_steps, ref_values) -> list[str]:
-    """'ours (paper)' cells at the paper's steps that this run recorded."""
+    """'ours [lo, hi] (paper)' cells at the paper's steps that this run recorded: the seed mean with its 95 %
+    seed interval (`seed_interval`), then the reference value."""
     last = curve.steps[-1]
-    return [f"{fmt(value_at(curve.steps, curve.mean, s))} ({fmt(v)})" for s, v in zip(ref_steps, ref_values) if s <= last]
+    return [f"{interval_at(curve, s).show(-1)} ({fmt(v)})" for s, v in zip(ref_steps, ref_values) if s <= last]
+
+
+def interval_at(curve: Curve, step: int, level: float = 0.95) -> "Interval":
+    """Seed interval of the curve at a recorded step."""
+    i = int(np.searchsorted(curve.steps, step))
+    if i >= len(curve.steps) or curve.steps[i] != step:
+        raise KeyError(f"step {step} was not recorded")
+    return seed_interval(curve.values[i], level)
 
 
 # ----------------------------------------------------------------------------- seed intervals and verdicts
@@ -93,7 +102,7 @@ class Interval(NamedTuple):
 
     @property
     def has_interval(self) -> bool:
-        return bool(np.isfinite(self.lo) and np.isfinite(self.hi))
+        return not (np.isnan(self.lo) or np.isnan(self.hi))  # ±inf is a bound ("never"), NaN is none
 
     def covers(self, value: float) -> bool:
         return self.has_interval and self.lo <= value <= self.hi
@@ -212,16 +221,16 @@ def bootstrap_interval(statistic, *samples, level: float = LEVEL, resamples: int
     return Interval(estimate, float(lo), float(hi), n, "bootstrap")
 
 
+def hit_step(steps, values, threshold: float) -> float:
+    """First step at which the seed mean of `values` [steps, seeds] is below `threshold`; inf = never."""
+    s = first_below(np.asarray(steps), np.asarray(values, dtype=float).mean(axis=-1), threshold)
+    return np.inf if s is None else float(s)
+
+
 def steps_to_interval(steps, values, threshold: float, level: float = LEVEL) -> Interval:
     """The first step at which the seed-mean curve is below `threshold` ("steps to x", docs/method.md §1), with a
     percentile-bootstrap interval over seeds; inf = never within the run."""
-    steps = np.asarray(steps)
-
-    def hit(v):
-        s = first_below(steps, np.asarray(v).mean(axis=-1), threshold)
-        return np.inf if s is None else float(s)
-
-    return bootstrap_interval(hit, np.asarray(values, dtype=float), level=level)
+    return bootstrap_interval(lambda v: hit_step(steps, v, threshold), np.asarray(values, dtype=float), level=level)
 
 
 class Verdict(str, Enum):
@@ -249,6 +258,21 @@ def above(iv: Interval, threshold: float) -> Verdict:
     return Verdict.FAIL if iv.hi <= threshold else Verdict.INCONCLUSIVE
 
 
+def at_most(iv: Interval, threshold: float) -> Verdict:
+    """The claim "quantity ≤ threshold" (ties allowed, e.g. step counts): PASS when hi ≤ threshold, FAIL when
+    lo > threshold, else INCONCLUSIVE."""
+    if not iv.has_interval:
+        return Verdict.INCONCLUSIVE
+    if iv.hi <= threshold:
+        return Verdict.PASS
+    return Verdict.FAIL if iv.lo > threshold else Verdict.INCONCLUSIVE
+
+
+def at_least(iv: Interval, threshold: float) -> Verdict:
+    """The claim "quantity ≥ threshold" (see `at_most`)."""
+    return at_most(iv._replace(estimate=-iv.estimate, lo=-iv.hi, hi=-iv.lo), -threshold)
+
+
 def within(iv: Interval, lo: float, hi: float) -> Verdict:
     """The claim "lo ≤ quantity ≤ hi": PASS when the interval lies inside [lo, hi], FAIL when it lies wholly
     outside, INCONCLUSIVE when it overlaps an edge or there is no interval."""
@@ -259,6 +283,11 @@ def within(iv: Interval, lo: float, hi: float) -> Verdict:
     if lo <= iv.lo and iv.hi <= hi:
         return Verdict.PASS
     return Verdict.FAIL if (iv.hi < lo or iv.lo > hi) else Verdict.INCONCLUSIVE
+
+
+def exact(holds: bool) -> Verdict:
+    """The verdict on a quantity with no seed dependence (read off an update rule, a closed form)."""
+    return Verdict.PASS if holds else Verdict.FAIL
 
 
 def all_of(verdicts) -> Verdict | None:
