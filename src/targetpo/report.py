@@ -23,50 +23,13 @@ import numpy as np
 
 from targetpo.experiments import EXPERIMENTS, load  # noqa: E402
 from targetpo.runs import plots  # noqa: E402
-from targetpo.runs.stats import Interval, Verdict  # noqa: E402
+from targetpo.runs.stats import (FAIL_CLASSES, NOISE, NOT_REPRODUCED, SCALE, Failure, Verdict,  # noqa: E402,F401
+                                 failure, oracle_floor, seed_noise)
 from targetpo.runs.store import Run, find_runs  # noqa: E402
 
 
 # The presets long enough to test the paper's claims; every other preset (smoke) gets no verdict.
 VERDICT_PRESETS = ("cpu", "paper")
-
-
-# The three classes of a FAIL (docs/verdicts.md).
-SCALE = "scale or data"
-NOISE = "seed noise"
-NOT_REPRODUCED = "does not reproduce"
-FAIL_CLASSES = (SCALE, NOISE, NOT_REPRODUCED)
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why a claim FAILs at this preset: one of FAIL_CLASSES and the evidence for it."""
-
-    kind: str
-    evidence: str
-
-    def __post_init__(self):
-        if self.kind not in FAIL_CLASSES:
-            raise ValueError(f"Failure kind must be one of {FAIL_CLASSES}, got {self.kind!r}")
-
-
-def seed_noise(iv: Interval, paper_value: float, what: str, scale: float = 1.0, unit: str = "",
-               digits: int = 3) -> Failure | None:
-    """NOISE when the seed interval of the claim's quantity covers the paper's value: our seeds cannot tell our
-    number from the paper's, so the FAIL is a property of these seeds, not a disagreement with the paper."""
-    if not iv.covers(paper_value):
-        return None
-    return Failure(NOISE, f"{what} {iv.show(digits, scale, unit)} covers the paper's {paper_value * scale:.{digits}f}{unit}")
-
-
-def oracle_floor(floor: Interval, paper_value: float, what: str, scale: float = 1.0, unit: str = "",
-                 digits: int = 1) -> Failure | None:
-    """SCALE when an oracle that sees the answer (the supervised CE model) ends wholly above the paper's value on
-    this data: no method can reach the paper's number here, so the gap is the data's, not the method's."""
-    if not floor.has_interval or floor.lo <= paper_value:
-        return None
-    return Failure(SCALE, f"the CE oracle ends at {floor.show(digits, scale, unit)} on this data, above the paper's "
-                          f"{what} {paper_value * scale:.{digits}f}{unit}: the paper's level is out of reach here")
 
 
 def _as_verdict(passed) -> Verdict | None:

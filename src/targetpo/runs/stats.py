@@ -316,3 +316,57 @@ def any_of(verdicts) -> Verdict | None:
 def final_interval(curve: Curve, level: float = LEVEL) -> Interval:
     """Seed interval of a curve's last recorded value (the paper's "final", unsmoothed)."""
     return seed_interval(curve.values[-1], level)
+
+
+# ----------------------------------------------------------------------------- why a claim fails
+
+# The three classes of a FAIL (docs/verdicts.md).
+SCALE = "scale or data"
+NOISE = "seed noise"
+NOT_REPRODUCED = "does not reproduce"
+FAIL_CLASSES = (SCALE, NOISE, NOT_REPRODUCED)
+
+
+class Failure(NamedTuple):
+    """Why a claim FAILs at this preset: one of FAIL_CLASSES and the evidence for it."""
+
+    kind: str
+    evidence: str
+
+
+def failure(kind: str, evidence: str) -> Failure:
+    """A declared explanation for a FAIL, e.g. failure(NOT_REPRODUCED, "checked: ...")."""
+    if kind not in FAIL_CLASSES:
+        raise ValueError(f"a FAIL's kind must be one of {FAIL_CLASSES}, got {kind!r}")
+    if not evidence:
+        raise ValueError("a FAIL's class needs its evidence (what shows it, or what was checked), got ''")
+    return Failure(kind, evidence)
+
+
+def seed_noise(iv: Interval, paper_value: float | None, what: str, scale: float = 1.0, unit: str = "",
+               digits: int = 3) -> Failure | None:
+    """NOISE when the seed interval of the claim's quantity covers the paper's value: our seeds cannot tell our
+    number from the paper's, so the FAIL is a property of these seeds, not a disagreement with the paper."""
+    if paper_value is None or not iv.covers(paper_value):
+        return None
+    return Failure(NOISE, f"{what} {iv.show(digits, scale, unit)} covers the paper's {paper_value * scale:.{digits}f}{unit}")
+
+
+def oracle_floor(floor: Interval, paper_value: float, what: str, scale: float = 1.0, unit: str = "",
+                 digits: int = 1) -> Failure | None:
+    """SCALE when an oracle that sees the answer (the supervised CE model) ends wholly above the paper's value on
+    this data: no method can reach the paper's number here, so the gap is the data's, not the method's."""
+    if not floor.has_interval or floor.lo <= paper_value:
+        return None
+    return Failure(SCALE, f"the CE oracle ends at {floor.show(digits, scale, unit)} on this data, above the paper's "
+                          f"{what} {paper_value * scale:.{digits}f}{unit}: the paper's level is out of reach here")
+
+
+def not_reproduced(iv: Interval, paper_value: float | None, what: str, checked: str, scale: float = 1.0,
+                   unit: str = "", digits: int = 3) -> Failure:
+    """NOT_REPRODUCED with what was checked: the seed interval (which excludes the paper's value, so the FAIL is
+    not seed noise) plus the experiment's own note on what else was ruled out or is still open."""
+    where = (f"{what} {iv.show(digits, scale, unit)}"
+             + ("" if paper_value is None else
+                f" {'covers' if iv.covers(paper_value) else 'excludes'} the paper's {paper_value * scale:.{digits}f}{unit}"))
+    return failure(NOT_REPRODUCED, f"{where}; {checked}")

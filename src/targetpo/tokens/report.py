@@ -102,6 +102,11 @@ def pm(mean_se: tuple[float, float], scale: float = 1.0, digits: int = 1) -> str
     return f"{scale * m:.{digits}f} ± {scale * se:.{digits}f}"
 
 
+def tail_cell(curve: Curve | None, scale: float = 100.0, digits: int = 2) -> str:
+    """Tail-mean error as 'mean [95 % t-interval]' ('–' when the method did not run)."""
+    return "–" if curve is None else tc.tail_iv(curve).show(digits, scale)
+
+
 def aggregate(verdicts: list[bool | None]) -> bool | None:
     """All decided verdicts hold (None = undecided at this configuration; all undecided → None)."""
     decided = [v for v in verdicts if v is not None]
@@ -149,8 +154,9 @@ def panels(section, grid: dict[str, dict[str, Curve]], name: str, caption: str, 
 
 
 def steps_cell(curve: Curve | None, paper_value, in_paper: bool, threshold: float = 0.01) -> str:
-    """'ours (paper)' for an episodes-to-threshold table; paper '−' = never, 'n/a' = not in the paper."""
-    ours = fmt(tc.steps_to(curve, threshold)) if curve is not None else "not run"
+    """'ours [bootstrap interval over seeds] (paper)' for an episodes-to-threshold table; ours 'never' = not
+    reached in this run; paper '−' = never, 'n/a' = not in the paper."""
+    ours = tc.steps_iv(curve, threshold).show(-1) if curve is not None else "not run"
     ref = "n/a" if not in_paper else ("−" if paper_value is None else fmt(paper_value))
     return f"{ours} ({ref})"
 
