@@ -97,7 +97,7 @@ class Section:
         the explanations to use should the claim FAIL, in order (None entries are skipped: a computed check that
         did not apply); a *scale or data* or *seed noise* entry wins over a *does not reproduce* one."""
         interval = not isinstance(passed, (bool, np.bool_))
-        items = failure if isinstance(failure, (list, tuple)) else [failure]
+        items = [failure] if failure is None or isinstance(failure, Failure) else list(failure)
         for f in items:
             if f is not None and not isinstance(f, Failure):
                 raise ValueError(f"failure entries must be Failure or None, got {f!r}")

@@ -116,6 +116,8 @@ class Interval(NamedTuple):
         e, lo, hi = (self.estimate * scale, self.lo * scale, self.hi * scale)
         if not self.has_interval:
             return f"{_num(e, digits)}{unit} ({self.n} seed{'s' if self.n != 1 else ''}, no interval)"
+        if e == lo == hi == np.inf:
+            return "never"  # in every resample
         return f"{_num(e, digits)}{unit} [{_num(lo, digits)}, {_num(hi, digits)}]"
 
 
