@@ -138,9 +138,9 @@ def _result_cell(c: Claim, verdict: Verdict | None, na: str) -> str:
     if verdict is None:
         return na
     shown = {Verdict.PASS: "**PASS**", Verdict.FAIL: "**FAIL**", Verdict.INCONCLUSIVE: "inconclusive"}[verdict]
-    if verdict is Verdict.FAIL and c.failure is not None:
-        shown += f" ({c.failure.kind})"
-    return shown + ("" if c.interval else " (point estimate)")
+    notes = ([c.failure.kind] if verdict is Verdict.FAIL and c.failure is not None else []) + \
+        ([] if c.interval else ["point estimate"])
+    return shown + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _evidence_cell(c: Claim, verdict: Verdict | None) -> str:

@@ -98,9 +98,9 @@ def report(run, section) -> None:
 
     betas = measured_betas()
     ref_b = paper.TABULAR_BETA_AT_0_1.values
-    exact = {"tpo": beta_tpo, "dg": beta_dg, "grpo": beta_grpo, "pg": beta_pg}
+    closed = {"tpo": beta_tpo, "dg": beta_dg, "grpo": beta_grpo, "pg": beta_pg}
     section.table(["method", "β(0.1) from our update", "closed form", "paper"],
-                  [[LABELS[m], fmt(betas[m]), fmt(float(exact[m](torch.tensor(0.1, dtype=torch.float64), *( (10,) if m == 'tpo' else ())))),
+                  [[LABELS[m], fmt(betas[m]), fmt(float(closed[m](torch.tensor(0.1, dtype=torch.float64), *( (10,) if m == 'tpo' else ())))),
                     fmt(ref_b.get(m))] for m in betas], "Update weight β(p) at p = 0.1, K = 10")
 
     fig, (ax1, ax2) = plots.figure(2)
