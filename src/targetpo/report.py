@@ -149,33 +149,55 @@ def _evidence_cell(c: Claim, verdict: Verdict | None) -> str:
     return c.evidence
 
 
+def run_scale(run: Run) -> tuple[int, int, int]:
+    """How much a run tests: (preset rank in VERDICT_PRESETS, steps or episodes, seeds)."""
+    cfg = run.meta.get("config", {})
+    rank = VERDICT_PRESETS.index(run.meta["preset"]) if run.meta.get("preset") in VERDICT_PRESETS else -1
+    length = cfg.get("steps") or cfg.get("episodes") or cfg.get("variant_episodes") or 0
+    return rank, int(length), len(run.meta.get("seeds", []))
+
+
+def is_larger(a: Run, b: Run) -> bool:
+    """Whether run a tests more than run b: a larger preset, or the same preset with at least as many steps and
+    seeds and more of one of them."""
+    (ra, la, sa), (rb, lb, sb) = run_scale(a), run_scale(b)
+    return ra > rb or (ra == rb and la >= lb and sa >= sb and (la, sa) != (lb, sb))
+
+
+def _describe(run: Run) -> str:
+    _, length, seeds = run_scale(run)
+    return f"run `{run.path.name}` (preset {run.meta.get('preset')}, {length:,} steps, {seeds} seeds)"
+
+
 def resolve_failures(sections: list["Section"]) -> None:
-    """Give every FAIL its class (docs/verdicts.md): the experiment's *scale or data* / *seed noise* evidence
-    first, then the same claim (same key) passing at a larger preset in this report (*scale or data*), then the
-    experiment's *does not reproduce* note; with none of these, *does not reproduce* with nothing found."""
-    rank = {p: i for i, p in enumerate(VERDICT_PRESETS)}
-    passing: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    """Give every FAIL its class (docs/verdicts.md §3): the experiment's *scale or data* / *seed noise* evidence
+    first, then the same claim (same key) passing in a larger run of the same experiment in this report (*scale or
+    data*), then the experiment's *does not reproduce* note; with none of these, *does not reproduce* with nothing
+    found. A larger run where the claim FAILs too is added to the *does not reproduce* evidence."""
+    by_claim: dict[tuple, list[tuple[Run, Verdict]]] = {}
     for s in sections:
-        preset = s.run.meta.get("preset")
         for c, v in zip(s.claims, s.verdicts()):
-            if v is Verdict.PASS and preset in rank:
-                passing.setdefault((s.run.experiment, c.key), []).append((rank[preset], f"{preset} (run `{s.run.path.name}`)"))
+            if v is not None:
+                by_claim.setdefault((s.run.meta.get("experiment"), c.key), []).append((s.run, v))
     for s in sections:
-        preset = s.run.meta.get("preset")
         for c, v in zip(s.claims, s.verdicts()):
             if v is not Verdict.FAIL:
                 continue
-            larger = [where for r, where in passing.get((s.run.experiment, c.key), []) if r > rank.get(preset, -1)]
+            larger = [(r, w) for r, w in by_claim.get((s.run.meta.get("experiment"), c.key), [])
+                      if is_larger(r, s.run)]
+            passing = [r for r, w in larger if w is Verdict.PASS]
+            also = [r for r, w in larger if w is Verdict.FAIL]
             explained = [f for f in c.candidates if f.kind != NOT_REPRODUCED]
             if explained:
                 c.failure = explained[0]
-            elif larger:
-                c.failure = Failure(SCALE, f"the same claim is PASS at the larger preset {larger[0]} in this report")
-            elif c.candidates:
-                c.failure = c.candidates[0]
+            elif passing:
+                c.failure = Failure(SCALE, f"the same claim is PASS in the larger {_describe(passing[0])}; this run "
+                                           f"has {run_scale(s.run)[1]:,} steps and {run_scale(s.run)[2]} seeds")
             else:
-                c.failure = Failure(NOT_REPRODUCED, "no oracle floor, larger-preset run or seed interval in this "
-                                                    "report explains it")
+                base = c.candidates[0] if c.candidates else Failure(
+                    NOT_REPRODUCED, "no oracle floor, larger run or seed interval in this report explains it")
+                extra = "".join(f"; the same claim also FAILs in the larger {_describe(r)}" for r in also)
+                c.failure = base._replace(evidence=base.evidence + extra)
 
 
 def build_section(run: Run, report_dir: Path) -> Section:

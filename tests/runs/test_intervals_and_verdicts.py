@@ -143,8 +143,9 @@ def test_three_valued_and_or():
     assert any_of([F, P]) is P and any_of([F, I]) is I and any_of([F, F]) is F and any_of([]) is None
 
 
-def _section(experiment, preset, claims, name="run"):
-    run = Run(path=Path(f"/nonexistent/{name}"), meta={"preset": preset, "experiment": experiment})
+def _section(experiment, preset, claims, name="run", steps=None, seeds=0):
+    run = Run(path=Path(f"/nonexistent/{name}"), meta={"preset": preset, "experiment": experiment,
+                                                        "config": {"steps": steps}, "seeds": list(range(seeds))})
     s = Section("t", run, run.path)
     for c in claims:
         s.claim(*c[:3], **(c[3] if len(c) > 3 else {}))
@@ -183,10 +184,10 @@ def test_fail_classes_resolve_in_order_and_render_with_their_evidence():
     assert kinds == [NOISE, SCALE, NOT_REPRODUCED, NOT_REPRODUCED, None, None]
     text = cpu.render()
     assert "| noisy | **FAIL** (seed noise) | e1. **Seed noise:** x 0.300 [0.100, 0.500] covers the paper's 0.400 |" in text
-    assert "| bigger run passes | **FAIL** (scale or data) | e2. **Scale or data:** the same claim is PASS at the " \
-           "larger preset paper (run `paper-run`) in this report |" in text
+    assert "| bigger run passes | **FAIL** (scale or data) | e2. **Scale or data:** the same claim is PASS in the " \
+           "larger run `paper-run` (preset paper, 0 steps, 0 seeds); this run has 0 steps and 0 seeds |" in text
     assert "| declared only | **FAIL** (does not reproduce) | e3. **Does not reproduce:** checked: the slides' protocol |" in text
-    assert "**Does not reproduce:** no oracle floor, larger-preset run or seed interval" in text
+    assert "**Does not reproduce:** no oracle floor, larger run or seed interval" in text
     assert "| straddles | inconclusive | e5 |" in text and "| passes | **PASS** | e6 |" in text
     assert claim_count([cpu, paper]) == ("**2 PASS, 4 FAIL (1 scale or data, 1 seed noise, 2 does not reproduce), "
                                          "1 inconclusive** over the cpu and paper presets")
@@ -199,3 +200,17 @@ def test_claim_rejects_a_verdict_it_does_not_know():
     with pytest.raises(ValueError, match="failure entries must be Failure or None, got 'scale or data'"):
         s.claim("c", F, "e", failure=[SCALE])
     assert Section.claim.__code__.co_varnames[:4] == ("self", "text", "passed", "evidence")  # the old call still works
+
+
+def test_a_longer_run_at_the_same_preset_counts_as_larger_and_a_failing_one_is_reported():
+    short = _section("mnist-staleness", "cpu", [("drift", F, "e", {"failure": failure(NOT_REPRODUCED, "checked: x")}),
+                                                ("order", F, "e")], name="short", steps=3000, seeds=3)
+    long = _section("mnist-staleness", "cpu", [("drift", P, "e"), ("order", F, "e")], name="long", steps=10000, seeds=3)
+    fewer = _section("mnist-staleness", "cpu", [("drift", P, "e")], name="fewer", steps=10000, seeds=2)
+    resolve_failures([short, long, fewer])
+    drift, order = short.claims
+    assert drift.failure.kind == SCALE and "PASS in the larger run `long` (preset cpu, 10,000 steps, 3 seeds); this " \
+        "run has 3,000 steps and 3 seeds" in drift.failure.evidence
+    assert order.failure.kind == NOT_REPRODUCED and order.failure.evidence.endswith(
+        "; the same claim also FAILs in the larger run `long` (preset cpu, 10,000 steps, 3 seeds)")
+    assert long.claims[1].failure.kind == NOT_REPRODUCED and "also FAILs" not in long.claims[1].failure.evidence
