@@ -23,8 +23,7 @@ import numpy as np
 
 from targetpo.experiments import EXPERIMENTS, load  # noqa: E402
 from targetpo.runs import plots  # noqa: E402
-from targetpo.runs.stats import (FAIL_CLASSES, NOISE, NOT_REPRODUCED, SCALE, Failure, Verdict,  # noqa: E402,F401
-                                 failure, oracle_floor, seed_noise)
+from targetpo.runs.stats import FAIL_CLASSES, NOT_REPRODUCED, SCALE, Failure, Verdict  # noqa: E402
 from targetpo.runs.store import Run, find_runs  # noqa: E402
 
 

@@ -170,7 +170,8 @@ def report(run, section) -> None:
     headers = ["concentration bin"]
     for m in ("tpo", "dg"):
         if m in tab:
-            headers += [f"{LABELS[m]} surplus (ours, seed mean [95 % t-interval]; n seeds with the bin non-empty)", "paper",
+            headers += [f"{LABELS[m]} surplus (ours, seed mean [95 % t-interval]; n seeds with the bin non-empty)",
+                        "paper",
                         f"misclassified per seed ({LABELS[m]})"]
     headers += [f"{LABELS[m]} surplus" for m in ("pg", "group_pg") if m in tab]
     section.table(headers, table_rows, f"Exact − scalar first-order gain at {where}; paper values read from "
@@ -179,7 +180,8 @@ def report(run, section) -> None:
     # Final errors of the same runs, for context.
     cur = error_curves(run)
     section.table(["method", "final test error (ours, mean [95 % t-interval])", "paper"],
-                  [[LABELS[m], seed_interval(c["values"][-1]).show(2, 100, " %"), pct(paper.MNIST_FINAL_ERROR.values.get(m))]
+                  [[LABELS[m], seed_interval(c["values"][-1]).show(2, 100, " %"),
+                    pct(paper.MNIST_FINAL_ERROR.values.get(m))]
                    for m, c in cur.items()], f"Test error after {rows[-1]['step']:,} updates (paper: 10,000)")
 
     fig, (ax1, ax2) = plots.figure(2, width=5.4)

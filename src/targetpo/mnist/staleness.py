@@ -202,7 +202,8 @@ def report(run, section) -> None:
             cells.append(f"{ours} ({paper_v if paper_v is not None else '–'})")
         rows.append([LABELS[m]] + cells)
     section.table(["method"] + [f"D={d}" for d in delays], rows,
-                  f"Final test error (%) after {steps:,} updates, {cfg['seeds']} seeds: ours, mean [95 % t-interval] (slides). The slides' "
+                  f"Final test error (%) after {steps:,} updates, {cfg['seeds']} seeds: ours, mean [95 % t-interval] "
+                  "(slides). The slides' "
                   "step count and data protocol are not stated")
 
     fig, (ax1, ax2) = plots.figure(2, width=5.4)
@@ -265,13 +266,14 @@ def report(run, section) -> None:
         others = [m for m in f if m != "tpo"]
         gaps = {(m, d): paired_interval(f["tpo"][d][2], f[m][d][2]) for d in delays for m in others
                 if d in f[m] and d in f["tpo"]}
-        worse = [f"D={d} vs {LABELS[m]} {iv.show(1, 100)}" for (m, d), iv in gaps.items() if at_most(iv, 0) is Verdict.FAIL]
+        worse = [f"D={d} vs {LABELS[m]} {iv.show(1, 100)}" for (m, d), iv in gaps.items()
+                 if at_most(iv, 0) is Verdict.FAIL]
         section.claim("TPO has the lowest final error at every delay (slides)",
                       all_of([at_most(iv, 0) for iv in gaps.values()]),
                       "; ".join(f"D={d}: TPO {pct(err('tpo', d))} vs best other "
                                 f"{pct(min(err(m, d) for m in others if d in f[m]))}" for d in delays) if others else "",
-                      failure=failure(NOT_REPRODUCED, "TPO − other wholly above 0 (points, paired): " + "; ".join(worse)
-                                      + f"; {checked}") if worse else None)
+                      failure=failure(NOT_REPRODUCED, "TPO − other wholly above 0 (points, paired): "
+                                      + "; ".join(worse) + f"; {checked}") if worse else None)
     if "reinforce" in f:
         section.claim(f"REINFORCE collapses under large delay: at D={hi} at least 10 points worse than at D={lo} "
                       "(slides: 6.3 → 78.1 % at D=1000)", at_least(drift("reinforce"), 0.10), ev("reinforce"),
@@ -286,4 +288,5 @@ def report(run, section) -> None:
                       ev("pg_is", "reinforce") + f"; PG (IS) − REINFORCE at D={hi}: {gap.show(1, 100)} points")
     if "ppo" in f:
         section.claim(f"PPO against the behaviour snapshot stays stable: D={hi} within 2 points of D={lo} "
-                      "(slides 6.3 → 5.4 %)", within(drift("ppo"), -0.02, 0.02), ev("ppo"), failure=drift_failure("ppo"))
+                      "(slides 6.3 → 5.4 %)", within(drift("ppo"), -0.02, 0.02), ev("ppo"),
+                      failure=drift_failure("ppo"))

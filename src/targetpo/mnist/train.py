@@ -284,7 +284,8 @@ def report(run, section) -> None:
                                                                for a, b in zip(order, order[1:])) + scope)
         gap = lower("grpo", "pg")
         section.claim("single-sample GRPO performs comparably to PG (paper 5.9 vs 5.3 %; within 1.5 points)",
-                      within(gap, -0.015, 0.015), ev(("pg", "grpo")) + f"; GRPO − PG {gap.show(2, 100)} points" + scope,
+                      within(gap, -0.015, 0.015),
+                      ev(("pg", "grpo")) + f"; GRPO − PG {gap.show(2, 100)} points" + scope,
                       failure=seed_noise(gap, ref_final["grpo"] - ref_final["pg"], "GRPO − PG", 100, " points", 1))
     if {"tpo", "group_pg"} <= set(final):
         gap = lower("group_pg", "tpo")

@@ -351,7 +351,8 @@ def seed_noise(iv: Interval, paper_value: float | None, what: str, scale: float 
     number from the paper's, so the FAIL is a property of these seeds, not a disagreement with the paper."""
     if paper_value is None or not iv.covers(paper_value):
         return None
-    return Failure(NOISE, f"{what} {iv.show(digits, scale, unit)} covers the paper's {paper_value * scale:.{digits}f}{unit}")
+    return Failure(NOISE, f"{what} {iv.show(digits, scale, unit)} covers the paper's "
+                          f"{paper_value * scale:.{digits}f}{unit}")
 
 
 def oracle_floor(floor: Interval, paper_value: float, what: str, scale: float = 1.0, unit: str = "",
@@ -369,6 +370,6 @@ def not_reproduced(iv: Interval, paper_value: float | None, what: str, checked: 
     """NOT_REPRODUCED with what was checked: the seed interval (which excludes the paper's value, so the FAIL is
     not seed noise) plus the experiment's own note on what else was ruled out or is still open."""
     where = (f"{what} {iv.show(digits, scale, unit)}"
-             + ("" if paper_value is None else
-                f" {'covers' if iv.covers(paper_value) else 'excludes'} the paper's {paper_value * scale:.{digits}f}{unit}"))
+             + ("" if paper_value is None else f" {'covers' if iv.covers(paper_value) else 'excludes'} the "
+                                                f"paper's {paper_value * scale:.{digits}f}{unit}"))
     return failure(NOT_REPRODUCED, f"{where}; {checked}")

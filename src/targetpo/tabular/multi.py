@@ -17,8 +17,9 @@ from targetpo import paper
 from targetpo.runs.config import config, default, param
 from targetpo.tabular.config import TabularConfig, error_rows
 from targetpo.runs import plots
-from targetpo.runs.stats import (all_of, at_least, below, bootstrap_interval, curves, exact, final_interval, first_below, fmt,
-                                 hit_step, interval_at, ours_vs_paper, paired_interval, seed_interval, steps_to_interval)
+from targetpo.runs.stats import (all_of, at_least, below, bootstrap_interval, curves, exact, final_interval,
+                                 first_below, fmt, hit_step, interval_at, ours_vs_paper, paired_interval,
+                                 seed_interval, steps_to_interval)
 from targetpo.tabular.bandit import beta_dg, beta_grpo, beta_pg, beta_tpo, correct_direction, exact_update, misalignment, normalized_step
 
 NAME = "tabular-multi"

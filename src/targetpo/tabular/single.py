@@ -16,7 +16,6 @@ recorded *before* the step; misalignment is 1 − cos(g, g*_PG) with g*_PG = π(
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from targetpo import paper

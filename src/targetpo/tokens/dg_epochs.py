@@ -20,8 +20,6 @@ so at this scale it compares runs that have not settled (the paper compares afte
 
 from __future__ import annotations
 
-import numpy as np
-
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
@@ -165,7 +163,8 @@ def report(run, section) -> None:
                                               f"({'n/a' if ref is None else tc.fmt(ref)})")
         rows.append(row)
     section.table(["task"] + [f"DG {e} ep" for e in counts], rows,
-                  "Fig. 17 — final error %: last episode / last-10% mean, each seed mean [95 % t-interval], ours (paper: "
+                  "Fig. 17 — final error %: last episode / last-10% mean, each seed mean [95 % t-interval], ours "
+                  "(paper: "
                   f"{paper.DG_EPOCHS_TERMINAL.source}, {paper.DG_EPOCHS_VARIANTS_PCT.source})")
     labels = {e: f"DG ({e} ep)" for e in counts}
     colors = {e: tr.SWEEP_COLORS[i % len(tr.SWEEP_COLORS)] for i, e in enumerate(counts)}

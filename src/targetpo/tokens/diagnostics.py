@@ -131,7 +131,8 @@ def _tables(section, cfg, metrics, w) -> None:
                      "–" if g is None else f"{tc.tail_mean(g)[0]:.3g}"])
     section.table(["method", "final-10% error %", f"error % at ep. {checkpoint}", "all-fail at ep. 0",
                    "final-10% all-fail", "peak grad norm (smoothed)", "final-10% grad norm"], rows,
-                  "Diagnostics summary (seed mean [95 % t-interval]; grad norms: seed means). Single-sample methods: all-fail = fraction of failed "
+                  "Diagnostics summary (seed mean [95 % t-interval]; grad norms: seed means). Single-sample "
+                  "methods: all-fail = fraction of failed "
                   "rollouts")
     rows = [["all-fail fraction at initialisation", f"{theory_all_fail(cfg):.3f} (theory (1 − V^−H)^K)",
              f"{ref['initial_all_fail_fraction']} (theory {1 - ref['theory_frac_success_at_init']:.3f})"],
@@ -187,7 +188,8 @@ def _claims(section, cfg, metrics, w) -> None:
                       "(final-10% > 2× TPO's and > 0.01) (Fig. 11)", all_of(parts.values()),
                       f"final-10% all-fail: TPO {seed_interval(t).show(4)}, GRPO {seed_interval(g).show(4)}",
                       failure=failure(NOT_REPRODUCED, f"failing part(s): {', '.join(failed) or 'none'}; the paper's "
-                                      f"TPO is at ≈ 0 by episode {ref['tpo_all_fail_near_zero_by_episode']}; {setting}"))
+                                      f"TPO is at ≈ 0 by episode {ref['tpo_all_fail_near_zero_by_episode']}; "
+                                      f"{setting}"))
     else:
         section.claim("TPO's all-fail fraction falls to ≈ 0 while GRPO keeps a residual", None, "needs tpo and grpo")
     if "tpo" in gn and "grpo" in gn and learned:
@@ -197,7 +199,8 @@ def _claims(section, cfg, metrics, w) -> None:
         ratio = bootstrap_interval(lambda gv, tv: gv[-_tail(gv):].mean() / tv[-_tail(tv):].mean(),
                                    gn["grpo"].values, gn["tpo"].values)
         section.claim("After learning TPO's gradient norm decays to ≈ 0 (final-10% < 10% of its smoothed peak) "
-                      "while GRPO's stays large (> 10× TPO's) (Fig. 10a)", all_of([below(decay, 0.1), above(ratio, 10)]),
+                      "while GRPO's stays large (> 10× TPO's) (Fig. 10a)",
+                      all_of([below(decay, 0.1), above(ratio, 10)]),
                       f"TPO final/peak {decay.show(-1)}; GRPO/TPO final {ratio.show(-1)} (bootstrap)")
     else:
         section.claim("After learning TPO's gradient norm decays to ≈ 0 while GRPO's stays large", None,

@@ -218,7 +218,8 @@ def _claims(section, cfg, cur, plan) -> None:
         gap = tc.tail_gap(cur[(*base, "grpo_masked")], cur[(*base, "grpo")])
         section.claim("Masking zero-variance groups hurts GRPO: GRPO (masked) ends worse than GRPO (Fig. 15)",
                       above(gap, 0), f"GRPO {tail[(*base, 'grpo')].show(1, 100)}%, GRPO (masked) "
-                                     f"{tail[(*base, 'grpo_masked')].show(1, 100)}%; masked − GRPO {gap.show(1, 100)} points")
+                                     f"{tail[(*base, 'grpo_masked')].show(1, 100)}%; masked − GRPO "
+                                     f"{gap.show(1, 100)} points")
     else:
         section.claim("Masking zero-variance groups hurts GRPO", None, "needs the masking sweep")
     ep = [(k, e) for k, e, m in plan.get("epochs", []) if m == "tpo" and (k, e, "tpo") in tail]

@@ -148,7 +148,8 @@ def report(run, section) -> None:
             c = data[col].get(m)
             row.append("–" if c is None else tc.tail_iv(c).show(1, 100))
         rows.append(row)
-    section.table(head, rows, "Mean error % over the last 10% of episodes (seed mean [95 % t-interval]), less noisy than "
+    section.table(head, rows, "Mean error % over the last 10% of episodes (seed mean [95 % t-interval]), less noisy "
+                  "than "
                   "the last episode alone")
     rows = [[tc.label(m)] + [_steps_cell(data[col].get(m)) for col in cols] for m in methods]
     section.table(head, rows, "Episodes to 5% error (first episode with seed-mean error < 0.05; never = not "

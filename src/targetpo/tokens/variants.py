@@ -178,10 +178,10 @@ def _claims(section, cfg, data) -> None:
             continue
         steps = by_m[tpo].steps
 
-        def hit(x):
+        def reach(x):
             return min(hit_step(steps, x, 0.01), float(horizon))
 
-        ratio = bootstrap_interval(lambda t, *o: min(hit(x) for x in o) / max(hit(t), 1.0), by_m[tpo].values,
+        ratio = bootstrap_interval(lambda t, *o: min(reach(x) for x in o) / max(reach(t), 1.0), by_m[tpo].values,
                                    *(by_m[m].values for m in others))
         # Undecided if nobody else reached 1% and the horizon is too short to show a 2× gap.
         verdicts.append(at_least(ratio, 2) if (reached or ratio.estimate >= 2) else None)
