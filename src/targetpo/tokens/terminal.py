@@ -149,8 +149,7 @@ def report(run, section) -> None:
             row.append("–" if c is None else tc.tail_iv(c).show(1, 100))
         rows.append(row)
     section.table(head, rows, "Mean error % over the last 10% of episodes (seed mean [95 % t-interval]), less noisy "
-                  "than "
-                  "the last episode alone")
+                  "than the last episode alone")
     rows = [[tc.label(m)] + [_steps_cell(data[col].get(m)) for col in cols] for m in methods]
     section.table(head, rows, "Episodes to 5% error (first episode with seed-mean error < 0.05; never = not "
                   "reached; [95 % bootstrap interval over seeds])")
