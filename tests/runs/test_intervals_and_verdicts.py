@@ -214,3 +214,11 @@ def test_a_longer_run_at_the_same_preset_counts_as_larger_and_a_failing_one_is_r
     assert order.failure.kind == NOT_REPRODUCED and order.failure.evidence.endswith(
         "; the same claim also FAILs in the larger run `long` (preset cpu, 10,000 steps, 3 seeds)")
     assert long.claims[1].failure.kind == NOT_REPRODUCED and "also FAILs" not in long.claims[1].failure.evidence
+
+
+def test_bounds_cut_an_interval_to_the_quantitys_range():
+    raw, cut = seed_interval([0.01, 0.30]), seed_interval([0.01, 0.30], bounds=(0.0, 1.0))
+    assert raw.lo < 0 and raw.hi > 1 and (cut.lo, cut.hi) == (0.0, 1.0) and cut.estimate == raw.estimate
+    assert seed_interval([0.4, 0.5, 0.45], bounds=(0, 1))[:3] == seed_interval([0.4, 0.5, 0.45])[:3]
+    with pytest.raises(ValueError, match=r"bounds must be \(low, high\) around the seed mean 2.0"):
+        seed_interval([1.0, 3.0], bounds=(0, 1))

@@ -22,7 +22,7 @@ import torch
 
 from targetpo import paper
 from targetpo.runs import plots
-from targetpo.runs.stats import above, all_of, fmt, paired_interval, seed_interval, seed_noise, within
+from targetpo.runs.stats import RATE, above, all_of, fmt, paired_interval, seed_interval, seed_noise, within
 from targetpo.mnist.bandit import concentration, first_order_gains
 from targetpo.mnist import train as base
 from targetpo.mnist.config import MnistConfig
@@ -180,7 +180,7 @@ def report(run, section) -> None:
     # Final errors of the same runs, for context.
     cur = error_curves(run)
     section.table(["method", "final test error (ours, mean [95 % t-interval])", "paper"],
-                  [[LABELS[m], seed_interval(c["values"][-1]).show(2, 100, " %"),
+                  [[LABELS[m], seed_interval(c["values"][-1], bounds=RATE).show(2, 100, " %"),
                     pct(paper.MNIST_FINAL_ERROR.values.get(m))]
                    for m, c in cur.items()], f"Test error after {rows[-1]['step']:,} updates (paper: 10,000)")
 

@@ -30,7 +30,7 @@ import torch
 from targetpo import paper
 from targetpo.mnist.mlp import bank_forward
 from targetpo.runs import plots
-from targetpo.runs.stats import (NOT_REPRODUCED, Verdict, all_of, at_least, at_most, below, failure, mean_se,
+from targetpo.runs.stats import (RATE, NOT_REPRODUCED, Verdict, all_of, at_least, at_most, below, failure, mean_se,
                                  not_reproduced, paired_interval, seed_interval, seed_noise, within)
 from targetpo.mnist.bandit import OFF_POLICY, BatchStream, bandit_loss, log_softmax, sample_actions
 from targetpo.mnist import train as base
@@ -198,7 +198,7 @@ def report(run, section) -> None:
         cells = []
         for d in delays:
             paper_v = ref[m][ref["delays"].index(d)] if m in ref and d in ref["delays"] else None
-            ours = seed_interval(f[m][d][2]).show(1, 100) if d in f[m] else "–"
+            ours = seed_interval(f[m][d][2], bounds=RATE).show(1, 100) if d in f[m] else "–"
             cells.append(f"{ours} ({paper_v if paper_v is not None else '–'})")
         rows.append([LABELS[m]] + cells)
     section.table(["method"] + [f"D={d}" for d in delays], rows,

@@ -19,7 +19,7 @@ import torch
 from targetpo import paper
 from targetpo.mnist.mlp import bank_forward, bank_forward_shared, init_bank
 from targetpo.runs import plots
-from targetpo.runs.stats import (above, all_of, at_least, below, bootstrap_interval, fmt, mean_se, oracle_floor,
+from targetpo.runs.stats import (RATE, above, all_of, at_least, below, bootstrap_interval, fmt, mean_se, oracle_floor,
                                  paired_interval, seed_interval, seed_noise, within)
 from targetpo.mnist import data as mnist_data
 from targetpo.mnist.bandit import (
@@ -196,7 +196,7 @@ def report(run, section) -> None:
         section.text("No evaluation points were recorded.")
         return
     last = int(max(c["step"][-1] for c in cur.values()))
-    floor = seed_interval(cur["ce"]["values"][-1]) if "ce" in cur else None
+    floor = seed_interval(cur["ce"]["values"][-1], bounds=RATE) if "ce" in cur else None
     if floor is not None:
         section.text(f"**CE oracle floor:** the supervised oracle (CE, which sees the label) ends at "
                      f"{floor.show(2, 100, ' %')} on this data. No bandit method can be expected below it, so where it "
@@ -210,7 +210,7 @@ def report(run, section) -> None:
         upd = first_at_or_below(c["step"], c["mean"], 0.05)
         v = c["values"][-1]
         gap = "–" if floor is None or m == "ce" else paired_interval(v, cur["ce"]["values"][-1]).show(2, 100)
-        rows.append([LABELS[m], seed_interval(v).show(2, 100, " %"), gap,
+        rows.append([LABELS[m], seed_interval(v, bounds=RATE).show(2, 100, " %"), gap,
                      f"{100 * np.median(v):.1f} [{100 * v.min():.1f}, {100 * v.max():.1f}]", pct(ref_final.get(m)),
                      label_interval(c, 0.05).show(-1), fmt(ref_hit.get(m)), fmt(upd)])
     at = "" if last == 10_000 else f" — ours after {last:,} updates, the paper's after 10,000, so not like for like"
@@ -244,7 +244,7 @@ def report(run, section) -> None:
                  ylim=(0.8 * min(ys.min(), 0.05), min(1.0, 1.25 * ys.max())))
     section.figure(fig, "mnist_error", f"MNIST contextual bandit: test error, seed mean ± s.e. ({cfg['seeds']} seeds)")
 
-    final = {m: seed_interval(c["values"][-1]) for m, c in cur.items()}
+    final = {m: seed_interval(c["values"][-1], bounds=RATE) for m, c in cur.items()}
     ev = lambda ms: ", ".join(f"{LABELS[m]} {final[m].show(2, 100, ' %')}" for m in ms)  # noqa: E731
 
     def lower(a, b):  # paired per-seed interval of final error a − b (the methods share seeds)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from targetpo.runs import plots
-from targetpo.runs.stats import (Curve, Interval, Verdict, above, all_of, bootstrap_interval, curves, first_below, fmt,
+from targetpo.runs.stats import (RATE, Curve, Interval, Verdict, above, all_of, bootstrap_interval, curves, first_below, fmt,
                                  hit_step, mean_se, paired_interval, seed_interval, steps_to_interval)
 
 LABELS = {"reinforce": "REINFORCE", "ppo": "PPO", "dg": "DG", "tpo": "TPO", "tpo_no_anchor": "TPO (no anchor)",
@@ -112,13 +112,13 @@ def tail_values(curve: Curve, frac: float = 0.1) -> np.ndarray:
 
 
 def tail_iv(curve: Curve, frac: float = 0.1) -> Interval:
-    """Seed t-interval of the tail mean."""
-    return seed_interval(tail_values(curve, frac))
+    """Seed t-interval of the tail mean (of an error or a fraction: cut to [0, 1])."""
+    return seed_interval(tail_values(curve, frac), bounds=RATE)
 
 
 def final_iv(curve: Curve) -> Interval:
-    """Seed t-interval of the last episode's error (the paper's "final error")."""
-    return seed_interval(curve.values[-1])
+    """Seed t-interval of the last episode's error (the paper's "final error"), cut to [0, 1]."""
+    return seed_interval(curve.values[-1], bounds=RATE)
 
 
 def tail_gap(a: Curve, b: Curve, frac: float = 0.1) -> Interval:

@@ -24,7 +24,7 @@ from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
 from targetpo.runs.config import config, default
-from targetpo.runs.stats import (NOT_REPRODUCED, SCALE, Verdict, above, all_of, at_least, below, bootstrap_interval,
+from targetpo.runs.stats import (RATE, NOT_REPRODUCED, SCALE, Verdict, above, all_of, at_least, below, bootstrap_interval,
                                  failure, paired_interval, seed_interval, within)
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import trial_config
@@ -124,8 +124,8 @@ def _tables(section, cfg, metrics, w) -> None:
         a = af.get(m)
         g = gn.get(m)
         rows.append([tr.label(m), tr.tail_cell(c),
-                     seed_interval(c.values[checkpoint]).show(2, 100),
-                     "–" if a is None else seed_interval(a.values[0]).show(3),
+                     seed_interval(c.values[checkpoint], bounds=RATE).show(2, 100),
+                     "–" if a is None else seed_interval(a.values[0], bounds=RATE).show(3),
                      "–" if a is None else tc.tail_iv(a).show(3),
                      "–" if g is None else f"{float(np.nanmax(_sm(g, w))):.3g}",
                      "–" if g is None else f"{tc.tail_mean(g)[0]:.3g}"])
@@ -169,7 +169,7 @@ def _claims(section, cfg, metrics, w) -> None:
                f"B = {paper_cfg.batch}, {paper_cfg.episodes} episodes); no larger run of this experiment is in "
                "this report")
     if grouped:
-        start = {m: seed_interval(af[m].values[0]) for m in grouped}
+        start = {m: seed_interval(af[m].values[0], bounds=RATE) for m in grouped}
         section.claim(f"At initialisation ≈ 90% of groups are all-fail, as theory (1 − V^−H)^K = {theory:.3f} "
                       "predicts (within ±0.05, episode 0, every grouped method)",
                       all_of([within(v, theory - 0.05, theory + 0.05) for v in start.values()]),
@@ -180,13 +180,13 @@ def _claims(section, cfg, metrics, w) -> None:
     learned = "tpo" in err and tc.tail_mean(err["tpo"])[0] < 0.05
     if "tpo" in af and "grpo" in af:
         t, g = tc.tail_values(af["tpo"]), tc.tail_values(af["grpo"])
-        parts = {"TPO final-10% all-fail < 0.01": below(seed_interval(t), 0.01),
-                 "GRPO's > 0.01": above(seed_interval(g), 0.01),
+        parts = {"TPO final-10% all-fail < 0.01": below(seed_interval(t, bounds=RATE), 0.01),
+                 "GRPO's > 0.01": above(seed_interval(g, bounds=RATE), 0.01),
                  "GRPO's > 2× TPO's": above(paired_interval(g, 2 * t), 0)}
         failed = [k for k, v in parts.items() if v is Verdict.FAIL]
         section.claim("TPO's all-fail fraction falls to ≈ 0 (final-10% < 0.01) while GRPO keeps a residual "
                       "(final-10% > 2× TPO's and > 0.01) (Fig. 11)", all_of(parts.values()),
-                      f"final-10% all-fail: TPO {seed_interval(t).show(4)}, GRPO {seed_interval(g).show(4)}",
+                      f"final-10% all-fail: TPO {seed_interval(t, bounds=RATE).show(4)}, GRPO {seed_interval(g, bounds=RATE).show(4)}",
                       failure=failure(NOT_REPRODUCED, f"failing part(s): {', '.join(failed) or 'none'}; the paper's "
                                       f"TPO is at ≈ 0 by episode {ref['tpo_all_fail_near_zero_by_episode']}; "
                                       f"{setting}"))
@@ -223,14 +223,16 @@ def _claims(section, cfg, metrics, w) -> None:
         d, t = tc.tail_values(err["dg"]), tc.tail_values(err["tpo"])
         n = len(err["dg"].steps)
         sel = (err["dg"].steps >= n - n // 5) & (err["dg"].steps < n - n // 10)
-        prev = err["dg"].values[sel].mean(axis=0)  # per seed: the previous 10% of episodes
-        d_iv = seed_interval(d)
+        # Per seed: the previous 10% of episodes (none in a run too short to have one: that part is undecided).
+        prev = err["dg"].values[sel].mean(axis=0) if sel.any() else None
+        d_iv = seed_interval(d, bounds=RATE)
         section.claim("DG plateaus well above TPO: final-10% error ≥ 1% and > 3× TPO's, no longer falling "
                       "(within 20% of the previous 10% of episodes) (Fig. 14)",
                       all_of([at_least(d_iv, 0.01), above(paired_interval(d, 3 * t), 0),
-                              at_least(paired_interval(d, 0.8 * prev), 0)]),
-                      f"DG final-10% {d_iv.show(1, 100, '%')} (previous 10%: {100 * prev.mean():.1f}%), TPO "
-                      f"{seed_interval(t).show(2, 100, '%')}",
+                              None if prev is None else at_least(paired_interval(d, 0.8 * prev), 0)]),
+                      f"DG final-10% {d_iv.show(1, 100, '%')} (previous 10%: "
+                      f"{'–' if prev is None else f'{100 * prev.mean():.1f}%'}), TPO "
+                      f"{seed_interval(t, bounds=RATE).show(2, 100, '%')}",
                       failure=[failure(SCALE, f"DG's final-10% error {d_iv.show(1, 100, '%')} is still wholly above "
                                               f"the paper's plateau {100 * ref['dg_plateau']:.0f}% and falling: this "
                                               f"run's {cfg['episodes']} episodes end before DG reaches any plateau "
