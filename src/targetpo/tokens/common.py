@@ -1,6 +1,7 @@
 """What the token-sequence experiment modules share besides the engine and their config base
 (:mod:`targetpo.tokens.config`): method labels, seed lists, and report helpers (steps-to-x and final-error
-tables next to the paper's numbers, curve grids with ± s.e. bands)."""
+tables next to the paper's numbers, curve grids with ± s.e. bands, and seed intervals for claims and tables:
+docs/verdicts.md)."""
 
 from __future__ import annotations
 
@@ -47,21 +48,6 @@ def tail_mean(curve: Curve, frac: float = 0.1) -> tuple[float, float]:
     n = max(1, int(round(len(curve.steps) * frac)))
     m, se = mean_se(curve.values[-n:].mean(axis=0))
     return float(m), float(se)
-
-
-def cell(ours: float | int | None, paper: float | int | None, never: str = "–") -> str:
-    """'ours (paper)' with '–'/never for missing values."""
-    o = never if ours is None else fmt(ours)
-    p = never if paper is None else fmt(paper)
-    return f"{o} ({p})"
-
-
-def fastest_claim(hits: dict[str, int | None], method: str) -> tuple[bool, str]:
-    """Whether `method` reached the threshold strictly first (None = never, counts as infinitely late)."""
-    big = 10 ** 12
-    mine = hits.get(method)
-    ok = mine is not None and all(mine < (h if h is not None else big) for m, h in hits.items() if m != method)
-    return ok, ", ".join(f"{label(m)} {fmt(h)}" for m, h in hits.items())
 
 
 def curve_grid(section, panels: dict[str, dict[str, Curve]], name: str, caption: str, ylabel: str = "error",
