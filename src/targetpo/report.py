@@ -157,10 +157,14 @@ def run_scale(run: Run) -> tuple[int, int, int]:
 
 
 def is_larger(a: Run, b: Run) -> bool:
-    """Whether run a tests more than run b: a larger preset, or the same preset with at least as many steps and
-    seeds and more of one of them."""
+    """Whether run a tests more than run b: it covers every setting b lists (methods, delays, lengths, …: each
+    list-valued config field of a holds b's), and it has a larger preset, or the same preset with at least as
+    many steps and seeds and more of one of them."""
+    ca, cb = a.meta.get("config", {}), b.meta.get("config", {})
+    covers = all(set(map(str, ca.get(k) or ())) >= set(map(str, v))
+                 for k, v in cb.items() if isinstance(v, (list, tuple)))
     (ra, la, sa), (rb, lb, sb) = run_scale(a), run_scale(b)
-    return ra > rb or (ra == rb and la >= lb and sa >= sb and (la, sa) != (lb, sb))
+    return covers and (ra > rb or (ra == rb and la >= lb and sa >= sb and (la, sa) != (lb, sb)))
 
 
 def _describe(run: Run) -> str:

@@ -215,6 +215,14 @@ def test_a_longer_run_at_the_same_preset_counts_as_larger_and_a_failing_one_is_r
         "; the same claim also FAILs in the larger run `long` (preset cpu, 10,000 steps, 3 seeds)")
     assert long.claims[1].failure.kind == NOT_REPRODUCED and "also FAILs" not in long.claims[1].failure.evidence
 
+    # A longer run of fewer methods does not test the same claim: no class from it.
+    subset = _section("mnist-staleness", "cpu", [("drift", P, "e")], name="subset", steps=10000, seeds=3)
+    subset.run.meta["config"]["methods"] = ["tpo"]
+    short = _section("mnist-staleness", "cpu", [("drift", F, "e")], name="short", steps=3000, seeds=3)
+    short.run.meta["config"]["methods"] = ["tpo", "dg"]
+    resolve_failures([short, subset])
+    assert short.claims[0].failure.kind == NOT_REPRODUCED
+
 
 def test_bounds_cut_an_interval_to_the_quantitys_range():
     raw, cut = seed_interval([0.01, 0.30]), seed_interval([0.01, 0.30], bounds=(0.0, 1.0))
