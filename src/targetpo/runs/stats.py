@@ -79,7 +79,7 @@ def interval_at(curve: Curve, step: int, level: float = 0.95) -> "Interval":
 #
 # Every measured number a verdict rests on carries a 95 % interval over seeds (docs/verdicts.md). Means over
 # seeds get a Student-t interval: mean ± t_{n-1} · s/√n with the unbiased s. We prefer it to a percentile
-# bootstrap for means because the runs have 3-10 seeds: with n = 3 a bootstrap over seeds has only 10 distinct
+# bootstrap for means because the cpu presets run 2-10 seeds: with n = 3 a bootstrap over seeds has only 10 distinct
 # resamples and its percentile interval is too narrow (it cannot be wider than the seeds' own range), while the
 # t-interval keeps its level when the per-seed values are roughly normal, which final errors averaged over many
 # test points are. Statistics that are not a mean of per-seed numbers (the step at which the seed-mean curve
@@ -107,12 +107,9 @@ class Interval(NamedTuple):
     def covers(self, value: float) -> bool:
         return self.has_interval and self.lo <= value <= self.hi
 
-    def scaled(self, factor: float) -> "Interval":
-        lo, hi = sorted((self.lo * factor, self.hi * factor))
-        return self._replace(estimate=self.estimate * factor, lo=lo, hi=hi)
-
     def show(self, digits: int = 3, scale: float = 1.0, unit: str = "") -> str:
-        """'mean [lo, hi]' (with `scale`, e.g. 100 for percent); 'mean (1 seed)' without an interval."""
+        """'mean [lo, hi]' with `digits` decimals (−1: three significant digits, as `fmt`), after `scale` (e.g. 100
+        for percent); 'mean (1 seed, no interval)' without an interval; +inf (a step never reached) reads 'never'."""
         e, lo, hi = (self.estimate * scale, self.lo * scale, self.hi * scale)
         if not self.has_interval:
             return f"{_num(e, digits)}{unit} ({self.n} seed{'s' if self.n != 1 else ''}, no interval)"
