@@ -1,5 +1,5 @@
 """Every output tells the truth: a run that diverges says where (metrics, run.json, resume, report), and the
-report gives PASS/FAIL only on presets that can test a claim."""
+report gives verdicts only on presets that can test a claim."""
 
 import json
 from pathlib import Path
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from targetpo.experiments import run_experiment
-from targetpo.report import Section, claim_count, write_report
+from targetpo.report import Section, claim_count, resolve_failures, write_report
 from targetpo.runs.runner import first_non_finite
-from targetpo.runs.stats import curves
+from targetpo.runs.stats import Verdict, curves
 from targetpo.runs.store import Run, read_metrics
 
 # Muon at lr = 1e6 overflows the tiny transformer's logits within the first two episodes, deterministically.
@@ -96,11 +96,15 @@ def _section(preset: str, verdicts: list[bool | None]) -> Section:
 def test_verdicts_only_on_presets_that_can_test_the_claims():
     smoke, cpu = _section("smoke", [True, False, None]), _section("cpu", [True, True, False])
     paper = _section("paper", [True, None])
-    assert smoke.verdicts() == [None, None, None] and cpu.verdicts() == [True, True, False]
+    assert smoke.verdicts() == [None, None, None] and cpu.verdicts() == [Verdict.PASS, Verdict.PASS, Verdict.FAIL]
     assert "| claim 0 | n/a (smoke preset) |" in smoke.render() and "**PASS**" not in smoke.render()
-    assert "| claim 2 | **FAIL** |" in cpu.render()
+    # A plain bool is a verdict on point estimates, and says so.
+    assert "| claim 2 | **FAIL** (point estimate) |" in cpu.render()
     assert "| claim 1 | n/a |" in paper.render()
-    assert claim_count([smoke, cpu, paper]) == ("**3 PASS, 1 FAIL** over the cpu and paper presets; "
-                                                 "1 n/a (not decidable from the data); 3 claims n/a on smoke runs")
-    assert claim_count([cpu]) == "**2 PASS, 1 FAIL** over the cpu preset"
+    resolve_failures([smoke, cpu, paper])
+    assert "| claim 2 | **FAIL** (does not reproduce; point estimate) |" in cpu.render()
+    assert claim_count([smoke, cpu, paper]) == (
+        "**3 PASS, 1 FAIL (1 does not reproduce), 0 inconclusive** over the cpu and paper presets; 4 of these "
+        "decided on point estimates (no seed interval); 1 n/a (not decidable from the data); 3 claims n/a on smoke runs")
+    assert claim_count([cpu]).startswith("**2 PASS, 1 FAIL (1 does not reproduce), 0 inconclusive** over the cpu preset")
     assert claim_count([smoke]).startswith("no verdicts")

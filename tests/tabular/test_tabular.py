@@ -21,6 +21,9 @@ def test_tabular_single_paper_preset_matches_reference(tmp_path):
     assert abs(first["grpo"] - 104) <= 4
     text = write_report(run.path).read_text()
     assert "**FAIL**" not in text and text.count("**PASS**") == 5
+    # Seed means carry their 95 % interval; 100 seeds decide every claim (none inconclusive).
+    assert "**5 PASS, 0 FAIL, 0 inconclusive** over the paper preset" in text
+    assert "| TPO | 0.99 [0.99, 0.99] (0.99) |" in text and "| 97 [97, 98] (97) |" in text
 
 
 @pytest.mark.slow

@@ -203,12 +203,7 @@ def test_smooth_is_a_trailing_mean_per_seed():
     assert tr.smooth(x, 1) is x
 
 
-def test_aggregate_and_resolve():
-    assert tr.aggregate([True, None, True]) is True
-    assert tr.aggregate([True, False]) is False
-    assert tr.aggregate([None, None]) is None and tr.aggregate([]) is None
-    assert tr.conjunction([True, None]) is None and tr.conjunction([None, False]) is False
-    assert tr.conjunction([True, True]) is True and tr.conjunction([]) is None
+def test_resolve():  # claim parts are joined by runs.stats.all_of (tests/runs/test_intervals_and_verdicts.py)
     cfg = make_config(load("token-diagnostics"), "paper")
     trial, method = tr.resolve(cfg, "dg_4ep", length=5)
     assert (method, trial.dg_epochs, trial.epochs, trial.length) == ("dg", 4, 4, 5)

@@ -4,7 +4,7 @@ of their reports."""
 from __future__ import annotations
 
 from targetpo.runs.config import RunConfig, config, default, param
-from targetpo.runs.stats import first_below, fmt, ours_vs_paper
+from targetpo.runs.stats import fmt, ours_vs_paper, steps_to_interval
 
 
 @config
@@ -18,11 +18,11 @@ class TabularConfig(RunConfig):
 
 def error_rows(err: dict, ref: dict, labels: dict[str, str]) -> tuple[list[int], list[list[str]]]:
     """(reference steps within the run, one row per method): error at those steps and the first steps below
-    1% and 0.1%, each as "ours (reference)"."""
+    1% and 0.1%, each as "ours [95 % seed interval] (reference)"."""
     last = int(max(s[-1] for s, *_ in err.values()))
     rows = []
     for m, (steps, mean, se, _) in err.items():
         rows.append([labels[m]] + ours_vs_paper(err[m], ref["steps"], ref[m]["error"])
-                    + [f"{fmt(first_below(steps, mean, 0.01))} ({fmt(ref[m]['below_1pct'])})",
-                       f"{fmt(first_below(steps, mean, 0.001))} ({fmt(ref[m]['below_0.1pct'])})"])
+                    + [f"{steps_to_interval(steps, err[m].values, 0.01).show(-1)} ({fmt(ref[m]['below_1pct'])})",
+                       f"{steps_to_interval(steps, err[m].values, 0.001).show(-1)} ({fmt(ref[m]['below_0.1pct'])})"])
     return [s for s in ref["steps"] if s <= last], rows

@@ -16,7 +16,6 @@ recorded *before* the step; misalignment is 1 − cos(g, g*_PG) with g*_PG = π(
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from targetpo import paper
@@ -24,7 +23,8 @@ from targetpo.runs.config import config, default, param
 from targetpo.tabular.config import TabularConfig, error_rows
 from targetpo.objectives import dg_loss, reinforce_loss, tpo_loss
 from targetpo.runs import plots
-from targetpo.runs.stats import curves, first_below, fmt, ours_vs_paper
+from targetpo.runs.stats import (above, all_of, below, bootstrap_interval, curves, final_interval, first_below,
+                                 fmt, hit_step, ours_vs_paper, paired_interval, steps_to_interval)
 from targetpo.tabular.bandit import correct_direction, misalignment, normalized_step, squared_norm
 
 NAME = "tabular-single"
@@ -137,24 +137,37 @@ def _claims(err, mis, section) -> None:
     if not need <= set(err):
         section.claim("all four methods present", None, f"ran {sorted(err)}")
         return
-    hit = {m: first_below(err[m][0], err[m][1], 0.01) for m in err}
-    big = 10**9
-    fastest = max(hit["tpo"] or big, hit["dg"] or big) <= min(hit["pg"] or big, hit["grpo"] or big)
-    section.claim("TPO and DG converge fastest (first ε < 1%)", fastest and hit["tpo"] is not None,
-                  ", ".join(f"{LABELS[m]} {fmt(h)}" for m, h in hit.items()))
-    final = {m: err[m][1][-1] for m in err}
-    section.claim("TPO and DG keep improving below 1% (final ε < 0.1%)", final["tpo"] < 1e-3 and final["dg"] < 1e-3,
-                  ", ".join(f"{LABELS[m]} {fmt(v)}" for m, v in final.items()))
-    section.claim("GRPO and PG plateau at higher error (final ≥ 5× TPO's)",
-                  min(final["grpo"], final["pg"]) >= 5 * final["tpo"],
-                  f"GRPO/TPO = {final['grpo'] / max(final['tpo'], 1e-12):.0f}×, PG/TPO = {final['pg'] / max(final['tpo'], 1e-12):.0f}×")
-    steps = mis["tpo"][0]
-    late = steps >= min(25, steps[-1])
-    lowest = np.all(np.vstack([mis["tpo"][1][late] <= mis[m][1][late] + 1e-9 for m in mis if m != "tpo"]), axis=0)
-    section.claim("TPO has the lowest misalignment (from step 25 on)", bool(lowest.all()),
-                  f"lowest at {lowest.sum()}/{lowest.size} steps ≥ 25; at step 0 TPO {fmt(mis['tpo'][1][0])}, "
-                  f"GRPO {fmt(mis['grpo'][1][0])} (the reference run also has TPO above GRPO at step 0)")
-    g = mis["grpo"][1]
+    steps = err["tpo"].steps
+    hits = {m: steps_to_interval(steps, err[m].values, 0.01) for m in err}
+    # Paired bootstrap over the shared seeds of the lead (in steps) of the slower of TPO/DG over the faster of
+    # PG/GRPO; "never" counts as one step past the run, so the lead is always a number.
+    def hit(v):
+        return min(hit_step(steps, v, 0.01), float(steps[-1] + 1))
+
+    lead = bootstrap_interval(lambda t, d, p, g: min(hit(p), hit(g)) - max(hit(t), hit(d)),
+                              *(err[m].values for m in ("tpo", "dg", "pg", "grpo")))
+    section.claim("TPO and DG converge fastest (first ε < 1% before PG and GRPO)", above(lead, 0),
+                  "first step < 1%: " + ", ".join(f"{LABELS[m]} {h.show(-1)}" for m, h in hits.items())
+                  + f"; lead {lead.show(-1)} steps (bootstrap)")
+    final = {m: final_interval(err[m]) for m in err}
+    section.claim("TPO and DG keep improving below 1% (final ε < 0.1%)",
+                  all_of([below(final["tpo"], 1e-3), below(final["dg"], 1e-3)]),
+                  ", ".join(f"{LABELS[m]} {v.show(-1)}" for m, v in final.items()))
+    ratio = bootstrap_interval(lambda t, p, g: min(g[-1].mean(), p[-1].mean()) / max(t[-1].mean(), 1e-12),
+                               *(err[m].values for m in ("tpo", "pg", "grpo")))
+    section.claim("GRPO and PG plateau at higher error (final ≥ 5× TPO's)", above(ratio, 5),
+                  f"min(GRPO, PG)/TPO = {ratio.show(0)}× (bootstrap)")
+    late = mis["tpo"].steps >= min(25, mis["tpo"].steps[-1])
+    avg = {m: mis[m].values[late].mean(axis=0) for m in mis}  # per seed: mean misalignment over steps ≥ 25
+    gaps = {m: paired_interval(avg["tpo"], avg[m]) for m in mis if m != "tpo"}
+    section.claim("TPO has the lowest misalignment (from step 25 on: per-seed mean over those steps)",
+                  all_of([below(g, 0) for g in gaps.values()]),
+                  "TPO − other: " + ", ".join(f"{LABELS[m]} {g.show(-1)}" for m, g in gaps.items())
+                  + f"; at step 0 TPO {fmt(mis['tpo'].mean[0])}, GRPO {fmt(mis['grpo'].mean[0])} (the reference run "
+                  "also has TPO above GRPO at step 0)")
+    g = mis["grpo"].values
     mid = min(50, len(g) - 1)
-    section.claim("GRPO becomes increasingly misaligned (misalignment at the end > at step 50)", g[-1] > g[mid],
-                  f"GRPO {fmt(g[mid])} at step {mid} → {fmt(g[-1])} at the end")
+    rise = paired_interval(g[-1], g[mid])
+    section.claim("GRPO becomes increasingly misaligned (misalignment at the end > at step 50)", above(rise, 0),
+                  f"GRPO {fmt(mis['grpo'].mean[mid])} at step {mid} → {fmt(mis['grpo'].mean[-1])} at the end; "
+                  f"end − step {mid}: {rise.show(-1)}")

@@ -19,6 +19,7 @@ from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
 from targetpo.runs.config import config, default, param, swept, unused
+from targetpo.runs.stats import above, all_of, at_least, at_most
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import trial_config
 
@@ -102,11 +103,11 @@ def report(run, section) -> None:
     def final_cell(h, m):
         c = data[h].get(m)
         ref = _paper(m, h)
-        return "–" if c is None else f"{tc.fmt(tc.final(c)[0])} ({'n/a' if ref is None else tc.fmt(ref)})"
+        return "–" if c is None else f"{tc.final_iv(c).show(-1)} ({'n/a' if ref is None else tc.fmt(ref)})"
 
     section.table(["method"] + [f"H={h}" for h in hs], [[tr.label(m)] + [final_cell(h, m) for h in hs]
                                                           for m in methods],
-                  f"Fig. 8 — final exact-match error (fraction), last episode, seed mean: ours "
+                  f"Fig. 8 — final exact-match error (fraction), last episode, seed mean [95 % t-interval]: ours "
                   f"({paper.FIG8_FINAL_ERROR.source}, read from the figure)")
     ref = paper.FIG8_FINAL_ERROR.values
     if not set(hs) & set(ref["H"]):
@@ -114,35 +115,36 @@ def report(run, section) -> None:
                       [[tr.label(m)] + [tc.fmt(v) for v in ref[m]] for m in methods if m in ref],
                       "The paper's Fig. 8 final errors at its H, for reference (no H in common with this run)")
     section.table(["method"] + [f"H={h}" for h in hs],
-                  [[tr.label(m)] + [("–" if data[h].get(m) is None else tr.pm(tc.tail_mean(data[h][m]), 100))
-                                    for h in hs] for m in methods],
-                  "Mean error % over the last 10% of episodes (seed mean ± s.e.)")
+                  [[tr.label(m)] + [tr.tail_cell(data[h].get(m), digits=1) for h in hs] for m in methods],
+                  "Mean error % over the last 10% of episodes (seed mean [95 % t-interval])")
     refs = {f"H = {h}": {m: [(cfg["episodes"] - 1, _paper(m, h))] for m in methods if _paper(m, h) is not None}
             for h in hs if cfg["episodes"] == 2000}
     tr.panels(section, {f"H = {h}": data[h] for h in hs}, "token_ablations",
               "Exact-match error by episode, seed mean ± s.e. (circles: the paper's final values, Fig. 8, "
               "shown at the paper's horizon only)", log=False, refs=refs)
 
-    tails = {h: {m: tc.tail_mean(c)[0] for m, c in by_m.items()} for h, by_m in data.items()}
+    # Each comparison: a paired interval over the shared seeds of the tail-mean error difference.
+    tails = {h: {m: tc.tail_iv(c) for m, c in by_m.items()} for h, by_m in data.items()}
     verdicts, ev = [], []
     for h, t in tails.items():
         if "tpo" in t and len(t) > 1:
-            verdicts.append(all(t["tpo"] <= v for m, v in t.items() if m != "tpo"))
-            ev.append(f"H={h}: " + ", ".join(f"{tr.label(m)} {100 * v:.1f}%" for m, v in t.items()))
-    section.claim("TPO has the lowest error of all ablations at every H (Fig. 8)", tr.aggregate(verdicts),
+            verdicts += [at_most(tc.tail_gap(data[h]["tpo"], c), 0) for m, c in data[h].items() if m != "tpo"]
+            ev.append(f"H={h}: " + ", ".join(f"{tr.label(m)} {v.show(1, 100)}%" for m, v in t.items()))
+    section.claim("TPO has the lowest error of all ablations at every H (Fig. 8)", all_of(verdicts),
                   "; ".join(ev) or "needs tpo and another method")
     verdicts, ev = [], []
     for h, t in tails.items():
         if "tpo" in t and "tpo_no_anchor" in t:
-            verdicts.append(t["tpo_no_anchor"] > t["tpo"])
-            ev.append(f"H={h}: TPO {100 * t['tpo']:.1f}%, no anchor {100 * t['tpo_no_anchor']:.1f}%")
+            gap = tc.tail_gap(data[h]["tpo_no_anchor"], data[h]["tpo"])
+            verdicts.append(above(gap, 0))
+            ev.append(f"H={h}: no anchor − TPO {gap.show(1, 100)} points")
     section.claim("Removing the anchor p_old is harmful: TPO (no anchor) ends worse than TPO at every H",
-                  tr.aggregate(verdicts), "; ".join(ev) or "needs tpo and tpo_no_anchor")
+                  all_of(verdicts), "; ".join(ev) or "needs tpo and tpo_no_anchor")
     verdicts, ev = [], []
     for h, t in tails.items():
         if "group_pg" in t and len(t) > 1:
-            verdicts.append(all(t["group_pg"] >= v - TIE for m, v in t.items() if m != "group_pg"))
-            ev.append(f"H={h}: Group PG {100 * t['group_pg']:.1f}% vs worst other "
-                      f"{100 * max(v for m, v in t.items() if m != 'group_pg'):.1f}%")
+            gaps = {m: tc.tail_gap(data[h]["group_pg"], c) for m, c in data[h].items() if m != "group_pg"}
+            verdicts += [at_least(g, -TIE) for g in gaps.values()]
+            ev.append(f"H={h}: Group PG − " + ", ".join(f"{tr.label(m)} {g.show(1, 100)}" for m, g in gaps.items()))
     section.claim(f"Group PG is the worst method at every H (ties within {100 * TIE:.0f} point count)",
-                  tr.aggregate(verdicts), "; ".join(ev) or "needs group_pg and another method")
+                  all_of(verdicts), "; ".join(ev) or "needs group_pg and another method")

@@ -1,13 +1,15 @@
 """What the token-sequence experiment modules share besides the engine and their config base
 (:mod:`targetpo.tokens.config`): method labels, seed lists, and report helpers (steps-to-x and final-error
-tables next to the paper's numbers, curve grids with ± s.e. bands)."""
+tables next to the paper's numbers, curve grids with ± s.e. bands, and seed intervals for claims and tables:
+docs/verdicts.md)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from targetpo.runs import plots
-from targetpo.runs.stats import Curve, curves, first_below, fmt, mean_se
+from targetpo.runs.stats import (RATE, Curve, Interval, Verdict, above, all_of, bootstrap_interval, curves, first_below, fmt,
+                                 hit_step, mean_se, paired_interval, seed_interval, steps_to_interval)
 
 LABELS = {"reinforce": "REINFORCE", "ppo": "PPO", "dg": "DG", "tpo": "TPO", "tpo_no_anchor": "TPO (no anchor)",
           "group_pg": "Group PG", "grpo": "GRPO", "grpo_no_kl": "GRPO (no KL)", "grpo_masked": "GRPO (masked)",
@@ -48,21 +50,6 @@ def tail_mean(curve: Curve, frac: float = 0.1) -> tuple[float, float]:
     return float(m), float(se)
 
 
-def cell(ours: float | int | None, paper: float | int | None, never: str = "–") -> str:
-    """'ours (paper)' with '–'/never for missing values."""
-    o = never if ours is None else fmt(ours)
-    p = never if paper is None else fmt(paper)
-    return f"{o} ({p})"
-
-
-def fastest_claim(hits: dict[str, int | None], method: str) -> tuple[bool, str]:
-    """Whether `method` reached the threshold strictly first (None = never, counts as infinitely late)."""
-    big = 10 ** 12
-    mine = hits.get(method)
-    ok = mine is not None and all(mine < (h if h is not None else big) for m, h in hits.items() if m != method)
-    return ok, ", ".join(f"{label(m)} {fmt(h)}" for m, h in hits.items())
-
-
 def curve_grid(section, panels: dict[str, dict[str, Curve]], name: str, caption: str, ylabel: str = "error",
                log: bool = True, refs: dict[str, dict[str, list[tuple[int, float]]]] | None = None,
                threshold: float | None = 0.01) -> None:
@@ -100,3 +87,59 @@ def intro(section, run, doc: str, data, preset_note: str) -> bool:
     if not data:
         section.text("No metrics recorded yet.")
     return bool(data)
+
+
+# ----------------------------------------------------------------------------- seed intervals (docs/verdicts.md)
+
+def tail_values(curve: Curve, frac: float = 0.1) -> np.ndarray:
+    """Per seed: the mean over the last `frac` of episodes (what tail_mean averages)."""
+    n = max(1, int(round(len(curve.steps) * frac)))
+    return curve.values[-n:].mean(axis=0)
+
+
+def tail_iv(curve: Curve, frac: float = 0.1) -> Interval:
+    """Seed t-interval of the tail mean (of an error or a fraction: cut to [0, 1])."""
+    return seed_interval(tail_values(curve, frac), bounds=RATE)
+
+
+def final_iv(curve: Curve) -> Interval:
+    """Seed t-interval of the last episode's error (the paper's "final error"), cut to [0, 1]."""
+    return seed_interval(curve.values[-1], bounds=RATE)
+
+
+def tail_gap(a: Curve, b: Curve, frac: float = 0.1) -> Interval:
+    """Paired (same seeds) interval of a's tail mean minus b's."""
+    return paired_interval(tail_values(a, frac), tail_values(b, frac))
+
+
+def steps_iv(curve: Curve | None, threshold: float = 0.01) -> Interval | None:
+    """Episodes to `threshold` of the seed-mean curve with a bootstrap interval over seeds (inf = never)."""
+    return None if curve is None else steps_to_interval(curve.steps, curve.values, threshold)
+
+
+def lead_iv(slow: Curve, fast: Curve, threshold: float = 0.01) -> Interval:
+    """Paired bootstrap over seeds of slow's episodes-to-threshold minus fast's; "never" counts as one episode past
+    the run so the lead stays a number (a method that never gets there loses to one that does)."""
+    end = float(max(slow.steps[-1], fast.steps[-1]) + 1)
+
+    def hit(steps, v):
+        return min(hit_step(steps, v, threshold), end)
+
+    return bootstrap_interval(lambda a, b: hit(slow.steps, a) - hit(fast.steps, b), slow.values, fast.values)
+
+
+def fastest_verdict(by_method: dict[str, Curve], method: str, threshold: float = 0.01) -> tuple[Verdict | None, str]:
+    """Whether `method` reaches `threshold` strictly first: every other method's lead over it (paired bootstrap)
+    is above 0. None when no method reaches it."""
+    hits = {m: steps_iv(c, threshold) for m, c in by_method.items()}
+    if method not in by_method or len(by_method) < 2 or all(not np.isfinite(h.estimate) for h in hits.values()):
+        return None, ", ".join(f"{label(m)} {h.show(-1)}" for m, h in hits.items())
+    leads = {m: lead_iv(c, by_method[method], threshold) for m, c in by_method.items() if m != method}
+    return (all_of([above(iv, 0) for iv in leads.values()]),
+            ", ".join(f"{label(m)} {h.show(-1)}" for m, h in hits.items()))
+
+
+def steps_cell(curve: Curve | None, paper: float | int | None, threshold: float = 0.01, never: str = "–") -> str:
+    """'ours [bootstrap interval] (paper)' for an episodes-to-threshold table."""
+    o = "not run" if curve is None else steps_iv(curve, threshold).show(-1)
+    return f"{o} ({never if paper is None else fmt(paper)})"

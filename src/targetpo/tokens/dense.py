@@ -11,9 +11,12 @@ below 0.01.
 
 from __future__ import annotations
 
+import numpy as np
+
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.runs.config import config, default, param, swept
+from targetpo.runs.stats import all_of, at_most, below, seed_noise
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import run_trial, trial_config
 
@@ -99,18 +102,19 @@ def report(run, section) -> None:
         return
     methods = [m for m in cfg["methods"] if any(m in by_m for by_m in data.values())]
     vs = list(data)
-    rows = [[tc.label(m)] + [tc.cell(tc.steps_to(data[v].get(m)), _paper_steps(m, v)) for v in vs] for m in methods]
+    rows = [[tc.label(m)] + [tc.steps_cell(data[v].get(m), _paper_steps(m, v)) for v in vs] for m in methods]
     section.table(["method"] + [f"V={v}" for v in vs], rows,
-                  f"Table 1 — episodes to 1% error: ours ({paper.TABLE1_STEPS_TO_1PCT.source}); '–' = not reached")
+                  f"Table 1 — episodes to 1% error: ours [95 % bootstrap interval over seeds] "
+                  f"({paper.TABLE1_STEPS_TO_1PCT.source}); 'never' / '–' = not reached")
     rows = []
     for m in methods:
         row = [tc.label(m)]
         for v in vs:
             c = data[v].get(m)
-            row.append("–" if c is None else f"{tc.fmt(tc.final(c)[0])} ± {tc.fmt(tc.final(c)[1])}")
+            row.append("–" if c is None else tc.final_iv(c).show(-1))
         rows.append(row)
     section.table(["method"] + [f"V={v}" for v in vs], rows,
-                  f"Final error (episode {cfg['episodes'] - 1}, seed mean ± s.e.)")
+                  f"Final error (episode {cfg['episodes'] - 1}, seed mean [95 % t-interval])")
     tc.curve_grid(section, {f"V = {v}": data[v] for v in vs}, "token_dense",
                   "Error (1 − mean behaviour token reward) by episode, seed mean ± s.e.; dotted line: 1%")
 
@@ -120,32 +124,32 @@ def report(run, section) -> None:
         return
     verdicts, evidence = [], []
     for v in vs:
-        hits = {m: tc.steps_to(data[v].get(m)) for m in methods}
-        ok, ev = tc.fastest_claim(hits, "tpo_token")
-        # Nobody reached 1% within this run's horizon: the order is not decided yet.
-        verdicts.append(None if all(h is None for h in hits.values()) else ok)
+        verdict, ev = tc.fastest_verdict({m: data[v][m] for m in methods if m in data[v]}, "tpo_token")
+        verdicts.append(verdict)  # None: nobody reached 1% within this run's horizon, the order is not decided
         evidence.append(f"V={v}: {ev}")
-    decided = [x for x in verdicts if x is not None]
-    section.claim("TPO_token reaches 1% error first at every V (Table 1)", all(decided) if decided else None,
-                  "; ".join(evidence) + ("" if decided else " (no method reached 1% in this run)"))
-    within, ev = [], []
+    decided = all_of(verdicts)
+    section.claim("TPO_token reaches 1% error first at every V (Table 1)", decided,
+                  "; ".join(evidence) + ("" if decided is not None else " (no method reached 1% in this run)"))
+    checks, ev, noise = [], [], []
     for v in vs:
-        ours, ref = tc.steps_to(data[v].get("tpo_token")), _paper_steps("tpo_token", v)
-        if ref is None:
+        c, ref = data[v].get("tpo_token"), _paper_steps("tpo_token", v)
+        if ref is None or c is None:
             continue
-        if ours is None and cfg["episodes"] <= 2 * ref:
+        ours = tc.steps_iv(c)
+        if not np.isfinite(ours.estimate) and cfg["episodes"] <= 2 * ref:
             ev.append(f"V={v}: not reached in {cfg['episodes']} episodes (paper {ref}; undecided)")
             continue
-        within.append(ours is not None and ours <= 2 * ref)
-        ev.append(f"V={v}: {tc.fmt(ours)} vs {ref}")
-    section.claim("TPO_token's episodes to 1% are within 2× the paper's (Table 1)", all(within) if within else None,
-                  "; ".join(ev) or "no V of Table 1 in this run")
+        checks.append(at_most(ours, 2 * ref))
+        noise.append(seed_noise(ours, ref, f"V={v} episodes to 1%", digits=0))
+        ev.append(f"V={v}: {ours.show(-1)} vs {ref}")
+    section.claim("TPO_token's episodes to 1% are within 2× the paper's (Table 1)", all_of(checks),
+                  "; ".join(ev) or "no V of Table 1 in this run", failure=noise)
     big_v = [v for v in vs if v >= 4]
     if cfg["episodes"] >= 1000 and big_v:
-        hits = {(v, m): tc.steps_to(data[v].get(m)) for v in big_v for m in methods}
+        hits = {(v, m): tc.steps_iv(data[v][m]) for v in big_v for m in methods if m in data[v]}
         section.claim("At V ≥ 4 every method eventually reaches 1% within 1000 episodes (Fig. 5)",
-                      all(h is not None for h in hits.values()),
-                      ", ".join(f"V={v} {tc.label(m)} {tc.fmt(h)}" for (v, m), h in hits.items()))
+                      all_of([below(h, 1000) for h in hits.values()]),
+                      ", ".join(f"V={v} {tc.label(m)} {h.show(-1)}" for (v, m), h in hits.items()))
     else:
         section.claim("At V ≥ 4 every method eventually reaches 1% within 1000 episodes (Fig. 5)", None,
                       f"needs ≥ 1000 episodes and a V ≥ 4 (ran {cfg['episodes']} episodes, V = {vs})")

@@ -24,6 +24,8 @@ from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
 from targetpo.runs.config import config, default
+from targetpo.runs.stats import (RATE, NOT_REPRODUCED, SCALE, Verdict, above, all_of, at_least, below, bootstrap_interval,
+                                 failure, paired_interval, seed_interval, within)
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import trial_config
 
@@ -121,15 +123,16 @@ def _tables(section, cfg, metrics, w) -> None:
     for m, c in err.items():
         a = af.get(m)
         g = gn.get(m)
-        rows.append([tr.label(m), tr.pm(tc.tail_mean(c), 100, 2),
-                     f"{100 * float(c.mean[checkpoint]):.2f}",
-                     "–" if a is None else f"{float(a.mean[0]):.3f}",
-                     "–" if a is None else tr.pm(tc.tail_mean(a), 1, 3),
+        rows.append([tr.label(m), tr.tail_cell(c),
+                     seed_interval(c.values[checkpoint], bounds=RATE).show(2, 100),
+                     "–" if a is None else seed_interval(a.values[0], bounds=RATE).show(3),
+                     "–" if a is None else tc.tail_iv(a).show(3),
                      "–" if g is None else f"{float(np.nanmax(_sm(g, w))):.3g}",
                      "–" if g is None else f"{tc.tail_mean(g)[0]:.3g}"])
     section.table(["method", "final-10% error %", f"error % at ep. {checkpoint}", "all-fail at ep. 0",
                    "final-10% all-fail", "peak grad norm (smoothed)", "final-10% grad norm"], rows,
-                  "Diagnostics summary (seed mean ± s.e.). Single-sample methods: all-fail = fraction of failed "
+                  "Diagnostics summary (seed mean [95 % t-interval]; grad norms: seed means). Single-sample "
+                  "methods: all-fail = fraction of failed "
                   "rollouts")
     rows = [["all-fail fraction at initialisation", f"{theory_all_fail(cfg):.3f} (theory (1 − V^−H)^K)",
              f"{ref['initial_all_fail_fraction']} (theory {1 - ref['theory_frac_success_at_init']:.3f})"],
@@ -138,9 +141,9 @@ def _tables(section, cfg, metrics, w) -> None:
              + f" (at ep. {checkpoint})",
              f"{100 * ref['tpo_4ep_error_at_400']:.1f}% vs {100 * ref['tpo_1ep_error_at_400']:.1f}%"],
             ["GRPO error plateau (final-10%)",
-             "–" if "grpo" not in err else tr.pm(tc.tail_mean(err["grpo"]), 100) + "%",
+             "–" if "grpo" not in err else tc.tail_iv(err["grpo"]).show(1, 100, "%"),
              f"{100 * ref['grpo_error_plateau']:.1f}%"],
-            ["DG error plateau (final-10%)", "–" if "dg" not in err else tr.pm(tc.tail_mean(err["dg"]), 100) + "%",
+            ["DG error plateau (final-10%)", "–" if "dg" not in err else tc.tail_iv(err["dg"]).show(1, 100, "%"),
              f"{100 * ref['dg_plateau']:.0f}%"],
             ["TPO all-fail ≈ 0 by episode", _first_below(af.get("tpo"), 0.01, w),
              f"{ref['tpo_all_fail_near_zero_by_episode']} (of 2000)"]]
@@ -159,54 +162,86 @@ def _claims(section, cfg, metrics, w) -> None:
     err, af, gn = metrics["error"], metrics["all_fail"], metrics["grad_norm"]
     theory = theory_all_fail(cfg)
     grouped = [m for m in af if tr.rollout(m) == "group"]
+    ref = paper.SECTION4_DIAGNOSTICS.values
+    paper_cfg = PRESETS["paper"]
+    setting = (f"checked: {cfg['seeds']} seeds at H = {cfg['length']}, K = {cfg['k']}, B = {cfg['batch']}, "
+               f"{cfg['episodes']} episodes (the paper: H = {paper_cfg.length}, K = {paper_cfg.k}, "
+               f"B = {paper_cfg.batch}, {paper_cfg.episodes} episodes); no larger run of this experiment is in "
+               "this report")
     if grouped:
-        start = {m: float(af[m].mean[0]) for m in grouped}
+        start = {m: seed_interval(af[m].values[0], bounds=RATE) for m in grouped}
         section.claim(f"At initialisation ≈ 90% of groups are all-fail, as theory (1 − V^−H)^K = {theory:.3f} "
                       "predicts (within ±0.05, episode 0, every grouped method)",
-                      all(abs(v - theory) <= 0.05 for v in start.values()),
-                      ", ".join(f"{tr.label(m)} {v:.3f}" for m, v in start.items()))
+                      all_of([within(v, theory - 0.05, theory + 0.05) for v in start.values()]),
+                      ", ".join(f"{tr.label(m)} {v.show(3)}" for m, v in start.items()))
     else:
         section.claim("At initialisation ≈ 90% of groups are all-fail", None, "needs a grouped method")
 
     learned = "tpo" in err and tc.tail_mean(err["tpo"])[0] < 0.05
     if "tpo" in af and "grpo" in af:
-        t, g = tc.tail_mean(af["tpo"])[0], tc.tail_mean(af["grpo"])[0]
+        t, g = tc.tail_values(af["tpo"]), tc.tail_values(af["grpo"])
+        parts = {"TPO final-10% all-fail < 0.01": below(seed_interval(t, bounds=RATE), 0.01),
+                 "GRPO's > 0.01": above(seed_interval(g, bounds=RATE), 0.01),
+                 "GRPO's > 2× TPO's": above(paired_interval(g, 2 * t), 0)}
+        failed = [k for k, v in parts.items() if v is Verdict.FAIL]
         section.claim("TPO's all-fail fraction falls to ≈ 0 (final-10% < 0.01) while GRPO keeps a residual "
-                      "(final-10% > 2× TPO's and > 0.01) (Fig. 11)", t < 0.01 and g > max(2 * t, 0.01),
-                      f"final-10% all-fail: TPO {t:.4f}, GRPO {g:.4f}")
+                      "(final-10% > 2× TPO's and > 0.01) (Fig. 11)", all_of(parts.values()),
+                      f"final-10% all-fail: TPO {seed_interval(t, bounds=RATE).show(4)}, GRPO {seed_interval(g, bounds=RATE).show(4)}",
+                      failure=failure(NOT_REPRODUCED, f"failing part(s): {', '.join(failed) or 'none'}; the paper's "
+                                      f"TPO is at ≈ 0 by episode {ref['tpo_all_fail_near_zero_by_episode']}; "
+                                      f"{setting}"))
     else:
         section.claim("TPO's all-fail fraction falls to ≈ 0 while GRPO keeps a residual", None, "needs tpo and grpo")
     if "tpo" in gn and "grpo" in gn and learned:
-        peak = float(np.nanmax(_sm(gn["tpo"], w)))
-        t, g = tc.tail_mean(gn["tpo"])[0], tc.tail_mean(gn["grpo"])[0]
+        # Bootstrap over the shared seeds: TPO's final / its smoothed peak, and GRPO's final / TPO's final.
+        decay = bootstrap_interval(lambda v: v[-_tail(v):].mean() / np.nanmax(np.nanmean(tr.smooth(v, w), axis=1)),
+                                   gn["tpo"].values)
+        ratio = bootstrap_interval(lambda gv, tv: gv[-_tail(gv):].mean() / tv[-_tail(tv):].mean(),
+                                   gn["grpo"].values, gn["tpo"].values)
         section.claim("After learning TPO's gradient norm decays to ≈ 0 (final-10% < 10% of its smoothed peak) "
-                      "while GRPO's stays large (> 10× TPO's) (Fig. 10a)", t < 0.1 * peak and g > 10 * t,
-                      f"TPO peak {peak:.3g} → final {t:.3g}; GRPO final {g:.3g}")
+                      "while GRPO's stays large (> 10× TPO's) (Fig. 10a)",
+                      all_of([below(decay, 0.1), above(ratio, 10)]),
+                      f"TPO final/peak {decay.show(-1)}; GRPO/TPO final {ratio.show(-1)} (bootstrap)")
     else:
         section.claim("After learning TPO's gradient norm decays to ≈ 0 while GRPO's stays large", None,
                       "needs tpo and grpo, with TPO's final-10% error < 5%")
     if "tpo" in err and "tpo_1ep" in err:
-        never = 10 ** 9
-        hits = {(m, x): tc.steps_to(err[m], x) for m in ("tpo", "tpo_1ep") for x in (0.05, 0.01)}
-        areas = {m: float(err[m].mean.mean()) for m in ("tpo", "tpo_1ep")}
-        decided = any(h is not None for h in hits.values())
-        # Per threshold: 4 epochs strictly first, or neither reached it.
-        faster = all((hits[("tpo", x)] or never) < (hits[("tpo_1ep", x)] or never)
-                     or hits[("tpo", x)] is hits[("tpo_1ep", x)] is None for x in (0.05, 0.01))
+        hits = {(m, x): tc.steps_iv(err[m], x) for m in ("tpo", "tpo_1ep") for x in (0.05, 0.01)}
+        decided = any(np.isfinite(h.estimate) for h in hits.values())
+        # Per threshold: 4 epochs strictly first (paired bootstrap lead > 0), or neither reached it (skipped).
+        leads = [above(tc.lead_iv(err["tpo_1ep"], err["tpo"], x), 0) for x in (0.05, 0.01)
+                 if np.isfinite(hits[("tpo", x)].estimate) or np.isfinite(hits[("tpo_1ep", x)].estimate)]
+        area = paired_interval(err["tpo"].values.mean(axis=0), err["tpo_1ep"].values.mean(axis=0))
         section.claim("TPO with 4 epochs per batch learns faster than with 1: reaches 5% and 1% error first and "
                       "has the lower mean error over the run (Fig. 14)",
-                      (faster and areas["tpo"] < areas["tpo_1ep"]) if decided else None,
-                      ", ".join(f"{tr.label(m)} to {100 * x:.0f}%: {tc.fmt(h)}" for (m, x), h in hits.items())
-                      + f"; mean error {100 * areas['tpo']:.1f}% vs {100 * areas['tpo_1ep']:.1f}%")
+                      all_of(leads + [below(area, 0)]) if decided else None,
+                      ", ".join(f"{tr.label(m)} to {100 * x:.0f}%: {h.show(-1)}" for (m, x), h in hits.items())
+                      + f"; mean error over the run, 4 ep − 1 ep: {area.show(1, 100)} points")
     else:
         section.claim("TPO with 4 epochs per batch learns faster than with 1", None, "needs tpo and tpo_1ep")
     if "dg" in err and "tpo" in err:
-        d, t = tc.tail_mean(err["dg"])[0], tc.tail_mean(err["tpo"])[0]
+        d, t = tc.tail_values(err["dg"]), tc.tail_values(err["tpo"])
         n = len(err["dg"].steps)
-        prev = tr.window_mean(err["dg"], n - n // 5, n - n // 10)
+        sel = (err["dg"].steps >= n - n // 5) & (err["dg"].steps < n - n // 10)
+        # Per seed: the previous 10% of episodes (none in a run too short to have one: that part is undecided).
+        prev = err["dg"].values[sel].mean(axis=0) if sel.any() else None
+        d_iv = seed_interval(d, bounds=RATE)
         section.claim("DG plateaus well above TPO: final-10% error ≥ 1% and > 3× TPO's, no longer falling "
                       "(within 20% of the previous 10% of episodes) (Fig. 14)",
-                      d >= 0.01 and d > 3 * t and d >= 0.8 * prev,
-                      f"DG final-10% {100 * d:.1f}% (previous 10%: {100 * prev:.1f}%), TPO {100 * t:.2f}%")
+                      all_of([at_least(d_iv, 0.01), above(paired_interval(d, 3 * t), 0),
+                              None if prev is None else at_least(paired_interval(d, 0.8 * prev), 0)]),
+                      f"DG final-10% {d_iv.show(1, 100, '%')} (previous 10%: "
+                      f"{'–' if prev is None else f'{100 * prev.mean():.1f}%'}), TPO "
+                      f"{seed_interval(t, bounds=RATE).show(2, 100, '%')}",
+                      failure=[failure(SCALE, f"DG's final-10% error {d_iv.show(1, 100, '%')} is still wholly above "
+                                              f"the paper's plateau {100 * ref['dg_plateau']:.0f}% and falling: this "
+                                              f"run's {cfg['episodes']} episodes end before DG reaches any plateau "
+                                              f"(the paper's runs have {paper_cfg.episodes})")
+                               if d_iv.lo > ref["dg_plateau"] and cfg["episodes"] < paper_cfg.episodes else None,
+                               failure(NOT_REPRODUCED, setting)])
     else:
         section.claim("DG plateaus well above TPO", None, "needs dg and tpo")
+
+
+def _tail(values: np.ndarray, frac: float = 0.1) -> int:
+    return max(1, int(round(len(values) * frac)))

@@ -1,7 +1,7 @@
 """Helpers shared by the token-experiment modules of §3.5, §3.7, §4 and Apps. D–E (token-variants,
 token-ablations, token-diagnostics, token-sweeps, token-temperature, dg-epochs), on top of
 :mod:`.common`: unit names, named method variants (``tpo_1ep``), labels and colours for them, a general
-curve-panel figure (seed mean ± s.e., optional smoothing), and claim aggregation over configurations."""
+curve-panel figure (seed mean ± s.e., optional smoothing), and interval table cells (docs/verdicts.md)."""
 
 from __future__ import annotations
 
@@ -84,28 +84,9 @@ def smooth(values: np.ndarray, window: int) -> np.ndarray:
         return (c[idx] - c[lo]) / (n[idx] - n[lo])
 
 
-def window_mean(curve: Curve, start: int, stop: int | None = None) -> float:
-    """Seed mean of the curve's mean over episodes [start, stop) (NaNs ignored)."""
-    sel = (curve.steps >= start) & (curve.steps < (stop if stop is not None else curve.steps[-1] + 1))
-    return float(np.nanmean(curve.values[sel])) if sel.any() else float("nan")
-
-
-def conjunction(verdicts: list[bool | None]) -> bool | None:
-    """Every part of a claim holds: False if any part fails, else None if any part is undecided."""
-    if any(v is False for v in verdicts):
-        return False
-    return None if (not verdicts or any(v is None for v in verdicts)) else True
-
-
-def pm(mean_se: tuple[float, float], scale: float = 1.0, digits: int = 1) -> str:
-    m, se = mean_se
-    return f"{scale * m:.{digits}f} ± {scale * se:.{digits}f}"
-
-
-def aggregate(verdicts: list[bool | None]) -> bool | None:
-    """All decided verdicts hold (None = undecided at this configuration; all undecided → None)."""
-    decided = [v for v in verdicts if v is not None]
-    return all(decided) if decided else None
+def tail_cell(curve: Curve | None, scale: float = 100.0, digits: int = 2) -> str:
+    """Tail-mean error as 'mean [95 % t-interval]' ('–' when the method did not run)."""
+    return "–" if curve is None else tc.tail_iv(curve).show(digits, scale)
 
 
 def horizon_note(run, paper_protocol: str, ours: str) -> str:
@@ -149,8 +130,9 @@ def panels(section, grid: dict[str, dict[str, Curve]], name: str, caption: str, 
 
 
 def steps_cell(curve: Curve | None, paper_value, in_paper: bool, threshold: float = 0.01) -> str:
-    """'ours (paper)' for an episodes-to-threshold table; paper '−' = never, 'n/a' = not in the paper."""
-    ours = fmt(tc.steps_to(curve, threshold)) if curve is not None else "not run"
+    """'ours [bootstrap interval over seeds] (paper)' for an episodes-to-threshold table; ours 'never' = not
+    reached in this run; paper '−' = never, 'n/a' = not in the paper."""
+    ours = tc.steps_iv(curve, threshold).show(-1) if curve is not None else "not run"
     ref = "n/a" if not in_paper else ("−" if paper_value is None else fmt(paper_value))
     return f"{ours} ({ref})"
 

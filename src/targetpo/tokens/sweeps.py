@@ -27,6 +27,7 @@ from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
 from targetpo.runs.config import config, default, param, unused
+from targetpo.runs.stats import above, all_of, below, bootstrap_interval
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import trial_config
 
@@ -161,13 +162,13 @@ def report(run, section) -> None:
                 key = (x, cfg["epochs"], m) if sweep == "k" else (cfg["k"], x, m)
                 ref = _paper_value(sweep, x, m)
                 row.append("–" if key not in cur else
-                           f"{100 * tc.final(cur[key])[0]:.1f} / {100 * tc.tail_mean(cur[key])[0]:.1f} "
+                           f"{tc.final_iv(cur[key]).show(1, 100)} / {tc.tail_iv(cur[key]).show(1, 100)} "
                            f"({'n/a' if ref is None else tc.fmt(ref)})")
             rows.append(row)
         src = paper.K_SWEEP_FINAL_ERROR_PCT.source if sweep == "k" else paper.EPOCH_SWEEP_FINAL_ERROR_PCT.source
         section.table(["method"] + [f"{axis}={x}" for x in xs], rows,
                       f"{'Fig. 12 — K sweep' if sweep == 'k' else 'Fig. 13 — epoch sweep'}: final error % "
-                      f"(last episode / last-10% mean) ours ({src})")
+                      f"(last episode / last-10% mean, each seed mean [95 % t-interval]) ours ({src})")
         for m in methods:
             series = {}
             for x in xs:
@@ -191,42 +192,48 @@ def _masking(section, cur, present) -> None:
     for k, e, m in present:
         c = cur[(k, e, m)]
         ref = _paper_value("masking", 0, m)
-        rows.append([tr.label(m), f"{100 * tc.final(c)[0]:.1f}", tr.pm(tc.tail_mean(c), 100),
+        rows.append([tr.label(m), tc.final_iv(c).show(1, 100), tr.tail_cell(c, digits=1),
                      "n/a" if ref is None else tc.fmt(ref)])
-    section.table(["method", "final error %", "last-10% error %", "paper %"], rows,
+    section.table(["method", "final error % [95 % t-interval]", "last-10% error %", "paper %"], rows,
                   f"Fig. 15 — zero-variance masking at K = {present[0][0]}, {present[0][1]} epochs "
                   f"({paper.MASKING_FINAL_ERROR_PCT.source})")
 
 
 def _claims(section, cfg, cur, plan) -> None:
-    tail = {key: tc.tail_mean(c)[0] for key, c in cur.items()}
+    # Tail-mean errors; every comparison a paired interval over the shared seeds (docs/verdicts.md).
+    tail = {key: tc.tail_iv(c) for key, c in cur.items()}
     for sweep, what in (("k", "K"), ("epochs", "epoch count")):
         verdicts, ev = [], []
         for k, e, m in plan.get(sweep, []):
             if m != "tpo" or (k, e, "grpo") not in tail or (k, e, "tpo") not in tail:
                 continue
-            t, g = tail[(k, e, "tpo")], tail[(k, e, "grpo")]
-            verdicts.append(t < g)
-            ev.append(f"{'K' if sweep == 'k' else 'E'}={k if sweep == 'k' else e}: TPO {100 * t:.1f}% vs "
-                      f"GRPO {100 * g:.1f}%")
+            gap = tc.tail_gap(cur[(k, e, "tpo")], cur[(k, e, "grpo")])
+            verdicts.append(below(gap, 0))
+            ev.append(f"{'K' if sweep == 'k' else 'E'}={k if sweep == 'k' else e}: TPO "
+                      f"{tail[(k, e, 'tpo')].show(1, 100)}% vs GRPO {tail[(k, e, 'grpo')].show(1, 100)}%")
         section.claim(f"TPO ends below GRPO at every {what} (Fig. {12 if sweep == 'k' else 13})",
-                      tr.aggregate(verdicts), "; ".join(ev) or f"needs the {sweep} sweep with tpo and grpo")
+                      all_of(verdicts), "; ".join(ev) or f"needs the {sweep} sweep with tpo and grpo")
     base = (cfg["k"], cfg["epochs"])
     if (*base, "grpo") in tail and (*base, "grpo_masked") in tail:
-        g, gm = tail[(*base, "grpo")], tail[(*base, "grpo_masked")]
+        gap = tc.tail_gap(cur[(*base, "grpo_masked")], cur[(*base, "grpo")])
         section.claim("Masking zero-variance groups hurts GRPO: GRPO (masked) ends worse than GRPO (Fig. 15)",
-                      gm > g, f"GRPO {100 * g:.1f}%, GRPO (masked) {100 * gm:.1f}%")
+                      above(gap, 0), f"GRPO {tail[(*base, 'grpo')].show(1, 100)}%, GRPO (masked) "
+                                     f"{tail[(*base, 'grpo_masked')].show(1, 100)}%; masked − GRPO "
+                                     f"{gap.show(1, 100)} points")
     else:
         section.claim("Masking zero-variance groups hurts GRPO", None, "needs the masking sweep")
     ep = [(k, e) for k, e, m in plan.get("epochs", []) if m == "tpo" and (k, e, "tpo") in tail]
     if len(ep) >= 2:
-        t = {e: tail[(k, e, "tpo")] for k, e in ep}
-        g = {e: tail[(k, e, "grpo")] for k, e in ep if (k, e, "grpo") in tail}
-        worst_t = max(t.values())
-        ok = worst_t < max(g.values()) if g else None
+        t = {e: tc.tail_values(cur[(k, e, "tpo")]) for k, e in ep}
+        g = {e: tc.tail_values(cur[(k, e, "grpo")]) for k, e in ep if (k, e, "grpo") in tail}
+        # Bootstrap over the shared seeds of (GRPO's worst tail error over E) − (TPO's worst).
+        gap = bootstrap_interval(lambda *v: max(x.mean() for x in v[len(t):]) - max(x.mean() for x in v[:len(t)]),
+                                 *t.values(), *g.values()) if g else None
         section.claim("TPO is robust to the number of epochs: its worst final error over the epoch sweep is "
-                      "below GRPO's worst (paper: TPO < 2.3% at every E, GRPO 1.1–37.6%) (Fig. 13)", ok,
-                      "TPO " + ", ".join(f"E={e} {100 * v:.1f}%" for e, v in t.items())
-                      + ("; GRPO " + ", ".join(f"E={e} {100 * v:.1f}%" for e, v in g.items()) if g else ""))
+                      "below GRPO's worst (paper: TPO < 2.3% at every E, GRPO 1.1–37.6%) (Fig. 13)",
+                      None if gap is None else above(gap, 0),
+                      "TPO " + ", ".join(f"E={e} {tail[(k, e, 'tpo')].show(1, 100)}%" for k, e in ep)
+                      + ("; GRPO " + ", ".join(f"E={e} {100 * v.mean():.1f}%" for e, v in g.items())
+                         + f"; GRPO's worst − TPO's worst {gap.show(1, 100)} points (bootstrap)" if g else ""))
     else:
         section.claim("TPO is robust to the number of epochs", None, "needs the epoch sweep with ≥ 2 epoch counts")

@@ -17,6 +17,7 @@ from __future__ import annotations
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.runs.config import config, default, param, swept
+from targetpo.runs.stats import NOT_REPRODUCED, Verdict, above, all_of, at_most, failure, seed_noise, within
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import MATCHES, METHODS as ENGINE_METHODS, run_trial, trial_config
 
@@ -136,21 +137,22 @@ def report(run, section) -> None:
         row = [tc.label(m)]
         for mt, h in cols:
             c = data[(mt, h)].get(m)
-            row.append("–" if c is None else f"{100 * tc.final(c)[0]:.1f} ({_paper_cell(mt, m, h)})")
+            row.append("–" if c is None else f"{tc.final_iv(c).show(1, 100)} ({_paper_cell(mt, m, h)})")
         rows.append(row)
-    section.table(head, rows, "Table 3 — final exact-match error %, last episode, seed mean: ours "
+    section.table(head, rows, "Table 3 — final exact-match error %, last episode, seed mean [95 % t-interval]: ours "
                   f"({paper.TABLE3_FINAL_ERROR_PCT.source}; − = > 95%). P = prompt-, I = interaction-matched")
     rows = []
     for m in methods:
         row = [tc.label(m)]
         for col in cols:
             c = data[col].get(m)
-            row.append("–" if c is None else "{:.1f} ± {:.1f}".format(*(100 * x for x in tc.tail_mean(c))))
+            row.append("–" if c is None else tc.tail_iv(c).show(1, 100))
         rows.append(row)
-    section.table(head, rows, "Mean error % over the last 10% of episodes (seed mean ± s.e.), less noisy than "
-                  "the last episode alone")
-    rows = [[tc.label(m)] + [tc.fmt(tc.steps_to(data[col].get(m), 0.05)) for col in cols] for m in methods]
-    section.table(head, rows, "Episodes to 5% error (first episode with seed-mean error < 0.05; – = not reached)")
+    section.table(head, rows, "Mean error % over the last 10% of episodes (seed mean [95 % t-interval]), less noisy "
+                  "than the last episode alone")
+    rows = [[tc.label(m)] + [_steps_cell(data[col].get(m)) for col in cols] for m in methods]
+    section.table(head, rows, "Episodes to 5% error (first episode with seed-mean error < 0.05; never = not "
+                  "reached; [95 % bootstrap interval over seeds])")
 
     ref_curve = paper.TERMINAL_H10_CURVE_PCT.values
     refs = {"prompt-matched, H = 10": {m: [(e, v / 100) for e, v in ref_curve[m].items()] for m in ref_curve}}
@@ -159,42 +161,56 @@ def report(run, section) -> None:
                   "Exact-match error by episode, seed mean ± s.e. (circles: the authors' H = 10 curves, Fig. 1b)",
                   ylabel="exact-match error (fraction)", refs=refs, threshold=None)
 
-    # Claims, from the data (tail means: the single last episode of a few seeds is too noisy to rank).
+    paper_episodes = PRESETS["paper"].episodes
+    # Claims, from the data (tail means: the single last episode of a few seeds is too noisy to rank), each
+    # comparison a paired interval over the shared seeds (docs/verdicts.md).
     for mt in cfg["matches"]:
         hs = [h for m2, h in cols if m2 == mt]
-        verdicts, ev = [], []
+        verdicts, ev, worse = [], [], []
         for h in hs:
             by_m = data[(mt, h)]
             if "tpo" not in by_m or len(by_m) < 2:
                 continue
-            tails = {m: tc.tail_mean(c)[0] for m, c in by_m.items()}
-            verdicts.append(all(tails["tpo"] <= v for m, v in tails.items() if m != "tpo"))
-            ev.append(f"H={h}: " + ", ".join(f"{tc.label(m)} {100 * v:.1f}%" for m, v in tails.items()))
+            gaps = {m: tc.tail_gap(by_m["tpo"], c) for m, c in by_m.items() if m != "tpo"}
+            verdicts += [at_most(g, 0) for g in gaps.values()]
+            worse += [f"H={h} {tc.label(m)} {g.show(1, 100)}" for m, g in gaps.items() if at_most(g, 0) is Verdict.FAIL]
+            ev.append(f"H={h}: " + ", ".join(f"{tc.label(m)} {tc.tail_iv(c).show(1, 100)}%" for m, c in by_m.items()))
+        ref_h = [h for h in hs if h in paper.TABLE3_FINAL_ERROR_PCT.values["H"]]
         section.claim(f"TPO ends with the lowest error of all methods at every H, {mt[:-1]}-matched (Table 3)",
-                      all(verdicts) if verdicts else None, "; ".join(ev) or "needs tpo and another method")
+                      all_of(verdicts), "; ".join(ev) or "needs tpo and another method",
+                      failure=failure(NOT_REPRODUCED, "TPO − method, tail mean, wholly above 0 (points, paired over "
+                                      f"{cfg['seeds']} seeds): {'; '.join(worse)}; checked: the paper's Table 3 has "
+                                      + (f"H = {', '.join(map(str, ref_h))} of ours" if ref_h else
+                                         f"none of our H ({', '.join(map(str, hs))})")
+                                      + f" and {paper_episodes} episodes (ours {cfg['episodes']}); no larger run of "
+                                      "this experiment is in this report") if worse else None)
     verdicts, ev = [], []
     for h in cfg["lengths"]:
         by_m = data.get(("prompts", h)) or data.get(("interactions", h)) or {}
         if "grpo" in by_m and "grpo_no_kl" in by_m:
-            a, b = tc.tail_mean(by_m["grpo"])[0], tc.tail_mean(by_m["grpo_no_kl"])[0]
-            verdicts.append(b > a)
-            ev.append(f"H={h}: GRPO {100 * a:.1f}%, no KL {100 * b:.1f}%")
-    section.claim("Removing GRPO's KL term makes it worse at every H (Table 3)", all(verdicts) if verdicts else None,
+            gap = tc.tail_gap(by_m["grpo_no_kl"], by_m["grpo"])
+            verdicts.append(above(gap, 0))
+            ev.append(f"H={h}: no KL − GRPO {gap.show(1, 100)} points")
+    section.claim("Removing GRPO's KL term makes it worse at every H (Table 3)", all_of(verdicts),
                   "; ".join(ev) or "needs grpo and grpo_no_kl")
     verdicts, ev = [], []
     for col in cols:
-        hits = {m: tc.steps_to(c, 0.05) for m, c in data[col].items()}
-        if "tpo" in hits and len(hits) > 1 and any(h is not None for h in hits.values()):
-            ok, e = tc.fastest_claim(hits, "tpo")
-            verdicts.append(ok)
+        v, e = tc.fastest_verdict(data[col], "tpo", 0.05)
+        if v is not None:
+            verdicts.append(v)
             ev.append(f"{col[0][0].upper()} H={col[1]}: {e}")
-    section.claim("TPO's error falls fastest: first to 5% (Fig. 7)", all(verdicts) if verdicts else None,
+    section.claim("TPO's error falls fastest: first to 5% (Fig. 7)", all_of(verdicts),
                   "; ".join(ev) or "no method reached 5%")
     c = data.get(("prompts", 10), {}).get("tpo")
-    if c is not None and cfg["episodes"] >= 2000:
-        ours = 100 * tc.final(c)[0]
+    if c is not None and cfg["episodes"] >= paper_episodes:
+        ours = tc.final_iv(c)
         section.claim("TPO's final error at H = 10, prompt-matched, is close to the paper's 7.4% (within ±5 points)",
-                      abs(ours - 7.4) <= 5.0, f"ours {ours:.1f}% ± {100 * tc.final(c)[1]:.1f}")
+                      within(ours, 0.074 - 0.05, 0.074 + 0.05), f"ours {ours.show(1, 100, '%')}",
+                      failure=seed_noise(ours, 0.074, "TPO final", 100, "%", 1))
     else:
         section.claim("TPO's final error at H = 10, prompt-matched, is close to the paper's 7.4% (within ±5 points)",
                       None, "needs H = 10, prompt matching and 2000 episodes (the paper preset)")
+
+
+def _steps_cell(c) -> str:
+    return "–" if c is None else tc.steps_iv(c, 0.05).show(-1)
