@@ -74,8 +74,9 @@ def setting_options(cfg, setting: str) -> dict:
 
 PRESETS = {
     "smoke": Config(seeds=2, episodes=3, length=3, batch=8, k=4),
-    # H = 6 as token-terminal's cpu preset (200 episodes cover TPO's descent); 5 seeds.
-    "cpu": Config(batch=64),
+    # H = 5 (78% of groups of 8 start with no right answer: noise-only groups once noise is added), B = 32 so that
+    # the three token open-question experiments fit ~15 min of one core; 150 episodes, 5 seeds.
+    "cpu": Config(length=5, batch=32, episodes=150),
     "paper": Config(seeds=20, length=10, episodes=2000),
 }
 REPRODUCE_PRESET = "cpu"

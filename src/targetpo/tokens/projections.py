@@ -38,6 +38,8 @@ def setting_options(setting: str) -> dict:
                 value = float(setting[len(prefix):])
             except ValueError:
                 break
+            if (prefix == "alpha" and not 0 <= value <= 1) or (prefix == "kl" and not value > 0):
+                break
             return make(value)
     raise ValueError(f"setting {setting!r}: must be forward_kl, reverse_kl, js, alpha<α in [0, 1]> (e.g. alpha0.5) "
                      "or kl<ε > 0> (adaptive η with KL budget ε, e.g. kl1)")
@@ -82,8 +84,9 @@ class Config(oq.OpenQuestionConfig):
 PRESETS = {
     "smoke": Config(seeds=2, episodes=3, length=3, batch=8, k=4, settings=("forward_kl", "reverse_kl", "alpha0.5",
                                                                           "kl1")),
-    # H = 6 as token-terminal's cpu preset: 200 episodes cover TPO's whole descent; 5 seeds.
-    "cpu": Config(batch=64),
+    # H = 5 (a uniform policy succeeds once in 32 answers; 78% of groups of 8 start all-fail) and B = 32 so that
+    # the three token open-question experiments fit ~15 min of one core; 150 episodes, 5 seeds.
+    "cpu": Config(length=5, batch=32, episodes=150),
     "paper": Config(seeds=20, length=10, episodes=2000),
 }
 REPRODUCE_PRESET = "cpu"
