@@ -217,3 +217,17 @@ def test_the_paper_suite_leaves_the_open_questions_out():
     assert {n for n, s in suites.items() if s == "open-questions"} >= {
         "token-projections", "mnist-projections", "token-low-variance", "token-partial-credit"}
     assert suites["token-terminal"] is None and suites["mnist"] is None
+
+
+def test_token_level_tpo_reads_the_projection():
+    cfg = te.TrialConfig(**(SMALL | {"reward": "bag"}))
+    opt = te.TrialConfig(**(SMALL | {"reward": "bag", "tpo_projection": "reverse_kl", "std_floor": 0.2}))
+    spec = te.model_spec(cfg)
+    params = tfm.init_params(spec, [0])
+    prompts = tasks.sample_prompts(te._generators([0], 1, "cpu"), cfg.batch, cfg.length, cfg.vocab)
+    batch = te.collect(params, spec, cfg, "tpo_token", prompts, te._generators([0], 2, "cpu"))
+    tok = te.answer_logp(params, spec, batch.prompts, batch.actions)[:, :, 0]
+    ref = obj.tpo_token_loss(tok, batch.candidates, batch.cand_logp, batch.cand_rewards, projection="reverse_kl",
+                             std_floor=0.2).loss
+    assert torch.allclose(te.loss_fn(params, spec, opt, "tpo_token", batch), ref)
+    assert not torch.allclose(te.loss_fn(params, spec, cfg, "tpo_token", batch), ref)

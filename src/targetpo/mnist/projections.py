@@ -82,7 +82,7 @@ PRESETS = {
     "paper": Config(seeds=20, steps=10_000),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "6 projections × 5 seeds, 4,000 updates"
+RUNTIME = "6 projections"
 
 
 def units(cfg: Config) -> list[str]:

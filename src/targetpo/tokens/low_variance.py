@@ -76,11 +76,11 @@ PRESETS = {
     "smoke": Config(seeds=2, episodes=3, length=3, batch=8, k=4),
     # H = 5 (78% of groups of 8 start with no right answer: noise-only groups once noise is added) and B = 16, so
     # the three token open-question experiments fit ~10 min of one core (Muon's step does not grow with B); 5 seeds.
-    "cpu": Config(length=5, batch=16, episodes=150),
+    "cpu": Config(length=5, batch=16, episodes=100),
     "paper": Config(seeds=20, length=10, episodes=2000),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "TPO and GRPO × 4 score settings × 5 seeds, H = 6"
+RUNTIME = "TPO and GRPO × 4 score settings, H = 5, B = 16"
 
 
 def units(cfg: Config) -> list[str]:

@@ -57,11 +57,11 @@ PRESETS = {
     # H = 5: a uniform policy's group of 8 contains an exact match only 22% of the time, so most early groups are
     # all-fail; B = 16, so the three token open-question experiments fit ~10 min of one core (Muon's step does not
     # grow with B); 5 seeds.
-    "cpu": Config(length=5, batch=16, episodes=150),
+    "cpu": Config(length=5, batch=16, episodes=100),
     "paper": Config(seeds=20, length=10, episodes=2000),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "TPO and GRPO × 3 reward settings × 5 seeds, H = 6"
+RUNTIME = "TPO and GRPO × 3 reward settings, H = 5, B = 16"
 
 
 def units(cfg: Config) -> list[str]:

@@ -86,11 +86,11 @@ PRESETS = {
                                                                           "kl1")),
     # H = 5 (a uniform policy succeeds once in 32 answers; 78% of groups of 8 start all-fail) and B = 16, so the
     # three token open-question experiments fit ~10 min of one core (Muon's step does not grow with B); 5 seeds.
-    "cpu": Config(length=5, batch=16, episodes=150),
+    "cpu": Config(length=5, batch=16, episodes=100),
     "paper": Config(seeds=20, length=10, episodes=2000),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "6 projections × 5 seeds, H = 6"
+RUNTIME = "6 projections, H = 5, B = 16"
 
 
 def units(cfg: Config) -> list[str]:
