@@ -199,8 +199,8 @@ def report(run, section) -> None:
         d, se, lower = _paired(c["values"][-1], ref["values"][-1])
         da, sea, lower_a = _paired(c["values"].mean(0), ref["values"].mean(0))
         hm, hr = _first(c, th), _first(ref, th)
-        when = ("never reaches" if hm is None else f"reaches {100 * th:g} % at update {hm:,}") + \
-            (f" (TPO: {hr:,})" if hr is not None else " (TPO never does)")
+        when = (f"never reaches {100 * th:g} %" if hm is None else f"reaches {100 * th:g} % at update {hm:,}") + \
+            (f" (TPO: {hr:,})" if hr is not None else ", nor does TPO")
         clear = lambda x, s: "a clear difference" if abs(x) > 2 * s else "within 2 s.e. of none"  # noqa: E731
         parts.append(f"{labels[m]} {when}; final test error {100 * d:+.2f} ± {100 * se:.2f} points from TPO's "
                      f"({clear(d, se)}), mean over all evaluations {100 * da:+.2f} ± {100 * sea:.2f} "

@@ -91,15 +91,18 @@ def finding(data: dict[str, Curve], key: str, ref: str, labels: dict[str, str], 
                 f"{labels[ref]} ({ha} vs {hb})" if ha != hb else f"reaches {lvl} error at the same episode as "
                 f"{labels[ref]} ({ha})")
     elif ha is None and hb is None:
-        when = f"like {labels[ref]}, does not reach {lvl} error"
+        when = f"does not reach {lvl} error, nor does {labels[ref]}"
     elif ha is None:
         when = f"does not reach {lvl} error ({labels[ref]}: episode {hb})"
     else:
         when = f"reaches {lvl} error at episode {ha} ({labels[ref]} does not)"
     m, se, lower, n = paired(seed_area(a), seed_area(b))
     sig = "a clear difference" if abs(m) > 2 * se else "within 2 s.e. of no difference"
+    tm, tse, _, _ = paired(seed_tail(a), seed_tail(b))
+    tsig = "a clear difference" if abs(tm) > 2 * tse else "within 2 s.e."
     return (f"{labels[key]} {when}; its mean error over all episodes is {100 * m:+.2f} ± {100 * se:.2f} points "
-            f"from {labels[ref]}'s, paired over {n} seeds (lower on {lower}/{n}; {sig}).")
+            f"from {labels[ref]}'s, paired over {n} seeds (lower on {lower}/{n}; {sig}), and its final error (last "
+            f"10% of episodes) {100 * tm:+.2f} ± {100 * tse:.2f} points ({tsig}).")
 
 
 def verdict(m: float, se: float) -> str:

@@ -114,7 +114,7 @@ def report(run, section) -> None:
     colors = {s: tr.SWEEP_COLORS[i % len(tr.SWEEP_COLORS)] for i, s in enumerate(SETTINGS)}
     tr.panels(section, {tc.label(m): by_s for m, by_s in data.items()}, "token_partial_credit",
               f"Exact-match error by episode, seed mean ± s.e. ({cfg['seeds']} seeds); dotted line: {100 * th:g}%",
-              threshold=th, labels=LABELS, colors=colors)
+              threshold=th, labels=LABELS, colors=colors, ylabel="exact-match error")
     lines = []
     for m, by_s in data.items():
         parts = [oq.finding(by_s, "partial", ref, LABELS, th) for ref in ("binary", "partial+zero")

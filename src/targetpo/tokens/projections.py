@@ -135,7 +135,7 @@ def report(run, section) -> None:
     colors = {s: tr.SWEEP_COLORS[i % len(tr.SWEEP_COLORS)] for i, s in enumerate(data)}
     tr.panels(section, {f"terminal reward, H = {cfg['length']}": data}, "token_projections",
               f"Exact-match error by episode for each projection, seed mean ± s.e. ({cfg['seeds']} seeds); dotted "
-              f"line: {100 * th:g}%", threshold=th, labels=labels, colors=colors)
+              f"line: {100 * th:g}%", threshold=th, labels=labels, colors=colors, ylabel="exact-match error")
     if REFERENCE in data:
         section.text("**What the data says.** " + " ".join(
             oq.finding(data, s, REFERENCE, labels, th) for s in data if s != REFERENCE))
