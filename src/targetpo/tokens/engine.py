@@ -162,7 +162,8 @@ class TrialConfig:
     grpo_beta: float = param(0.04, "GRPO's k3-KL weight β (to the rollout policy)", ge=0)
     dg_eta: float = param(1.0, "DG gate temperature η", gt=0)
     tpo_eta: float = param(1.0, "TPO target temperature η", gt=0)
-    # Options beyond the paper (its §6 open questions; docs/method.md §8, docs/experiments.md §E14–§E16), off by default.
+    # Options beyond the paper (its §6 open questions; docs/method.md §8, docs/experiments.md §E14–§E16), all off
+    # by default.
     tpo_projection: str = param("forward_kl", "how TPO fits its target: forward_kl (the paper), reverse_kl, js or "
                                 "alpha (docs/method.md §8)", choices=obj.PROJECTIONS)
     tpo_alpha: float | None = param(None, "α of tpo_projection=alpha (1: forward KL, 0: reverse KL); only then",
@@ -449,6 +450,8 @@ def collect(params, spec: tfm.TransformerSpec, cfg: TrialConfig, method: str, pr
         if cfg.zero_all_fail:
             batch.scores = zero_all_fail_groups(batch.scores, tasks.exact_match(actions, target.unsqueeze(2)))
         if cfg.score_noise > 0:
+            if noise_gens is None:
+                raise ValueError(f"score_noise={cfg.score_noise}: collect needs noise_gens, one generator per seed")
             batch.scores = batch.scores + cfg.score_noise * _normal(noise_gens, batch.scores.shape[1:], prompts.device)
     elif kind == "single":
         r = rewards[:, :, 0]
