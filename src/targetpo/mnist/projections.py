@@ -73,7 +73,11 @@ class Config(MnistConfig):
     def check(self) -> None:
         super().check()
         for s in self.methods:
-            setting_options(s)
+            try:
+                setting_options(s)
+            except ValueError:
+                raise ValueError(f"methods={self.methods!r}: item {s!r} must be one of forward_kl, reverse_kl, js, "
+                                 "alpha<α in [0, 1]> (e.g. alpha0.5) or kl<ε > 0> (e.g. kl1)") from None
 
 
 PRESETS = {
