@@ -40,10 +40,14 @@ EXPERIMENTS: dict[str, str] = {
     "token-sweeps": "targetpo.tokens.sweeps",
     "token-temperature": "targetpo.tokens.temperature",
     "dg-epochs": "targetpo.tokens.dg_epochs",
-    # Open questions of the paper's §6 (SUITE = "open-questions"; docs/experiments.md §E17–§E18).
+    "rlvr": "targetpo.llm.experiment",
+    # Open questions of the paper's §6 (SUITE = "open-questions"; docs/experiments.md §E14–§E18).
+    "token-projections": "targetpo.tokens.projections",
+    "mnist-projections": "targetpo.mnist.projections",
+    "token-low-variance": "targetpo.tokens.low_variance",
+    "token-partial-credit": "targetpo.tokens.partial_credit",
     "mnist-replay": "targetpo.mnist.replay",
     "mnist-friction": "targetpo.mnist.friction",
-    "rlvr": "targetpo.llm.experiment",
 }
 
 

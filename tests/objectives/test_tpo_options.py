@@ -198,12 +198,16 @@ def test_token_and_sequence_forms_pass_the_options_through():
 
 def test_registered_projections_are_tpo_with_that_projection():
     logits, old, scores = _groups(3, 5, seed=9)
-    for name, projection in (("tpo_reverse_kl", "reverse_kl"), ("tpo_js", "js")):
+    for name, kw in (("tpo_reverse_kl", {"projection": "reverse_kl"}), ("tpo_js", {"projection": "js"}),
+                     ("tpo_hellinger", {"projection": "alpha", "alpha": 0.5})):
         o = obj.get(name)
         assert o.needs_groups and o.multi_epoch_safe and o.per_token_fn is not None
-        assert torch.equal(o.fn(logits, old, scores).loss, tpo_loss(logits, old, scores, projection=projection).loss)
+        assert torch.equal(o.fn(logits, old, scores).loss, tpo_loss(logits, old, scores, **kw).loss)
         # ... and different from the paper's forward KL
         assert not torch.allclose(o.fn(logits, old, scores).loss, tpo_loss(logits, old, scores).loss)
+        # the per-token form reduces to the same loss when each completion has one token
+        seq = o.per_token_fn(logits.unsqueeze(-1), old.unsqueeze(-1), scores).loss
+        assert torch.allclose(seq, o.fn(logits, old, scores).loss, atol=1e-12)
 
 
 @pytest.mark.parametrize("kw,match", [

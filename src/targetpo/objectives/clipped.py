@@ -145,6 +145,8 @@ def grpo_loss(
     dual_clip_c: float | None = None,
     kl_estimator: str = "k3",
     kl_clip: float | None = None,
+    std_floor: float = 0.0,
+    std_shrink: float = 0.0,
 ) -> LossOutput:
     r"""GRPO (Shao et al. 2024, DeepSeekMath) with the paper's conventions (docs/method.md §3).
 
@@ -163,6 +165,8 @@ def grpo_loss(
       mask_zero_var: the paper's "GRPO masked" (docs/experiments.md §E9): drop zero-variance groups and normalise by the number
         of informative groups instead of all groups.
       scale_advantages: False gives Dr. GRPO's unscaled s − s̄.
+      std_floor, std_shrink: low-variance groups' std floor σ_min and shrinkage c, σ → max(√(σ² + c²), σ_min)
+        (:func:`group_advantages`, docs/method.md §8); 0 = the paper's advantages.
       loss_agg: default "sum-mean" for per-candidate inputs (Σ_K, mean over groups: the paper) and
         "seq-mean-token-mean" for per-token inputs (the original GRPO); see `aggregation`.
 
@@ -182,7 +186,8 @@ def grpo_loss(
     check_group_size("scores", s)
     per_token = group_layout(lp, s, token_mask)
     mask = as_mask("mask", mask, s)
-    adv = group_advantages(s, mask, eps=adv_eps, scale=scale_advantages, std_ddof=std_ddof, singleton=singleton)
+    adv = group_advantages(s, mask, eps=adv_eps, scale=scale_advantages, std_ddof=std_ddof, singleton=singleton,
+                           std_floor=std_floor, std_shrink=std_shrink)
     valid = torch.ones_like(s, dtype=torch.bool) if mask is None else mask
     informative = ~zero_variance_groups(s, mask, eps=ZERO_VARIANCE_STD)
     if mask_zero_var:

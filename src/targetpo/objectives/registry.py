@@ -62,6 +62,10 @@ _register(
     Objective("tpo_js", partial(tpo.tpo_loss, projection="js"), True, True, "group", "docs/method.md §8",
               "TPO's target fitted by Jensen–Shannon divergence",
               per_token_fn=partial(tpo.tpo_sequence_loss, projection="js")),
+    # α = ½ is the midpoint of the α-family between reverse (0) and forward (1) KL: 4 × squared Hellinger distance.
+    Objective("tpo_hellinger", partial(tpo.tpo_loss, projection="alpha", alpha=0.5), True, True, "group",
+              "docs/method.md §8", "TPO's target fitted by the α = ½ divergence 2·Σ(√q − √p_θ)²",
+              per_token_fn=partial(tpo.tpo_sequence_loss, projection="alpha", alpha=0.5)),
     Objective("reinforce", policy_gradient.reinforce_loss, False, False, "single", "Williams 1992",
               "−A·log π with a caller-chosen baseline"),
     Objective("pg_is", policy_gradient.importance_weighted_pg_loss, False, True, "single", "Precup et al. 2000",

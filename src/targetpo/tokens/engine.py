@@ -21,7 +21,8 @@ Metrics (per seed, measured on the episode's training rollout *before* the updat
 - ``error`` — token-level and single-sample methods: 1 − mean behaviour reward over B·H tokens (bag: fraction
   of tokens wrong; sequential: 1 − normalised correct-prefix length; terminal: fraction of sequences with a
   mistake). Grouped methods: 1 − mean reward over all B·K·H sampled tokens (terminal: fraction of the B·K
-  sequences with any mistake).
+  sequences with any mistake). Partial-credit reward is measured as terminal: the fraction of answers with a
+  mistake.
 - ``grad_norm`` — global L2 norm of the first epoch's raw gradient (per seed, before the optimizer; docs/experiments.md §E8).
 - ``frac_success`` — grouped: fraction of groups with ≥ 1 successful candidate (sequence level: exact match;
   token level: a correct candidate token); single-sample: fraction of exact-match rollouts.
@@ -145,7 +146,8 @@ class TrialConfig:
     """Every knob of one trial; :func:`trial_config` builds one from an experiment's config."""
 
     task: str = param("reverse_copy", "target of the answer", choices=tasks.TASKS)
-    reward: str = param("bag", "bag (per-token), sequential (up to the first mistake) or terminal (exact match)",
+    reward: str = param("bag", "bag (per-token), sequential (up to the first mistake), terminal (exact match) or "
+                        "partial (fraction of correct tokens per answer; not in the paper)",
                         choices=tasks.REWARDS)
     length: int = param(10, "H, prompt length = answer length", ge=1)
     vocab: int = param(2, "V, token vocabulary size", ge=2)
@@ -160,6 +162,22 @@ class TrialConfig:
     grpo_beta: float = param(0.04, "GRPO's k3-KL weight β (to the rollout policy)", ge=0)
     dg_eta: float = param(1.0, "DG gate temperature η", gt=0)
     tpo_eta: float = param(1.0, "TPO target temperature η", gt=0)
+    # Options beyond the paper (its §6 open questions; docs/method.md §8, docs/experiments.md §E14–§E16), all off
+    # by default.
+    tpo_projection: str = param("forward_kl", "how TPO fits its target: forward_kl (the paper), reverse_kl, js or "
+                                "alpha (docs/method.md §8)", choices=obj.PROJECTIONS)
+    tpo_alpha: float | None = param(None, "α of tpo_projection=alpha (1: forward KL, 0: reverse KL); only then",
+                                    ge=0, le=1)
+    tpo_kl_budget: float = param(0.0, "0: TPO's η is tpo_eta; > 0: η chosen per group so that KL(q ‖ p_old) is "
+                                 "this budget (eta='adaptive', docs/method.md §8)", ge=0)
+    std_floor: float = param(0.0, "σ_min, the smallest group std TPO's u and GRPO's A divide by (0: the paper's "
+                             "z-score; docs/method.md §8)", ge=0)
+    std_shrink: float = param(0.0, "c, TPO's and GRPO's group std becomes √(σ² + c²) (0: the paper's z-score)",
+                              ge=0)
+    score_noise: float = param(0.0, "σ of Gaussian noise added to every sequence-level candidate's score (0: none)",
+                               ge=0)
+    zero_all_fail: bool = param(False, "sequence-level groups in which no candidate is exactly right get equal "
+                                "scores, so u = 0 and A = 0 (for partial-credit reward)")
     match: str = param("prompts", "prompts (every method sees B prompts) or interactions (single-sample methods "
                        "see B·K prompts)", choices=MATCHES)
     interaction_lr_scale: bool = param(True, "in interaction-matched runs, multiply single-sample methods' lr by "
@@ -182,6 +200,46 @@ class TrialConfig:
         if self.muon_full_step_norm and self.optimizer != "optax":
             raise ValueError(f"muon_full_step_norm={self.muon_full_step_norm} needs optimizer='optax', got "
                              f"{self.optimizer!r}")
+        if (self.tpo_projection == "alpha") != (self.tpo_alpha is not None):
+            raise ValueError(f"tpo_alpha={self.tpo_alpha!r} with tpo_projection={self.tpo_projection!r}: tpo_alpha "
+                             "is required by, and only read with, tpo_projection='alpha'")
+
+
+# TrialConfig fields each group option is read by (run_trial refuses a non-default one for any other method).
+TPO_OPTIONS = ("tpo_projection", "tpo_alpha", "tpo_kl_budget")
+SCORE_OPTIONS = ("std_floor", "std_shrink")
+GROUP_OPTIONS = ("score_noise", "zero_all_fail")
+
+
+def tpo_kwargs(cfg: "TrialConfig", target_only: bool = False) -> dict[str, Any]:
+    """TPO's keyword options from the trial: η (or the adaptive η and its KL budget), the std options, and unless
+    `target_only` the projection."""
+    out: dict[str, Any] = ({"eta": "adaptive", "kl_budget": cfg.tpo_kl_budget} if cfg.tpo_kl_budget > 0
+                           else {"eta": cfg.tpo_eta})
+    out |= {"std_floor": cfg.std_floor, "std_shrink": cfg.std_shrink}
+    if not target_only:
+        out["projection"] = cfg.tpo_projection
+        if cfg.tpo_alpha is not None:
+            out["alpha"] = cfg.tpo_alpha
+    return out
+
+
+def check_method_options(cfg: "TrialConfig", method: str) -> None:
+    """ValueError when a group option is set for a method that does not read it (never silently ignored)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrialConfig)}
+    kind, name = METHODS[method].rollout, METHODS[method].objective
+    reads = set()
+    if name in ("tpo", "tpo_no_anchor", "tpo_token"):
+        reads |= set(TPO_OPTIONS) | set(SCORE_OPTIONS)
+    if name in ("grpo", "grpo_no_kl", "grpo_masked"):
+        reads |= set(SCORE_OPTIONS)
+    if kind == "group":
+        reads |= set(GROUP_OPTIONS)
+    bad = [f"{n}={getattr(cfg, n)!r}" for n in TPO_OPTIONS + SCORE_OPTIONS + GROUP_OPTIONS
+           if n not in reads and getattr(cfg, n) != defaults[n]]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: not read by method {method!r} ({kind} rollouts); "
+                         f"it reads {', '.join(sorted(reads)) or 'none of the group options'}")
 
 
 def trial_config(cfg: Any, **overrides) -> TrialConfig:
@@ -381,17 +439,26 @@ class Batch:
 
 
 def collect(params, spec: tfm.TransformerSpec, cfg: TrialConfig, method: str, prompts: Tensor,
-            gens: list[torch.Generator]) -> Batch:
-    """Sample an episode's rollouts for `method` and compute its rewards, scores/advantages and error."""
+            gens: list[torch.Generator], noise_gens: list[torch.Generator] | None = None) -> Batch:
+    """Sample an episode's rollouts for `method` and compute its rewards, scores/advantages and error.
+    `noise_gens` (one per seed) draw the score noise of `cfg.score_noise` > 0."""
     kind = METHODS[method].rollout
     target = tasks.targets(prompts, cfg.task, cfg.vocab)
     streams = cfg.k if kind == "group" else 1
     cands = cfg.k if kind == "token" else 1
     actions, logp, cand, cand_lp = rollout(params, spec, prompts, streams, cands, gens)
     rewards = tasks.token_rewards(actions, target.unsqueeze(2), cfg.reward)     # [S, B, G, H]
-    batch = Batch(prompts, actions, logp, rewards, error=1.0 - _seed_mean(rewards))
+    # Partial credit is scored like terminal reward: the error is the fraction of answers with a mistake.
+    err = rewards if cfg.reward != "partial" else tasks.token_rewards(actions, target.unsqueeze(2), "terminal")
+    batch = Batch(prompts, actions, logp, rewards, error=1.0 - _seed_mean(err))
     if kind == "group":
         batch.scores = tasks.sequence_scores(rewards)
+        if cfg.zero_all_fail:
+            batch.scores = zero_all_fail_groups(batch.scores, tasks.exact_match(actions, target.unsqueeze(2)))
+        if cfg.score_noise > 0:
+            if noise_gens is None:
+                raise ValueError(f"score_noise={cfg.score_noise}: collect needs noise_gens, one generator per seed")
+            batch.scores = batch.scores + cfg.score_noise * _normal(noise_gens, batch.scores.shape[1:], prompts.device)
     elif kind == "single":
         r = rewards[:, :, 0]
         batch.adv = r - obj.batch_mean_baseline(r, dim=1)
@@ -402,9 +469,24 @@ def collect(params, spec: tfm.TransformerSpec, cfg: TrialConfig, method: str, pr
     return batch
 
 
+def zero_all_fail_groups(scores: Tensor, success: Tensor) -> Tensor:
+    """Scores [..., K] with every group that has no successful candidate (`success` [..., K] bool) set to 0:
+    an equal-score group, so TPO's u = 0 (q = p_old) and GRPO's A = 0 there (docs/experiments.md §E16)."""
+    return torch.where(success.any(dim=-1, keepdim=True), scores, torch.zeros_like(scores))
+
+
+def _normal(gens: list[torch.Generator], shape: tuple[int, ...], device) -> Tensor:
+    return torch.stack([torch.randn(shape, generator=g, device=device) for g in gens])
+
+
 def _beta(cfg: TrialConfig, o: obj.Objective) -> dict[str, float]:
     """GRPO's β from the trial, unless the registry entry fixes it (grpo_no_kl: β = 0)."""
     return {} if "beta" in getattr(o.fn, "keywords", {}) else {"beta": cfg.grpo_beta}
+
+
+def _std(cfg: TrialConfig) -> dict[str, float]:
+    """GRPO's low-variance options, passed only when set (the paper's call is unchanged otherwise)."""
+    return {k: getattr(cfg, k) for k in SCORE_OPTIONS if getattr(cfg, k) != 0}
 
 
 def loss_fn(params, spec: tfm.TransformerSpec, cfg: TrialConfig, method: str, batch: Batch,
@@ -419,10 +501,11 @@ def loss_fn(params, spec: tfm.TransformerSpec, cfg: TrialConfig, method: str, ba
     if kind == "token":
         tok = logp_v[:, :, 0]                                                     # [S, B, H, V]
         if o.level == "token-candidates":
-            out = o.fn(tok, batch.candidates, batch.cand_logp, batch.cand_rewards, eta=cfg.tpo_eta)
+            out = o.fn(tok, batch.candidates, batch.cand_logp, batch.cand_rewards, **tpo_kwargs(cfg))
         else:
             lp = tok.gather(-1, batch.candidates)
-            out = o.fn(lp, batch.cand_logp, batch.cand_rewards, clip_eps=cfg.clip_eps, **_beta(cfg, o))
+            out = o.fn(lp, batch.cand_logp, batch.cand_rewards, clip_eps=cfg.clip_eps, **_beta(cfg, o),
+                       **_std(cfg))
         return out.loss * s
     lp = logp_v.gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)               # [S, B, G, H]
     if kind == "single":
@@ -436,15 +519,15 @@ def loss_fn(params, spec: tfm.TransformerSpec, cfg: TrialConfig, method: str, ba
         return out.loss * s
     seq, old_seq = lp.sum(dim=-1), batch.old_logp.sum(dim=-1)                    # [S, B, K]
     if o.name in ("tpo", "tpo_no_anchor"):
-        out = o.fn(seq, old_seq, batch.scores, eta=cfg.tpo_eta)
+        out = o.fn(seq, old_seq, batch.scores, **tpo_kwargs(cfg))
     elif o.name == "group_pg":
         out = o.fn(seq, batch.scores, eta=cfg.tpo_eta)
     elif o.name == "grpo_masked":
         # Normalised by each seed's own number of informative groups (the paper's per-seed run), so per seed.
-        return sum(o.fn(seq[i], old_seq[i], batch.scores[i], clip_eps=cfg.clip_eps, **_beta(cfg, o)).loss
-                   for i in range(s))
+        return sum(o.fn(seq[i], old_seq[i], batch.scores[i], clip_eps=cfg.clip_eps, **_beta(cfg, o),
+                        **_std(cfg)).loss for i in range(s))
     else:
-        out = o.fn(seq, old_seq, batch.scores, clip_eps=cfg.clip_eps, **_beta(cfg, o))
+        out = o.fn(seq, old_seq, batch.scores, clip_eps=cfg.clip_eps, **_beta(cfg, o), **_std(cfg))
     return out.loss * s
 
 
@@ -471,11 +554,11 @@ def diagnostics(cfg: TrialConfig, method: str, batch: Batch) -> dict[str, Tensor
         out["frac_success"] = _seed_mean(ok.any(dim=-1))
         out["frac_zero_var"] = _seed_mean(obj.zero_variance_groups(scores))
         if name in ("tpo", "tpo_token", "tpo_no_anchor"):
-            w = obj.tpo_target(old, scores, cfg.tpo_eta, anchor=name != "tpo_no_anchor")
+            w = obj.tpo_target(old, scores, anchor=name != "tpo_no_anchor", **tpo_kwargs(cfg, target_only=True))
         elif name == "group_pg":
             w = obj.standardize_scores(scores).abs() / cfg.tpo_eta
         else:
-            w = obj.group_advantages(scores).abs()
+            w = obj.group_advantages(scores, **_std(cfg)).abs()
     out["all_fail"] = 1.0 - out["frac_success"]
     out["weight_winners"] = _masked_seed_mean(w, ok)
     out["weight_losers"] = _masked_seed_mean(w, ~ok)
@@ -493,9 +576,10 @@ def run_trial(cfg: TrialConfig, method: str, seeds: Sequence[int], device: str |
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
     cfg.validate()
-    if METHODS[method].rollout == "token" and cfg.reward == "terminal":
-        raise ValueError(f"{method} needs a dense reward (bag or sequential); terminal reward has no per-state "
+    if METHODS[method].rollout == "token" and cfg.reward in ("terminal", "partial"):
+        raise ValueError(f"{method} needs a dense reward (bag or sequential); {cfg.reward} reward has no per-state "
                          "credit: use the sequence-level methods (tpo, grpo, ...)")
+    check_method_options(cfg, method)
     seeds = [int(x) for x in seeds]
     if not seeds:
         raise ValueError("run_trial needs at least one seed")
@@ -510,11 +594,12 @@ def run_trial(cfg: TrialConfig, method: str, seeds: Sequence[int], device: str |
     names = list(params)
     prompt_gens = _generators(seeds, 1, device)
     sample_gens = _generators(seeds, 2, device)
+    noise_gens = _generators(seeds, 3, device) if cfg.score_noise > 0 else None
     batch_size, epochs = method_batch(cfg, method), method_epochs(cfg, method)
     history: dict[str, list[np.ndarray]] = {}
     for episode in range(cfg.episodes):
         prompts = tasks.sample_prompts(prompt_gens, batch_size, cfg.length, cfg.vocab, device)
-        batch = collect(params, spec, cfg, method, prompts, sample_gens)
+        batch = collect(params, spec, cfg, method, prompts, sample_gens, noise_gens)
         if check is not None:
             check(episode, {"rollout log-probs": batch.old_logp})
         record = {"error": batch.error, **diagnostics(cfg, method, batch)}

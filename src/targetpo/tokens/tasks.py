@@ -12,7 +12,11 @@ With c_t = 1{a_t = y_t}, the per-token rewards r_t are
 
 - ``bag``        (bag of tokens): r_t = c_t, per-token credit;
 - ``sequential``: r_t = Π_{s≤t} c_s, credit only up to the first mistake;
-- ``terminal``:   r_t = 1{all c_s = 1} at every t, the exact-match (RLVR-style) reward broadcast over positions.
+- ``terminal``:   r_t = 1{all c_s = 1} at every t, the exact-match (RLVR-style) reward broadcast over positions;
+- ``partial``:    r_t = (1/H) Σ_s c_s at every t, partial credit for the number of correct positions broadcast
+  over positions (not in the paper; docs/experiments.md §E16). A sequence-level group then scores each answer
+  by its fraction of correct tokens, so a group with no exact match still ranks its answers ("least bad
+  teaches"); the engine measures its error as terminal reward's, the fraction of answers with a mistake.
 
 Token-level groups (TPO_token, GRPO_token) score K candidate next tokens at each state of one behaviour
 trajectory that follows candidate 0. A candidate's reward is 1{candidate = y_t} (bag) or alive_t·1{candidate =
@@ -28,7 +32,7 @@ import torch
 from torch import Tensor
 
 TASKS = ("copy", "flip", "reverse_copy", "reverse_flip")
-REWARDS = ("bag", "sequential", "terminal")
+REWARDS = ("bag", "sequential", "terminal", "partial")
 
 
 def check_task(task: str, reward: str) -> None:
@@ -69,6 +73,8 @@ def token_rewards(actions: Tensor, target: Tensor, reward: str) -> Tensor:
         return correct.cumprod(dim=-1)
     if reward == "terminal":
         return correct.amin(dim=-1, keepdim=True).expand_as(correct).contiguous()
+    if reward == "partial":
+        return correct.mean(dim=-1, keepdim=True).expand_as(correct).contiguous()
     raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
 
 
@@ -113,6 +119,6 @@ def initial_error(reward: str, vocab: int, length: int) -> float:
     if reward == "sequential":
         # 1 − mean_t p^{t+1}
         return 1.0 - sum(p ** (t + 1) for t in range(length)) / length
-    if reward == "terminal":
+    if reward in ("terminal", "partial"):   # partial credit's error is exact-match error too
         return 1.0 - p ** length
     raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")

@@ -1,0 +1,112 @@
+"""What the open-question experiments (docs/experiments.md §E14–§E16: token-projections, token-low-variance,
+token-partial-credit) share: a config base with their comparison threshold, and report helpers that compare
+settings with a reference setting paired over seeds (every setting of a seed starts from the same model and sees
+the same prompts, so seed-by-seed differences cancel the seed's luck)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from targetpo.runs.config import config, param
+from targetpo.runs.stats import Curve, fmt, mean_se
+from targetpo.tokens import common as tc
+from targetpo.tokens import report as tr
+from targetpo.tokens.config import TokenConfig
+
+SUITE = "open-questions"
+SMOOTH = 5  # episodes of trailing average before a single seed's curve is compared with the threshold
+
+
+@config
+class OpenQuestionConfig(TokenConfig):
+    threshold: float = param(0.05, "error level whose first crossing is compared (episodes to threshold)",
+                             gt=0, lt=1)
+
+
+def seed_steps_to(curve: Curve, threshold: float, window: int = SMOOTH) -> np.ndarray:
+    """Per seed, the first episode whose trailing `window`-episode mean error is below `threshold` (NaN: never)."""
+    vals = tr.smooth(curve.values, window)
+    out = np.full(vals.shape[1], np.nan)
+    for s in range(vals.shape[1]):
+        hit = np.flatnonzero(vals[:, s] < threshold)
+        if hit.size:
+            out[s] = curve.steps[hit[0]]
+    return out
+
+
+def seed_area(curve: Curve) -> np.ndarray:
+    """Per seed, the mean error over all episodes (the area under the learning curve / episodes)."""
+    return np.nanmean(curve.values, axis=0)
+
+
+def seed_tail(curve: Curve, frac: float = 0.1) -> np.ndarray:
+    """Per seed, the mean error over the last `frac` of episodes."""
+    n = max(1, int(round(len(curve.steps) * frac)))
+    return np.nanmean(curve.values[-n:], axis=0)
+
+
+def paired(a: np.ndarray, b: np.ndarray) -> tuple[float, float, int, int]:
+    """(mean, s.e.) over seeds of a − b, with the number of seeds where a < b and the number compared (seeds where
+    both are finite)."""
+    ok = np.isfinite(a) & np.isfinite(b)
+    if not ok.any():
+        return float("nan"), float("nan"), 0, 0
+    d = a[ok] - b[ok]
+    m, se = mean_se(d)
+    return float(m), float(se), int((d < 0).sum()), int(ok.sum())
+
+
+def _steps_cell(steps: np.ndarray) -> str:
+    hit = steps[np.isfinite(steps)]
+    if not hit.size:
+        return "never"
+    return f"{fmt(float(np.median(hit)))} ({hit.size}/{steps.size})"
+
+
+def comparison_table(section, data: dict[str, Curve], ref: str, labels: dict[str, str], threshold: float,
+                     caption: str) -> None:
+    """One row per setting: tail and mean error, episodes to `threshold` and the paired differences to `ref`."""
+    head = ["setting", "final error % (last 10%)", "mean error % (all episodes)", f"episodes to {100 * threshold:g}%",
+            f"per-seed episodes to {100 * threshold:g}% (median, seeds reaching)", f"Δ mean error vs {labels[ref]} "
+            "(points, paired; seeds lower)"]
+    rows = []
+    for k, c in data.items():
+        diff = "–"
+        if k != ref and ref in data:
+            m, se, lower, n = paired(seed_area(c), seed_area(data[ref]))
+            diff = f"{100 * m:+.2f} ± {100 * se:.2f} ({lower}/{n})"
+        rows.append([labels[k], tr.pm(mean_se(seed_tail(c)), 100, 1), tr.pm(mean_se(seed_area(c)), 100, 1),
+                     fmt(tc.steps_to(c, threshold)), _steps_cell(seed_steps_to(c, threshold)), diff])
+    section.table(head, rows, caption)
+
+
+def finding(data: dict[str, Curve], key: str, ref: str, labels: dict[str, str], threshold: float) -> str:
+    """One computed sentence: how `key` compares with `ref` (episodes to threshold on the seed mean, and the
+    paired difference in mean error over all episodes)."""
+    a, b = data[key], data[ref]
+    ha, hb = tc.steps_to(a, threshold), tc.steps_to(b, threshold)
+    lvl = f"{100 * threshold:g}%"
+    if ha is not None and hb is not None:
+        when = (f"reaches {lvl} error {abs(hb - ha)} episodes {'earlier' if ha < hb else 'later'} than "
+                f"{labels[ref]} ({ha} vs {hb})" if ha != hb else f"reaches {lvl} error at the same episode as "
+                f"{labels[ref]} ({ha})")
+    elif ha is None and hb is None:
+        when = f"does not reach {lvl} error, nor does {labels[ref]}"
+    elif ha is None:
+        when = f"does not reach {lvl} error ({labels[ref]}: episode {hb})"
+    else:
+        when = f"reaches {lvl} error at episode {ha} ({labels[ref]} does not)"
+    m, se, lower, n = paired(seed_area(a), seed_area(b))
+    sig = "a clear difference" if abs(m) > 2 * se else "within 2 s.e. of no difference"
+    tm, tse, _, _ = paired(seed_tail(a), seed_tail(b))
+    tsig = "a clear difference" if abs(tm) > 2 * tse else "within 2 s.e."
+    return (f"{labels[key]} {when}; its mean error over all episodes is {100 * m:+.2f} ± {100 * se:.2f} points "
+            f"from {labels[ref]}'s, paired over {n} seeds (lower on {lower}/{n}; {sig}), and its final error (last "
+            f"10% of episodes) {100 * tm:+.2f} ± {100 * tse:.2f} points ({tsig}).")
+
+
+def verdict(m: float, se: float) -> str:
+    """'lower', 'higher' or 'no clear difference' (|mean| ≤ 2 s.e.) for a paired difference."""
+    if not np.isfinite(m) or abs(m) <= 2 * se:
+        return "no clear difference"
+    return "lower" if m < 0 else "higher"

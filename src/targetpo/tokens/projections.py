@@ -1,0 +1,141 @@
+"""Other projections onto TPO's target, sparse terminal reward (an open question of the paper's §6;
+docs/method.md §8, docs/experiments.md §E14).
+
+TPO builds q ∝ p_old·exp(u/η) over a group and fits the policy to it by forward KL, −Σ q log p_θ (gradient
+p_θ − q on the group logits). The same q can be fitted by any divergence that is zero exactly at p_θ = q: reverse
+KL(p_θ ‖ q) (mode-seeking), Jensen–Shannon (bounded), the α-divergence between the two (α = ½: four times the
+squared Hellinger distance), or the forward KL with a per-group η chosen so that KL(q ‖ p_old) equals a budget ε
+("adaptive η", the dual of a KL-constrained improvement step). Task: reverse copy over V = 2 with terminal
+(exact-match) reward, sequence-level TPO with K full answers per prompt (as token-terminal, docs/experiments.md
+§E6), every setting run on the same seeds; only the projection (or η) differs. The error is the fraction of the
+episode's sampled answers with a mistake, before the update. Not a paper experiment: no paper numbers exist.
+"""
+
+from __future__ import annotations
+
+from targetpo.runs.config import config, default, param, swept, unused
+from targetpo.tokens import common as tc
+from targetpo.tokens import open_questions as oq
+from targetpo.tokens import report as tr
+from targetpo.tokens.engine import trial_config
+
+NAME = "token-projections"
+TITLE = "Open question: other projections onto TPO's target, terminal-reward token reversal"
+PAPER_REF = "§6 (open question); docs/experiments.md §E14"
+SUITE = oq.SUITE
+REFERENCE = "forward_kl"
+
+
+def setting_options(setting: str) -> dict:
+    """TrialConfig overrides of a setting name: forward_kl (TPO), reverse_kl, js, alpha<α> (e.g. alpha0.5) or
+    kl<ε> (adaptive η with KL budget ε, e.g. kl1)."""
+    if setting in ("forward_kl", "reverse_kl", "js"):
+        return {"tpo_projection": setting}
+    for prefix, make in (("alpha", lambda v: {"tpo_projection": "alpha", "tpo_alpha": v}),
+                         ("kl", lambda v: {"tpo_kl_budget": v})):
+        if setting.startswith(prefix):
+            try:
+                value = float(setting[len(prefix):])
+            except ValueError:
+                break
+            if (prefix == "alpha" and not 0 <= value <= 1) or (prefix == "kl" and not value > 0):
+                break
+            return make(value)
+    raise ValueError(f"setting {setting!r}: must be forward_kl, reverse_kl, js, alpha<α in [0, 1]> (e.g. alpha0.5) "
+                     "or kl<ε > 0> (adaptive η with KL budget ε, e.g. kl1)")
+
+
+def setting_label(setting: str) -> str:
+    o = setting_options(setting)
+    if setting == "forward_kl":
+        return "forward KL (TPO)"
+    if "tpo_alpha" in o:
+        return f"α = {o['tpo_alpha']:g}"
+    if "tpo_kl_budget" in o:
+        return f"adaptive η, ε = {o['tpo_kl_budget']:g}"
+    return {"reverse_kl": "reverse KL", "js": "Jensen–Shannon"}[setting]
+
+
+@config
+class Config(oq.OpenQuestionConfig):
+    settings: tuple[str, ...] = param(("forward_kl", "reverse_kl", "js", "alpha0.5", "kl0.5", "kl2"),
+                                      "projections to compare: forward_kl (TPO), reverse_kl, js, alpha<α> or kl<ε> "
+                                      "(forward KL with adaptive η, KL(q ‖ p_old) = ε per group)", unique=True)
+    tpo_projection = swept("settings")
+    tpo_alpha = swept("settings")
+    tpo_kl_budget = swept("settings")
+    methods = default(("tpo",), fixed="TPO with each setting's projection")
+    reward = default("terminal", fixed="the sparse terminal reward of this experiment")
+    length = 6
+    episodes = 200
+    seeds = 5
+    clip_eps = unused("TPO only")
+    grpo_beta = unused("TPO only")
+    dg_epochs = unused("TPO only")
+    dg_eta = unused("TPO only")
+    match = unused("TPO only")
+    interaction_lr_scale = unused("TPO only")
+
+    def check(self) -> None:
+        for s in self.settings:
+            trial_config(self, **setting_options(s))
+
+
+PRESETS = {
+    "smoke": Config(seeds=2, episodes=3, length=3, batch=8, k=4, settings=("forward_kl", "reverse_kl", "alpha0.5",
+                                                                          "kl1")),
+    # H = 5 (a uniform policy succeeds once in 32 answers; 78% of groups of 8 start all-fail) and B = 16, so the
+    # three token open-question experiments fit ~10 min of one core (Muon's step does not grow with B); 5 seeds.
+    "cpu": Config(length=5, batch=16, episodes=100),
+    "paper": Config(seeds=20, length=10, episodes=2000),
+}
+REPRODUCE_PRESET = "cpu"
+RUNTIME = "6 projections, H = 5, B = 16"
+
+
+def units(cfg: Config) -> list[str]:
+    return list(cfg.settings)
+
+
+def unit_steps(cfg: Config, unit: str) -> int:
+    return cfg.episodes
+
+
+def run_unit(cfg: Config, unit: str, ctx) -> None:
+    tr.run_method(cfg, "tpo", ctx, **setting_options(unit))
+
+
+# ----------------------------------------------------------------------------- report
+
+def _data(run) -> dict[str, tc.Curve]:
+    got = tc.unit_curves(run, "error")
+    return {s: got[s] for s in run.config["settings"] if s in got}
+
+
+def summary(run) -> str:
+    cfg, data = run.config, _data(run)
+    return f"episodes to {100 * cfg['threshold']:g}% error — " + ", ".join(
+        f"{setting_label(s)}: {tc.fmt(tc.steps_to(c, cfg['threshold']))}" for s, c in data.items())
+
+
+def report(run, section) -> None:
+    cfg = run.config
+    data = _data(run)
+    if not tc.intro(section, run, __doc__, data,
+                    f"Preset `{run.meta.get('preset')}`: {cfg['seeds']} seeds × {cfg['episodes']} episodes, "
+                    f"H = {cfg['length']}, B = {cfg['batch']}, K = {cfg['k']}, η = {cfg['tpo_eta']:g} for the fixed-η "
+                    "settings."):
+        return
+    labels = {s: setting_label(s) for s in data}
+    th = cfg["threshold"]
+    oq.comparison_table(section, data, REFERENCE, labels, th,
+                        "Exact-match error by projection: seed mean ± s.e.; episodes to the threshold on the seed-mean "
+                        f"curve and per seed ({oq.SMOOTH}-episode trailing mean); Δ = this setting's mean error over "
+                        "all episodes minus TPO's, paired over seeds")
+    colors = {s: tr.SWEEP_COLORS[i % len(tr.SWEEP_COLORS)] for i, s in enumerate(data)}
+    tr.panels(section, {f"terminal reward, H = {cfg['length']}": data}, "token_projections",
+              f"Exact-match error by episode for each projection, seed mean ± s.e. ({cfg['seeds']} seeds); dotted "
+              f"line: {100 * th:g}%", threshold=th, labels=labels, colors=colors, ylabel="exact-match error")
+    if REFERENCE in data:
+        section.text("**What the data says.** " + " ".join(
+            oq.finding(data, s, REFERENCE, labels, th) for s in data if s != REFERENCE))

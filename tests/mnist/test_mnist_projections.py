@@ -1,0 +1,46 @@
+"""mnist-projections (docs/experiments.md §E14): settings, a smoke run and its report, and the forward-KL setting
+reproducing the `mnist` experiment's TPO exactly (same weights, minibatches and action noise)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from targetpo.experiments import load, run_experiment
+from targetpo.mnist import projections as MP
+from targetpo.report import write_report
+from targetpo.runs.config import make_config
+
+
+def _records(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "step" in r]
+
+
+def test_settings_parse_and_bad_ones_are_refused():
+    assert MP.setting_options("forward_kl") == {"projection": "forward_kl"}
+    assert MP.setting_options("alpha0.5") == {"projection": "alpha", "alpha": 0.5}
+    assert MP.setting_options("kl2") == {"eta": "adaptive", "kl_budget": 2.0}
+    for bad in ("alpha1.5", "kl0", "kl", "hellinger"):
+        with pytest.raises(ValueError, match=f"setting '{bad}'"):
+            MP.setting_options(bad)
+    with pytest.raises(ValueError, match=r"^methods=.*item 'kl-1' must be one of"):
+        make_config(load("mnist-projections"), "smoke", overrides=["methods=forward_kl,kl-1"])
+
+
+def test_mnist_projections_smoke_and_forward_kl_is_mnist_tpo(tmp_path, mnist_dir):
+    common = [f"data_dir={mnist_dir}", "steps=40", "seeds=2"]
+    run_dir = run_experiment("mnist-projections", "smoke", out=tmp_path / "p", progress=False, quiet=True, threads=1,
+                             overrides=common)
+    recs = _records(run_dir)
+    assert [r["step"] for r in recs] == [20, 40]
+    for s in MP.PRESETS["smoke"].methods:
+        assert len(recs[-1][f"{s}.error"]) == 2
+    assert recs[-1]["reverse_kl.error"] != recs[-1]["forward_kl.error"]
+    base = run_experiment("mnist", "smoke", out=tmp_path / "m", progress=False, quiet=True, threads=1,
+                          overrides=common + ["methods=tpo", "eval_every=20"])
+    assert [r["tpo.error"] for r in _records(base)] == [r["forward_kl.error"] for r in recs]
+    text = write_report(run_dir).read_text()
+    assert "mnist_projections.png" in text and (run_dir / "mnist_projections.png").exists()
+    assert "What the data says" in text and "forward KL (TPO)" in text
+    assert np.isfinite([v for r in recs for k, v in r.items() if k.endswith(".error") for v in v]).all()
