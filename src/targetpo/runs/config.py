@@ -335,12 +335,13 @@ def paper_ref(exp: ModuleType) -> str:
 
 
 def experiment_table(modules: list[ModuleType]) -> str:
-    """The README's experiment table: name, paper reference, the preset `make reproduce` runs."""
-    rows = ["| experiment | paper | default preset in `make reproduce` |", "|---|---|---|"]
+    """The README's experiment table: name, paper reference, suite, the preset `targetpo reproduce` runs."""
+    rows = ["| experiment | paper | suite | preset in `targetpo reproduce --suite SUITE` |", "|---|---|---|---|"]
     for exp in modules:
         preset = exp.REPRODUCE_PRESET
         note = "; ".join(x for x in (steps_label(exp.PRESETS[preset]), getattr(exp, "RUNTIME", "")) if x)
-        rows.append(f"| `{exp.NAME}` | {_cell(paper_ref(exp))} | {preset} ({_cell(note)}) |")
+        suite = getattr(exp, "SUITE", "paper")
+        rows.append(f"| `{exp.NAME}` | {_cell(paper_ref(exp))} | {suite} | {preset} ({_cell(note)}) |")
     return "\n".join(rows)
 
 
