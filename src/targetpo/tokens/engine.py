@@ -259,7 +259,8 @@ def rollout(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tenso
     s, b, h = prompts.shape
     g, c, dev, v = streams, candidates, prompts.device, spec.vocab
     rep_p, inv_p = _distinct(_row_ids(prompts, [v] * h))
-    logp_states, cache = tfm.prefill(params, _take(prompts, rep_p), spec)     # one pass per distinct prompt
+    logp_states, prompt_kv = tfm.prefill(params, _take(prompts, rep_p), spec)  # one pass per distinct prompt
+    cache = tfm.kv_cache(prompt_kv, spec)                                     # one row per distinct state
     state = inv_p.repeat_interleave(g, dim=1)                                 # [S, B·G] each stream's state
     acts, lps, cands, cand_lps = [], [], [], []
     for t in range(h):
@@ -274,8 +275,9 @@ def rollout(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tenso
         if t + 1 < h:
             rep, nxt = _distinct(state * v + cand[..., 0])                    # distinct next states
             parent, token = _take(state, rep), _take(cand[..., 0], rep)       # [S, U]
-            past = [(_take(k, parent), _take(vv, parent)) for k, vv in cache]
-            out, cache = tfm.extend(params, token.unsqueeze(-1), spec, start=h + t, past=past, keep_kv=True)
+            if not _is_identity(parent, cache[0][0].shape[1]):               # a state split: new cache rows
+                cache = [(_take(k, parent), _take(vv, parent)) for k, vv in cache]
+            out = tfm.decode(params, token.unsqueeze(-1), spec, start=h + t, cache=cache)
             logp_states, state = out[:, :, 0], nxt
     actions = torch.stack(acts, dim=-1).view(s, b, g, h)
     logp = torch.stack(lps, dim=-1).view(s, b, g, h)
@@ -308,6 +310,11 @@ def _distinct(ids: Tensor) -> tuple[Tensor, Tensor]:
     # Any row of a group represents it (they are identical), so the scatter's choice among duplicates is moot.
     rep = torch.zeros(ids.shape[0], width, dtype=torch.int64, device=ids.device).scatter_(1, group, order)
     return rep, inverse
+
+
+def _is_identity(idx: Tensor, n: int) -> bool:
+    """idx [S, M] is arange(n) for every seed (each of n rows maps to itself)."""
+    return idx.shape[1] == n and bool((idx == torch.arange(n, device=idx.device)).all())
 
 
 def _take(x: Tensor, idx: Tensor) -> Tensor:
