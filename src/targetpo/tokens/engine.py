@@ -54,8 +54,9 @@ Rollouts: *single* samples one answer per prompt; *group* samples K independent 
 (scores s_i = mean_t r_{i,t}, old log-score Σ_t log π_old); *token* follows one behaviour trajectory that takes
 candidate 0 of K i.i.d. next-token samples at every state, each candidate scored at once (bag: correct token;
 sequential: alive × correct, so every state after the behaviour's first mistake is a zero-variance group with
-q = p_old). Sampling is temperature 1 with a KV cache; the prompt's keys/values are computed once and shared by
-the K rollouts of a group, in sampling. Training runs every distinct prompt once and every distinct (prompt, answer)
+q = p_old). Sampling is temperature 1 with a preallocated KV cache (one row per distinct state, written in place;
+rows are re-gathered only when a state splits); the prompt's keys/values are computed once and shared by the K
+rollouts of a group, in sampling. Training runs every distinct prompt once and every distinct (prompt, answer)
 pair once over its cached keys/values (exact: identical inputs, identical log-probs), and token-level training
 reads all H states' next-token distributions from that one pass over the behaviour trajectory (causal masking
 makes it identical to the authors' one pass per prefix state, H× cheaper).
