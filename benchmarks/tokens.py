@@ -15,14 +15,22 @@ Three measurements:
 
     python benchmarks/tokens.py                        # print
     python benchmarks/tokens.py --write BENCHMARKS.md  # also replace this benchmark's section there
+
+With ``--against OTHER_SRC`` it only times measurement 2, in fresh interpreters alternating between this checkout's
+``src`` and another version's (e.g. ``git archive COMMIT src | tar -x -C /tmp/old``, then ``--against
+/tmp/old/src``), and checks that both give the same errors bit for bit.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 from _markdown import replace_section  # benchmarks/ is on sys.path when run as a script
@@ -75,6 +83,36 @@ def authors_smoke(repeats: int) -> tuple[float, list[float], dict[str, float]]:
     if any(r != runs[0] for r in runs):
         raise RuntimeError(f"the smoke configuration gave different results in different runs: {runs}")
     return statistics.median(walls), walls, runs[0]
+
+
+# One run of the smoke configuration in a fresh interpreter: wall and CPU seconds and every method's error curve.
+_SMOKE_CHILD = """
+import json, sys, time, torch
+from targetpo.tokens import engine as te
+torch.set_num_threads(int(sys.argv[1]))
+cfg = te.TrialConfig(task="reverse_copy", reward="bag", length=10, vocab=2, batch=100, k=8, episodes=50)
+t0, c0 = time.perf_counter(), time.process_time()
+errors = {m: te.run_trial(cfg, m, [0, 1])["error"].tolist() for m in ("dg", "grpo_token", "tpo_token", "ppo")}
+print(json.dumps({"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0, "errors": errors}))
+"""
+
+
+def smoke_against(other_src: str, threads: int, repeats: int) -> dict[str, dict]:
+    """The smoke configuration `repeats` times for this checkout ("new") and `other_src` ("old"), alternating
+    (the order swapped every repeat), each run in a fresh interpreter; median wall and CPU seconds of each."""
+    if not (Path(other_src) / "targetpo").is_dir():
+        raise ValueError(f"--against {other_src!r}: not a src folder holding the targetpo package")
+    srcs = {"old": str(Path(other_src).resolve()), "new": str(Path(__file__).resolve().parents[1] / "src")}
+    runs: dict[str, list[dict]] = {k: [] for k in srcs}
+    for r in range(repeats):
+        for name in (("old", "new") if r % 2 == 0 else ("new", "old")):
+            out = subprocess.run([sys.executable, "-c", _SMOKE_CHILD, str(threads)], capture_output=True, text=True,
+                                 env={**os.environ, "PYTHONPATH": srcs[name]}, check=True)
+            runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"{name} run {r}: {runs[name][-1]['wall']:.1f} s wall, {runs[name][-1]['cpu']:.1f} s CPU", flush=True)
+    same = all(run["errors"] == runs["old"][0]["errors"] for rs in runs.values() for run in rs)
+    return {name: {"wall_s": statistics.median(x["wall"] for x in rs), "cpu_s": statistics.median(x["cpu"] for x in rs),
+                   "walls_s": [x["wall"] for x in rs], "identical_errors": same} for name, rs in runs.items()}
 
 
 # ----------------------------------------------------------------------------- the authors' way, in torch
@@ -144,13 +182,24 @@ def main():
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ap.add_argument("--repeats", type=int, default=3, help="runs of the authors' smoke configuration (median reported)")
     ap.add_argument("--write", default=None, help=f"markdown file whose '{SECTION}' section is replaced")
+    ap.add_argument("--against", default=None, metavar="OTHER_SRC",
+                    help="only time the smoke configuration, alternating with another version's src folder")
     args = ap.parse_args()
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.against:
+        res = smoke_against(args.against, args.threads, args.repeats)
+        print(f"| version | wall (s), median of {args.repeats} | CPU (s) |\n|---|---|---|")
+        for name, r in res.items():
+            print(f"| {name} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} |")
+        print(f"old / new wall: {res['old']['wall_s'] / res['new']['wall_s']:.2f}×; error curves identical: "
+              f"{res['new']['identical_errors']}")
+        print(json.dumps(res))
+        return
     torch.set_num_threads(args.threads)
 
     costs = per_seed_costs(args.seeds, args.episodes)
     ours, ref = side_by_side(2, max(3, args.episodes))
-    if args.repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     smoke_s, smoke_all, finals = authors_smoke(args.repeats)
     cmd = (f"python benchmarks/tokens.py --seeds {args.seeds} --episodes {args.episodes} --threads {args.threads} "
            f"--repeats {args.repeats}")
