@@ -6,22 +6,31 @@ Three measurements:
    K = 8, with S seeds vectorised; sequence-level costs are measured from a fresh (near-uniform) policy, their
    worst case (a confident policy repeats answers, which the engine computes once).
 2. the configuration of the authors' `transformer --smoke` preset end to end (2 seeds × 50 episodes, H = 10,
-   V = 2, B = 100, K = 8; ppo, dg, tpo_token, grpo_token), to compare with the authors' JAX code (186–190 s on a
-   quiet 2-core machine by its own "Completed in", compile included; docs/experiments.md §Compute).
+   V = 2, B = 100, K = 8; ppo, dg, tpo_token, grpo_token), median of --repeats runs, to compare with the authors'
+   JAX code (186–190 s on a quiet 2-core machine by its own "Completed in", compile included;
+   docs/experiments.md §Compute).
 3. side by side in one process: one TPO_token episode of the engine vs the same episode computed the way the
    authors' code does (a full forward per sampled token, no KV cache; one forward per prefix state in training),
    so the ratio is robust to a busy machine.
 
     python benchmarks/tokens.py                        # print
     python benchmarks/tokens.py --write BENCHMARKS.md  # also replace this benchmark's section there
+
+With ``--against OTHER_SRC`` it only times measurement 2, in fresh interpreters alternating between this checkout's
+``src`` and another version's (e.g. ``git archive COMMIT src | tar -x -C /tmp/old``, then ``--against
+/tmp/old/src``), and checks that both give the same errors bit for bit.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 from _markdown import replace_section  # benchmarks/ is on sys.path when run as a script
@@ -59,13 +68,51 @@ def per_seed_costs(seeds: int, episodes: int) -> dict[str, float]:
     return out
 
 
-def authors_smoke() -> tuple[float, dict[str, float]]:
+def authors_smoke(repeats: int) -> tuple[float, list[float], dict[str, float]]:
+    """Median wall seconds of `repeats` runs of the configuration (and all of them), and the 2-seed mean error
+    at episode 50 of each method (the same in every run: the engine is deterministic)."""
     cfg = te.TrialConfig(task="reverse_copy", reward="bag", length=10, vocab=2, batch=100, k=8, episodes=50)
-    finals = {}
-    t0 = time.perf_counter()
-    for m in TOKEN_METHODS[::-1]:
-        finals[m] = float(te.run_trial(cfg, m, [0, 1])["error"][-1].mean())
-    return time.perf_counter() - t0, finals
+    walls, runs = [], []
+    for _ in range(repeats):
+        finals = {}
+        t0 = time.perf_counter()
+        for m in TOKEN_METHODS[::-1]:
+            finals[m] = float(te.run_trial(cfg, m, [0, 1])["error"][-1].mean())
+        walls.append(time.perf_counter() - t0)
+        runs.append(finals)
+    if any(r != runs[0] for r in runs):
+        raise RuntimeError(f"the smoke configuration gave different results in different runs: {runs}")
+    return statistics.median(walls), walls, runs[0]
+
+
+# One run of the smoke configuration in a fresh interpreter: wall and CPU seconds and every method's error curve.
+_SMOKE_CHILD = """
+import json, sys, time, torch
+from targetpo.tokens import engine as te
+torch.set_num_threads(int(sys.argv[1]))
+cfg = te.TrialConfig(task="reverse_copy", reward="bag", length=10, vocab=2, batch=100, k=8, episodes=50)
+t0, c0 = time.perf_counter(), time.process_time()
+errors = {m: te.run_trial(cfg, m, [0, 1])["error"].tolist() for m in ("dg", "grpo_token", "tpo_token", "ppo")}
+print(json.dumps({"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0, "errors": errors}))
+"""
+
+
+def smoke_against(other_src: str, threads: int, repeats: int) -> dict[str, dict]:
+    """The smoke configuration `repeats` times for this checkout ("new") and `other_src` ("old"), alternating
+    (the order swapped every repeat), each run in a fresh interpreter; median wall and CPU seconds of each."""
+    if not (Path(other_src) / "targetpo").is_dir():
+        raise ValueError(f"--against {other_src!r}: not a src folder holding the targetpo package")
+    srcs = {"old": str(Path(other_src).resolve()), "new": str(Path(__file__).resolve().parents[1] / "src")}
+    runs: dict[str, list[dict]] = {k: [] for k in srcs}
+    for r in range(repeats):
+        for name in (("old", "new") if r % 2 == 0 else ("new", "old")):
+            out = subprocess.run([sys.executable, "-c", _SMOKE_CHILD, str(threads)], capture_output=True, text=True,
+                                 env={**os.environ, "PYTHONPATH": srcs[name]}, check=True)
+            runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"{name} run {r}: {runs[name][-1]['wall']:.1f} s wall, {runs[name][-1]['cpu']:.1f} s CPU", flush=True)
+    same = all(run["errors"] == runs["old"][0]["errors"] for rs in runs.values() for run in rs)
+    return {name: {"wall_s": statistics.median(x["wall"] for x in rs), "cpu_s": statistics.median(x["cpu"] for x in rs),
+                   "walls_s": [x["wall"] for x in rs], "identical_errors": same} for name, rs in runs.items()}
 
 
 # ----------------------------------------------------------------------------- the authors' way, in torch
@@ -133,14 +180,29 @@ def main():
     ap.add_argument("--seeds", type=int, default=4, help="seeds vectorised per episode for the per-seed costs")
     ap.add_argument("--episodes", type=int, default=5, help="timed episodes per method (median reported)")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of the authors' smoke configuration (median reported)")
     ap.add_argument("--write", default=None, help=f"markdown file whose '{SECTION}' section is replaced")
+    ap.add_argument("--against", default=None, metavar="OTHER_SRC",
+                    help="only time the smoke configuration, alternating with another version's src folder")
     args = ap.parse_args()
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.against:
+        res = smoke_against(args.against, args.threads, args.repeats)
+        print(f"| version | wall (s), median of {args.repeats} | CPU (s) |\n|---|---|---|")
+        for name, r in res.items():
+            print(f"| {name} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} |")
+        print(f"old / new wall: {res['old']['wall_s'] / res['new']['wall_s']:.2f}×; error curves identical: "
+              f"{res['new']['identical_errors']}")
+        print(json.dumps(res))
+        return
     torch.set_num_threads(args.threads)
 
     costs = per_seed_costs(args.seeds, args.episodes)
     ours, ref = side_by_side(2, max(3, args.episodes))
-    smoke_s, finals = authors_smoke()
-    cmd = f"python benchmarks/tokens.py --seeds {args.seeds} --episodes {args.episodes} --threads {args.threads}"
+    smoke_s, smoke_all, finals = authors_smoke(args.repeats)
+    cmd = (f"python benchmarks/tokens.py --seeds {args.seeds} --episodes {args.episodes} --threads {args.threads} "
+           f"--repeats {args.repeats}")
     rows = [f"| {k} | {v:.3f} |" for k, v in costs.items()]
     section = "\n".join([
         SECTION, "",
@@ -151,7 +213,8 @@ def main():
         f"Command: `{cmd}`", "",
         "| method (task, H = 10, V = 2, B = 100, K = 8) | seconds per episode per seed |", "|---|---|", *rows, "",
         "The authors' `transformer --smoke` configuration (2 seeds × 50 episodes, H = 10, V = 2, B = 100, K = 8; "
-        "ppo, dg, tpo_token, grpo_token), in one process (interpreter start-up excluded):", "",
+        f"ppo, dg, tpo_token, grpo_token), in one process (interpreter start-up excluded), median of {args.repeats} "
+        f"runs ({', '.join(f'{w:.1f}' for w in smoke_all)} s):", "",
         "| | wall (s) | vs authors' JAX (186–190 s) |", "|---|---|---|",
         f"| targetpo engine | {smoke_s:.1f} | {JAX_SMOKE_S[0] / smoke_s:.1f}–{JAX_SMOKE_S[1] / smoke_s:.1f}× faster |", "",
         "Error at episode 50 (2-seed mean): " + ", ".join(f"{m} {v:.3f}" for m, v in finals.items())
@@ -160,7 +223,8 @@ def main():
         f"{ours * 1e3:.0f} ms vs {ref * 1e3:.0f} ms computed the authors' way (full forward per sampled token, one "
         f"forward per prefix state in training) — **{ref / ours:.1f}×**.", ""])
     print(section)
-    print(json.dumps({"per_seed_s": costs, "smoke_s": smoke_s, "side_by_side_s": [ours, ref], "finals": finals}))
+    print(json.dumps({"per_seed_s": costs, "smoke_s": smoke_s, "smoke_runs_s": smoke_all, "side_by_side_s": [ours, ref],
+                      "finals": finals}))
     if args.write:
         replace_section(args.write, SECTION, section)
 

@@ -55,8 +55,9 @@ Rollouts: *single* samples one answer per prompt; *group* samples K independent 
 (scores s_i = mean_t r_{i,t}, old log-score Σ_t log π_old); *token* follows one behaviour trajectory that takes
 candidate 0 of K i.i.d. next-token samples at every state, each candidate scored at once (bag: correct token;
 sequential: alive × correct, so every state after the behaviour's first mistake is a zero-variance group with
-q = p_old). Sampling is temperature 1 with a KV cache; the prompt's keys/values are computed once and shared by
-the K rollouts of a group, in sampling. Training runs every distinct prompt once and every distinct (prompt, answer)
+q = p_old). Sampling is temperature 1 with a preallocated KV cache (one row per distinct state, written in place;
+rows are re-gathered only when a state splits); the prompt's keys/values are computed once and shared by the K
+rollouts of a group, in sampling. Training runs every distinct prompt once and every distinct (prompt, answer)
 pair once over its cached keys/values (exact: identical inputs, identical log-probs), and token-level training
 reads all H states' next-token distributions from that one pass over the behaviour trajectory (causal masking
 makes it identical to the authors' one pass per prefix state, H× cheaper).
@@ -323,7 +324,8 @@ def rollout(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tenso
     s, b, h = prompts.shape
     g, c, dev, v = streams, candidates, prompts.device, spec.vocab
     rep_p, inv_p = _distinct(_row_ids(prompts, [v] * h))
-    logp_states, cache = tfm.prefill(params, _take(prompts, rep_p), spec)     # one pass per distinct prompt
+    logp_states, prompt_kv = tfm.prefill(params, _take(prompts, rep_p), spec)  # one pass per distinct prompt
+    cache = tfm.kv_cache(prompt_kv, spec)                                     # one row per distinct state
     state = inv_p.repeat_interleave(g, dim=1)                                 # [S, B·G] each stream's state
     acts, lps, cands, cand_lps = [], [], [], []
     for t in range(h):
@@ -338,8 +340,13 @@ def rollout(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tenso
         if t + 1 < h:
             rep, nxt = _distinct(state * v + cand[..., 0])                    # distinct next states
             parent, token = _take(state, rep), _take(cand[..., 0], rep)       # [S, U]
-            past = [(_take(k, parent), _take(vv, parent)) for k, vv in cache]
-            out, cache = tfm.extend(params, token.unsqueeze(-1), spec, start=h + t, past=past, keep_kv=True)
+            # A seed with fewer states than the widest has padding rows (never read): keep them in place.
+            rows = cache[0][0].shape[1]
+            slot = torch.arange(rep.shape[1], device=dev)
+            parent = torch.where(slot <= nxt.amax(dim=1, keepdim=True), parent, slot.clamp_max(rows - 1))
+            if not _is_identity(parent, rows):                                # a state split: new cache rows
+                cache = [(_take(k, parent), _take(vv, parent)) for k, vv in cache]
+            out = tfm.decode(params, token.unsqueeze(-1), spec, start=h + t, cache=cache)
             logp_states, state = out[:, :, 0], nxt
     actions = torch.stack(acts, dim=-1).view(s, b, g, h)
     logp = torch.stack(lps, dim=-1).view(s, b, g, h)
@@ -374,34 +381,63 @@ def _distinct(ids: Tensor) -> tuple[Tensor, Tensor]:
     return rep, inverse
 
 
+def _is_identity(idx: Tensor, n: int) -> bool:
+    """idx [S, M] is arange(n) for every seed (each of n rows maps to itself)."""
+    return idx.shape[1] == n and bool((idx == torch.arange(n, device=idx.device)).all())
+
+
 def _take(x: Tensor, idx: Tensor) -> Tensor:
     """x [S, N, ...], idx [S, M] → x[s, idx[s]] as [S, M, ...]."""
     return x[torch.arange(x.shape[0], device=x.device).unsqueeze(1), idx]
 
 
-def answer_logp(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tensor, actions: Tensor) -> Tensor:
+@dataclass(frozen=True)
+class AnswerPlan:
+    """Which rows :func:`answer_logp` evaluates for one batch: integer bookkeeping that depends on the batch only,
+    so an episode computes it once and every epoch reuses it."""
+
+    prompts: Tensor     # [S, P, H] each seed's distinct prompts (padded with a repeat of the first)
+    answers: Tensor     # [S, U, H−1] the inputs of each distinct (prompt, answer) pair after its prompt
+    row_prompt: Tensor  # [S, U] the distinct prompt of each pair
+    inverse: Tensor     # [S, B·G] the distinct pair of each batch row
+    shape: tuple[int, int, int, int]  # actions' [S, B, G, H]
+
+
+def answer_plan(prompts: Tensor, actions: Tensor, vocab: int) -> AnswerPlan:
+    """The distinct prompts and distinct (prompt, answer) pairs of a batch (prompts [S, B, H], actions
+    [S, B, G, H]), for :func:`answer_logp`."""
+    s, b, g, h = actions.shape
+    rep_p, inv_p = _distinct(_row_ids(prompts, [vocab] * h))                  # distinct prompts
+    flat = actions.reshape(s, b * g, h)
+    pid = inv_p.repeat_interleave(g, dim=1)                                    # prompt of each (b, g) row
+    rows = torch.cat([pid.unsqueeze(-1), flat], dim=-1)
+    rep_r, inv_r = _distinct(_row_ids(rows, [rep_p.shape[1]] + [vocab] * h))  # distinct (prompt, answer) pairs
+    return AnswerPlan(_take(prompts, rep_p), _take(flat, rep_r)[..., :-1], _take(pid, rep_r), inv_r,
+                      (s, b, g, h))
+
+
+def answer_logp(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tensor, actions: Tensor,
+                plan: AnswerPlan | None = None) -> Tensor:
     """Next-token log-probs [S, B, G, H, V] at every answer position under `params` (differentiable).
 
     Each distinct prompt of a seed is run once (its keys/values cached), then each distinct (prompt, answer)
     pair once over that cache; the results are gathered back to all B·G rows. Identical inputs have identical
     log-probs, so this is exact, and it is much cheaper once a policy repeats itself (K samples of a confident
-    policy, or prompts that recur when V^H is small); autograd sums the gradients of duplicates."""
+    policy, or prompts that recur when V^H is small); autograd sums the gradients of duplicates. `plan`
+    (:func:`answer_plan` of the same prompts and actions) skips recomputing which rows are distinct."""
+    if plan is None:
+        plan = answer_plan(prompts, actions, spec.vocab)
+    elif plan.shape != tuple(actions.shape):
+        raise ValueError(f"plan is for actions of shape {plan.shape}, got {tuple(actions.shape)}")
     s, b, g, h = actions.shape
     v = spec.vocab
-    rep_p, inv_p = _distinct(_row_ids(prompts, [v] * h))                      # distinct prompts
-    n_p = rep_p.shape[1]
-    logp0, prefix = tfm.prefill(params, _take(prompts, rep_p), spec)          # [S, P, V]
-    flat = actions.reshape(s, b * g, h)
-    pid = inv_p.repeat_interleave(g, dim=1)                                    # prompt of each (b, g) row
-    rows = torch.cat([pid.unsqueeze(-1), flat], dim=-1)
-    rep_r, inv_r = _distinct(_row_ids(rows, [n_p] + [v] * h))                 # distinct (prompt, answer) pairs
-    row_prompt = _take(pid, rep_r)                                             # [S, U]
-    first = _take(logp0, row_prompt).unsqueeze(2)                              # [S, U, 1, V]
+    logp0, prefix = tfm.prefill(params, plan.prompts, spec)                    # [S, P, V]
+    first = _take(logp0, plan.row_prompt).unsqueeze(2)                         # [S, U, 1, V]
     if h > 1:
-        past = [(_take(k, row_prompt), _take(vv, row_prompt)) for k, vv in prefix]
-        rest, _ = tfm.extend(params, _take(flat, rep_r)[..., :-1], spec, start=h, past=past)
+        past = [(_take(k, plan.row_prompt), _take(vv, plan.row_prompt)) for k, vv in prefix]
+        rest, _ = tfm.extend(params, plan.answers, spec, start=h, past=past)
         first = torch.cat([first, rest], dim=2)                                 # [S, U, H, V]
-    return _take(first, inv_r).view(s, b, g, h, v)
+    return _take(first, plan.inverse).view(s, b, g, h, v)
 
 
 # ----------------------------------------------------------------------------- per-seed statistics
@@ -490,11 +526,12 @@ def _std(cfg: TrialConfig) -> dict[str, float]:
 
 
 def loss_fn(params, spec: tfm.TransformerSpec, cfg: TrialConfig, method: str, batch: Batch,
-            check_logp: Callable[[Tensor], None] | None = None) -> Tensor:
+            check_logp: Callable[[Tensor], None] | None = None, plan: AnswerPlan | None = None) -> Tensor:
     """The method's loss on `batch` under `params`: the sum over seeds of each seed's own objective value.
-    `check_logp` sees the log-probs before the objective does (the runner's divergence check)."""
+    `check_logp` sees the log-probs before the objective does (the runner's divergence check); `plan` is
+    ``answer_plan(batch.prompts, batch.actions, spec.vocab)``, computed once for all epochs on the batch."""
     s = batch.actions.shape[0]
-    logp_v = answer_logp(params, spec, batch.prompts, batch.actions)            # [S, B, G, H, V]
+    logp_v = answer_logp(params, spec, batch.prompts, batch.actions, plan)      # [S, B, G, H, V]
     if check_logp is not None:
         check_logp(logp_v)
     kind, o = METHODS[method].rollout, obj.get(METHODS[method].objective)
@@ -603,10 +640,11 @@ def run_trial(cfg: TrialConfig, method: str, seeds: Sequence[int], device: str |
         if check is not None:
             check(episode, {"rollout log-probs": batch.old_logp})
         record = {"error": batch.error, **diagnostics(cfg, method, batch)}
+        plan = answer_plan(batch.prompts, batch.actions, cfg.vocab)
         for e in range(epochs):
             # Finite weights can still overflow the logits; the check sees them before the objective does.
             loss = loss_fn(params, spec, cfg, method, batch,
-                           None if check is None else lambda lp: check(episode, {"log-probs": lp}))
+                           None if check is None else lambda lp: check(episode, {"log-probs": lp}), plan)
             grads = torch.autograd.grad(loss, [params[k] for k in names])
             if e == 0:
                 record["grad_norm"] = _grad_norm(grads)

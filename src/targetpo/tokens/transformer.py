@@ -174,31 +174,34 @@ def _embed(params: dict[str, Tensor], tokens: Tensor, start: int, spec: Transfor
     return (x + params["pos_emb"][:, None, start:start + t]).view(s, n * t, spec.d_model)
 
 
-_MASKS: dict[tuple, Tensor] = {}
+_MASKS: dict[tuple, Tensor | None] = {}
 
-def _block_mask(g: int, tq: int, q_from: int, tp: int, to: int, t_new: int, device) -> Tensor:
-    """Bool [g·Tq, Tp + g·(To+T)], True = masked. Query (row r, new token i ≥ q_from) sees every prefix key and
-    the own keys (row r, j) with j − To ≤ i; never another row's keys."""
+def _block_mask(g: int, tq: int, q_from: int, tp: int, to: int, t_new: int, device) -> Tensor | None:
+    """Bool [g·Tq, Tp + g·(To+T)], True = masked, or None when nothing is masked (one new token per row: a
+    decoding step). Query (row r, new token i ≥ q_from) sees every prefix key and the own keys (row r, j) with
+    j − To ≤ i; never another row's keys."""
     key = (g, tq, q_from, tp, to, t_new, str(device))
-    m = _MASKS.get(key)
-    if m is None:
+    if key not in _MASKS:
         tk = to + t_new
         q_row = torch.arange(g, device=device).repeat_interleave(tq)
         q_pos = torch.arange(q_from, q_from + tq, device=device).repeat(g)
         k_row = torch.arange(g, device=device).repeat_interleave(tk)
         k_pos = torch.arange(tk, device=device).repeat(g) - to
         own = (q_row[:, None] != k_row[None, :]) | (k_pos[None, :] > q_pos[:, None])
-        m = _MASKS[key] = torch.cat([torch.zeros(g * tq, tp, dtype=torch.bool, device=device), own], dim=1)
-    return m
+        m = torch.cat([torch.zeros(g * tq, tp, dtype=torch.bool, device=device), own], dim=1)
+        _MASKS[key] = m if bool(m.any()) else None
+    return _MASKS[key]
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, q_from: int, prefix: tuple[Tensor, Tensor] | None,
-               past: tuple[Tensor, Tensor] | None) -> Tensor:
+               past: tuple[Tensor, Tensor] | None, t_new: int | None = None) -> Tensor:
     """Multi-head attention of new queries over [shared prefix | own past | new keys (causal)].
 
     q: [S, N, h, Tq, hd] (queries of new tokens q_from..T−1); k, v: [S, N, h, T, hd] (all new tokens).
     prefix: keys/values [S, P, h, Tp, hd] shared by groups of g = N // P consecutive rows.
     past: the rows' own earlier keys/values [S, N, h, To, hd].
+    t_new: given when k, v already hold the rows' past followed by their T = t_new new tokens (a view of a
+    preallocated cache, see :func:`decode`); `past` must then be None.
     Returns [S, N, Tq, h·hd].
 
     The g rows of a group are attended as one block: their g·Tq queries against the prefix's keys and all g
@@ -206,7 +209,8 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, q_from: int, prefix: tuple[Tenso
     GEMM per block is several times faster on a CPU than g tiny ones.
     """
     s, n, h, tq, hd = q.shape
-    t_new = k.shape[3]
+    if t_new is None:
+        t_new = k.shape[3]
     if past is not None:
         k = torch.cat([past[0], k], dim=3)
         v = torch.cat([past[1], v], dim=3)
@@ -229,15 +233,20 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, q_from: int, prefix: tuple[Tenso
         kg = torch.cat([prefix[0], kg], dim=3)
         vg = torch.cat([prefix[1], vg], dim=3)
     scores = torch.matmul(qg, kg.transpose(-1, -2))                         # [S, P, h, g·Tq, Tp + g·Tk]
-    scores = scores.masked_fill(_block_mask(g, tq, q_from, tp, to, t_new, q.device), float("-inf"))
+    mask = _block_mask(g, tq, q_from, tp, to, t_new, q.device)
+    if mask is not None:
+        # In place: matmul's backward needs its inputs, not its output.
+        scores = scores.masked_fill_(mask, float("-inf"))
     out = torch.matmul(torch.softmax(scores, dim=-1), vg)                     # [S, P, h, g·Tq, hd]
     return out.view(s, p, h, g, tq, hd).permute(0, 1, 3, 4, 2, 5).reshape(s, n, tq, h * hd)
 
 
 def _blocks(params: dict[str, Tensor], x: Tensor, spec: TransformerSpec, n: int, t: int, out_from: int,
-            prefix: list | None, past: list | None, keep_kv: bool) -> tuple[Tensor, list]:
+            prefix: list | None, past: list | None, keep_kv: bool, cache: list | None = None,
+            start: int = 0) -> tuple[Tensor, list]:
     """Run the transformer blocks on x [S, N·T, d]. Returns (final hidden of positions ≥ out_from
-    [S, N·(T−out_from), d], per-layer (k, v) of the new tokens if keep_kv)."""
+    [S, N·(T−out_from), d], per-layer (k, v) of the new tokens if keep_kv). With `cache` (see :func:`decode`) the
+    new keys/values are written into it at positions start..start+T−1 and attention reads the cache in place."""
     s, d, h, hd = x.shape[0], spec.d_model, spec.heads, spec.head_dim
     eps = spec.ln_eps
     kvs = []
@@ -256,7 +265,13 @@ def _blocks(params: dict[str, Tensor], x: Tensor, spec: TransformerSpec, n: int,
             q_from = out_from
             x = x.view(s, n, t, d)[:, :, out_from:].reshape(s, -1, d)
         q = q[:, :, q_from:].transpose(2, 3)
-        a = _attention(q, k, v, q_from, None if prefix is None else prefix[i], None if past is None else past[i])
+        if cache is not None:
+            ck, cv = cache[i]
+            ck[:, :, :, start:start + t] = k
+            cv[:, :, :, start:start + t] = v
+            a = _attention(q, ck[:, :, :, :start + t], cv[:, :, :, :start + t], q_from, None, None, t_new=t)
+        else:
+            a = _attention(q, k, v, q_from, None if prefix is None else prefix[i], None if past is None else past[i])
         x = x + _linear(a.reshape(s, -1, d), params[p + "attn.out"].view(s, d, d), params[p + "attn.out_bias"])
         y = _layer_norm(x, params[p + "ln2.scale"], params[p + "ln2.bias"], eps)
         y = F.gelu(_linear(y, params[p + "ffn.up"], params[p + "ffn.up_bias"]), approximate="tanh")
@@ -287,6 +302,34 @@ def prefill(params: dict[str, Tensor], prompts: Tensor, spec: TransformerSpec) -
     s, p, t = prompts.shape
     x, kvs = _blocks(params, _embed(params, prompts, 0, spec), spec, p, t, t - 1, None, None, True)
     return _head(params, x, spec).view(s, p, spec.vocab), kvs
+
+
+def kv_cache(prefill_kv: list, spec: TransformerSpec) -> list:
+    """A preallocated KV cache [S, P, h, max_len, hd] per layer holding `prefill_kv` (from :func:`prefill`) at
+    positions 0..Tp−1, for :func:`decode` to append to in place (no copy of the past per step)."""
+    out = []
+    for k, v in prefill_kv:
+        s, p, h, tp, hd = k.shape
+        ck = k.new_zeros(s, p, h, spec.max_len, hd)
+        cv = v.new_zeros(s, p, h, spec.max_len, hd)
+        ck[:, :, :, :tp] = k
+        cv[:, :, :, :tp] = v
+        out.append((ck, cv))
+    return out
+
+
+def decode(params: dict[str, Tensor], tokens: Tensor, spec: TransformerSpec, *, start: int, cache: list) -> Tensor:
+    """KV-cached decoding: new tokens [S, N, T] at positions start..start+T−1 of rows whose keys/values of
+    positions 0..start−1 are in `cache` (from :func:`kv_cache`, rows gathered to match `tokens`). Writes the new
+    keys/values into `cache` in place and returns the log-probs [S, N, T, V] of the token after each new token:
+    the same numbers as :func:`extend` with the same past (tested), without copying the past every step."""
+    _check_tokens(tokens, spec, start, params)
+    s, n, t = tokens.shape
+    if len(cache) != spec.layers or cache[0][0].shape[:2] != (s, n):
+        raise ValueError(f"decode: cache must hold {spec.layers} layers of [S={s}, N={n}, ...] keys/values, got "
+                         f"{len(cache)} layers of {tuple(cache[0][0].shape) if cache else ()}")
+    x, _ = _blocks(params, _embed(params, tokens, start, spec), spec, n, t, 0, None, None, False, cache, start)
+    return _head(params, x, spec).view(s, n, t, spec.vocab)
 
 
 def extend(params: dict[str, Tensor], tokens: Tensor, spec: TransformerSpec, *, start: int,
