@@ -40,6 +40,7 @@ EXPERIMENTS: dict[str, str] = {
     "token-temperature": "targetpo.tokens.temperature",
     "dg-epochs": "targetpo.tokens.dg_epochs",
     "rlvr": "targetpo.llm.experiment",
+    "llm-length": "targetpo.llm.length",
 }
 
 
