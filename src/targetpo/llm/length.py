@@ -60,8 +60,8 @@ class Config(rlvr.Config):
     methods = default(METHODS, choices=METHODS,
                       help="compared arms: tpo_sum, tpo_mean, tpo_sum_len (sum with η_g = η·L_ref/L̄_g), grpo, "
                       "dr_grpo")
-    min_terms: int = param(7, "fewest chain_sum terms (scratchpad lines); ~9 tokens a line", ge=2, le=len(LETTERS))
-    max_terms: int = param(22, "most chain_sum terms (one letter label each, so at most 26; 22 keeps the gold scratchpad within ~260 tokens)", ge=2,
+    min_terms: int = param(8, "fewest chain_sum terms (scratchpad lines); ~7 tokens a line", ge=2, le=len(LETTERS))
+    max_terms: int = param(26, "most chain_sum terms (one letter label each, so at most 26)", ge=2,
                            le=len(LETTERS))
     length_edges: tuple[int, ...] = param((100, 150, 200), "completion-length bucket edges (tokens) of the by-length "
                                           "breakdown", ge=1, unique=True)
@@ -90,7 +90,7 @@ class Config(rlvr.Config):
     k = 8
     batch_prompts = 4
     lr = 3e-4
-    max_new_tokens = 272
+    max_new_tokens = 256
     eval_every = 10
     checkpoint_every = 10
 
@@ -131,15 +131,16 @@ def labelled_expression(terms: list[int]) -> str:
 
 
 def scratchpad(terms: list[int]) -> str:
-    """The worked solution: the first term, then one running-sum line per further term, then the answer.
-    [4, -1, 7] -> "a 4\\nb 4-1=3\\nc 3+7=10\\nanswer 10"."""
+    """The worked solution: per term, its labelled chunk of the prompt and the running sum after it, then the
+    answer. [4, -1, 7] -> "a4=4\nb-1=3\nc+7=10\nanswer 10". Each line starts by copying the prompt's next
+    chunk verbatim (what follows the previous line's chunk there), the pattern a small transformer learns first;
+    a line that had to fetch term i by counting, or with other text between label and term, was not learned by
+    the cpu preset's warm start (0 % held-out accuracy)."""
     if not 1 <= len(terms) <= len(LETTERS):
         raise ValueError(f"terms: {len(terms)} terms; the labels allow 1 to {len(LETTERS)}")
-    total, lines = terms[0], [f"{LETTERS[0]} {terms[0]}"]
-    for i, t in enumerate(terms[1:], 1):
-        lines.append(f"{LETTERS[i]} {total}{t:+d}={total + t}")
-        total += t
-    return "\n".join(lines + [f"answer {total}"])
+    chunks = labelled_expression(terms)[:-2].split(" ")
+    totals = np.cumsum(terms).tolist()
+    return "\n".join([f"{c}={t}" for c, t in zip(chunks, totals)] + [f"answer {totals[-1]}"])
 
 
 _ANSWER = re.compile(r"answer (-?\d+)\s*$")
@@ -271,7 +272,9 @@ def unit_name(method: str, s: int, cfg: Config) -> str:
 
 
 def units(cfg: Config) -> list[str]:
-    rl = [unit_name(m, s, cfg) for s in range(cfg.seeds) for m in cfg.methods]
+    """The warm start, then arm by arm (every seed of an arm before the next arm, in the order of `methods`): a
+    run cut short holds complete paired seeds of its first arms, TPO sum and mean, which decide the default."""
+    rl = [unit_name(m, s, cfg) for m in cfg.methods for s in range(cfg.seeds)]
     return ([WARMSTART] if cfg.warmstart_steps > 0 else []) + rl
 
 
