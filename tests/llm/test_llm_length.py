@@ -27,7 +27,7 @@ def _offline(monkeypatch):
 
 def test_scratchpad_and_prompt_spell_out_the_running_sum():
     assert length.labelled_expression([4, -1, 7]) == "a4 b-1 c+7 ="
-    assert length.scratchpad([4, -1, 7, -12]) == "a 4\nb 4-1=3\nc 3+7=10\nd 10-12=-2\nanswer -2"
+    assert length.scratchpad([4, -1, 7, -12]) == "a4=4\nb-1=3\nc+7=10\nd-12=-2\nanswer -2"
     assert length.expression_terms("4 - 1 + 7 - 0") == [4, -1, 7, 0]
     with pytest.raises(ValueError, match="27 terms"):
         length.scratchpad([1] * 27)
@@ -35,8 +35,8 @@ def test_scratchpad_and_prompt_spell_out_the_running_sum():
         length.expression_terms("4 * 2")
 
 
-@pytest.mark.parametrize("text, answer", [("a 4\nb 4-1=3\nanswer 3", "3"), (" answer -17\n", "-17"),
-                                          ("a 4\nb 4-1=3", None), ("answer 3\nb 4-1=3", None), ("answer x", None)])
+@pytest.mark.parametrize("text, answer", [("a4=4\nb-1=3\nanswer 3", "3"), (" answer -17\n", "-17"),
+                                          ("a4=4\nb-1=3", None), ("answer 3\nb-1=3", None), ("answer x", None)])
 def test_final_answer_reads_only_a_closing_answer_line(text, answer):
     assert length.final_answer(text) == answer
 
@@ -54,7 +54,7 @@ def test_task_scores_the_gold_scratchpad_1_and_a_wrong_or_missing_answer_0():
         assert task.score(p, None) == 0.0
     # the scratchpad lines are not graded: a wrong line with the right answer still scores 1
     p = problems[0]
-    assert task.score(p, "a 0\n" + p.answer.split("\n", 1)[1]) == 1.0
+    assert task.score(p, "a9=9\n" + p.answer.split("\n", 1)[1]) == 1.0
     assert task.problems("heldout", 5, seed=3)[0].question != problems[0].question
 
 
@@ -63,7 +63,7 @@ def test_cpu_preset_completions_span_60_to_250_tokens():
     task = length.ScratchpadChainSum(cfg.min_terms, cfg.max_terms)
     tok = build_char_tokenizer()
     lens = [len(tok(" " + p.answer, add_special_tokens=False)["input_ids"]) + 1 for p in task.problems("train", 300, 0)]
-    assert min(lens) >= 60 and np.percentile(lens, 95) <= 250 and max(lens) <= cfg.max_new_tokens
+    assert np.percentile(lens, 5) >= 60 and np.percentile(lens, 95) <= 250 and max(lens) <= cfg.max_new_tokens
 
 
 # ----------------------------------------------------------------------------- length-scaled η
@@ -175,3 +175,14 @@ def test_smoke_run_logs_the_diagnostics_and_writes_the_report(tmp_path):
     assert any("heldout_accuracy_long" in r for r in rows if r["unit"] == "grpo")
     report = write_report(out, tmp_path / "REPORT.md").read_text()
     assert "‖p − q‖₁ (sum)" in report and "length drift" in report and (out / "llm_length_curves.png").exists()
+
+
+def test_units_run_arm_by_arm_after_the_warm_start():
+    cfg = length.Config(methods=("tpo_sum", "tpo_mean", "grpo"), seeds=2)
+    assert length.units(cfg) == ["warmstart", "tpo_sum@seed0", "tpo_sum@seed1", "tpo_mean@seed0", "tpo_mean@seed1",
+                                 "grpo@seed0", "grpo@seed1"]
+    tc = length.trainer_config(cfg, "tpo_sum_len", 1)
+    assert (tc.objective, tc.seq_logp, tc.eta_length_ref, tc.seed) == ("tpo", "sum", cfg.len_ref, 1)
+    assert length.trainer_config(cfg, "tpo_mean", 0).eta_length_ref == 0
+    with pytest.raises(ValueError, match="unknown method"):
+        length.trainer_config(cfg, "tpo_median", 0)

@@ -116,7 +116,7 @@ PRESETS = {
                     batch_prompts=16, eval_every=10, checkpoint_every=10),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "tiny char-level LM writing 60–250-token chain_sum scratchpads: 5 arms × 3 seeds × 40 steps, ~35 min"
+RUNTIME = "tiny char-level LM writing 60–250-token chain_sum scratchpads: warm start, then 5 arms, ~35 min on a quiet core"
 
 
 # ----------------------------------------------------------------------------- the task
