@@ -186,3 +186,19 @@ def test_units_run_arm_by_arm_after_the_warm_start():
     assert length.trainer_config(cfg, "tpo_mean", 0).eta_length_ref == 0
     with pytest.raises(ValueError, match="unknown method"):
         length.trainer_config(cfg, "tpo_median", 0)
+
+
+def test_prefix_reward_credits_the_lines_right_before_the_first_mistake():
+    gold = length.scratchpad([4, -1, 7])  # 4 lines: a4=4, b-1=3, c+7=10, answer 10
+    assert length.correct_prefix(gold, gold) == 1.0
+    assert length.correct_prefix(gold, "a4=4\nb-1=3\nc+7=11\nanswer 11") == 0.5
+    assert length.correct_prefix(gold, "a4=4\nb-1=2\nc+7=10\nanswer 10") == 0.25  # later lines do not count
+    assert length.correct_prefix(gold, "") == 0.0
+    task = length.ScratchpadChainSum(7, 8, reward="prefix")
+    p = task.problems("train", 1, seed=0)[0]
+    lines = p.answer.split("\n")
+    wrong = "\n".join(lines[:3] + ["x"] + lines[4:-1] + ["answer 999"])
+    assert task.score(p, wrong) == pytest.approx(3 / len(lines)) and task.score(p, p.answer) == 1.0
+    assert length.ScratchpadChainSum(7, 8).score(p, wrong) == 0.0  # the answer reward gives no partial credit
+    with pytest.raises(ValueError, match="reward="):
+        length.ScratchpadChainSum(7, 8, reward="lines")

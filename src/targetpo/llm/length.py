@@ -66,6 +66,10 @@ class Config(rlvr.Config):
     length_edges: tuple[int, ...] = param((100, 150, 200), "completion-length bucket edges (tokens) of the by-length "
                                           "breakdown", ge=1, unique=True)
     len_ref: float = param(1.0, "L_ref of tpo_sum_len: η_g = η·L_ref/L̄_g (1 = η per token of completion)", gt=0)
+    reward: str = param("answer", "answer: 1 iff the final answer is right (reasoning-gym's score); prefix: the "
+                        "fraction of the gold scratchpad's lines (answer line included) right before the first wrong "
+                        "one, the sequential reward of the token tasks (docs/method.md §6) at line level",
+                        choices=("answer", "prefix"))
     # rlvr.Config's fields this experiment fixes: the task is the scratchpad chain_sum below
     model = unused("the tiny character-level model is built from the tiny_* fields")
     task = unused("the task is reasoning-gym chain_sum with a worked scratchpad (min_terms, max_terms)")
@@ -166,9 +170,12 @@ class ScratchpadChainSum:
 
     name = "chain_sum"
 
-    def __init__(self, min_terms: int, max_terms: int):
+    def __init__(self, min_terms: int, max_terms: int, reward: str = "answer"):
         import reasoning_gym as rg
 
+        if reward not in ("answer", "prefix"):
+            raise ValueError(f"reward={reward!r}: must be 'answer' or 'prefix'")
+        self.reward = reward
         self.options = {"min_terms": min_terms, "max_terms": max_terms, "min_digits": 1, "max_digits": 1}
         self._scorer = rg.create_dataset("chain_sum", size=1, seed=0, **self.options)
 
@@ -189,13 +196,25 @@ class ScratchpadChainSum:
     def score(self, problem: Problem, answer: str | None) -> float:
         from targetpo.llm.rewards import score_reasoning_gym
 
-        return score_reasoning_gym(self._scorer, problem.entry, None if answer is None else final_answer(answer))
+        right = score_reasoning_gym(self._scorer, problem.entry, None if answer is None else final_answer(answer))
+        if self.reward == "answer" or answer is None:
+            return right
+        return right if right == 1.0 else correct_prefix(problem.answer, answer)
+
+
+def correct_prefix(gold: str, completion: str) -> float:
+    """The fraction of `gold`'s lines that `completion` reproduces, in order, before its first wrong line."""
+    want, got = gold.strip().split("\n"), completion.strip().split("\n")
+    n = 0
+    while n < min(len(want), len(got)) and want[n] == got[n]:
+        n += 1
+    return n / len(want)
 
 
 def problems(cfg: Config):
     from targetpo.llm.templates import Template
 
-    task = ScratchpadChainSum(cfg.min_terms, cfg.max_terms)
+    task = ScratchpadChainSum(cfg.min_terms, cfg.max_terms, cfg.reward)
     train, heldout = train_and_heldout(task, cfg.train_size, cfg.eval_size, cfg.seed)
     return task, Template("plain"), train, heldout
 
@@ -401,24 +420,32 @@ def _mean_se(per_seed) -> str:
     return f"{v.mean():.3f} ± {v.std(ddof=1) / np.sqrt(v.size):.3f}"
 
 
-def pooled(run, metric: str, weight: str) -> dict[str, np.ndarray]:
-    """method -> per-seed Σ metric / Σ weight over all steps (metric logged as a per-step sum or a per-step mean
-    weighted by `weight`)."""
-    out: dict[str, list] = {}
-    for unit in run.units():
-        if unit == WARMSTART:
-            continue
-        _, v = run.series(unit, metric)
-        _, w = run.series(unit, weight)
-        if len(v):
-            total = float(w[:, 0].sum())
-            out.setdefault(rlvr.parse_unit(unit)[0], []).append(float(v[:, 0].sum()) / total if total else np.nan)
-    return {m: np.array(v) for m, v in out.items()}
-
-
 def per_seed_over(run, metric: str, steps: slice) -> dict[str, np.ndarray]:
     """method -> per-seed mean of `metric` over the slice of its recorded steps."""
     return {m: vals[steps].mean(axis=0) for m, (_, vals) in rlvr.method_series(run, metric).items() if len(vals)}
+
+
+def paired(run, metric: str, a: str, b: str, mean_over_steps: bool = False):
+    """(step, seeds, values of arm a, values of arm b) at the last step both recorded `metric`, over the seeds both
+    ran (or each seed's mean over their common steps with `mean_over_steps`); None without a common seed and step."""
+    per: dict[str, dict[int, dict]] = {a: {}, b: {}}
+    for unit in run.units():
+        if unit == WARMSTART:
+            continue
+        method, s = rlvr.parse_unit(unit)
+        if method in per:
+            steps, vals = run.series(unit, metric)
+            per[method][s] = dict(zip(steps.tolist(), vals[:, 0].tolist()))
+    seeds = sorted(set(per[a]) & set(per[b]))
+    common = sorted(set.intersection(*[set(per[m][s]) for m in (a, b) for s in seeds])) if seeds else []
+    if not common:
+        return None
+    if mean_over_steps:
+        va = np.array([np.mean([per[a][s][t] for t in common]) for s in seeds])
+        vb = np.array([np.mean([per[b][s][t] for t in common]) for s in seeds])
+    else:
+        va, vb = (np.array([per[m][s][common[-1]] for s in seeds]) for m in (a, b))
+    return common[-1], seeds, va, vb
 
 
 def summary(run) -> str:
@@ -509,15 +536,19 @@ def report(run, section) -> None:
     section.figure(fig, "llm_length_curves", "Held-out accuracy, completion length, and TPO's ‖p − q‖₁ by length "
                    "(mean ± s.e. over seeds)")
 
-    # the finding: does mean (or length-scaled η) beat sum at these lengths?
-    final = {m: acc[m][1][-1] for m in acc}
-    mean_reward = {m: reward[m][1].mean(axis=0) for m in reward}
+    # the finding: does mean (or length-scaled η) beat sum at these lengths? Paired by seed, at the last step both
+    # arms recorded (a run cut short compares what it has).
     for m in ("tpo_mean", "tpo_sum_len"):
-        if m in final and "tpo_sum" in final and len(final[m]) == len(final["tpo_sum"]):
-            d_acc, d_rew = final[m] - final["tpo_sum"], mean_reward[m] - mean_reward["tpo_sum"]
-            section.claim(f"{LABELS[m]} ends more accurate on held-out problems than TPO (sum) (paired over seeds)",
-                          float(d_acc.mean()) > 0, f"paired difference {_mean_se(d_acc)}; training reward over all "
-                          f"steps {_mean_se(d_rew)}")
+        pair = paired(run, "heldout_accuracy", m, "tpo_sum")
+        if pair is None:
+            continue
+        step, seeds_, va, vb = pair
+        rew = paired(run, "reward", m, "tpo_sum", mean_over_steps=True)
+        section.claim(f"{LABELS[m]} is more accurate on held-out problems than TPO (sum) (paired over seeds, at step "
+                      f"{step})", float(np.mean(va - vb)) > 0,
+                      f"{LABELS[m]} {_mean_se(va)} vs {_mean_se(vb)}; paired difference {_mean_se(va - vb)} over seeds "
+                      f"{seeds_}; training reward (mean over common steps) difference "
+                      f"{_mean_se(rew[2] - rew[3]) if rew else '–'}")
     first, last = names[0], names[-1]
     if (first, "sum") in l1_by and (last, "sum") in l1_by and (last, "mean") in l1_by:
         section.claim("With the sum, ‖p − q‖₁ shrinks from the shortest to the longest completions, and the mean "
