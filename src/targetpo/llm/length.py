@@ -114,7 +114,10 @@ PRESETS = {
                     max_new_tokens=96, eval_every=1, checkpoint_every=1),
     # One quiet core: warm start ~4 min, then 15 units of 40 steps at ~3 s a step (B·K = 32 completions of
     # ~60–250 tokens) plus 5 greedy evaluations each: ~35 min. The issue's ~150 steps do not fit a CPU hour.
-    "cpu": Config(),
+    # The line-prefix reward: this warm start reaches only ~2 % held-out accuracy on the final answer, where
+    # nearly every group of K = 8 would score all 0 and carry no signal; partial credit up to the first wrong
+    # line gives most groups a spread (docs/experiments.md §E19).
+    "cpu": Config(reward="prefix"),
     "paper": Config(seeds=3, tiny_hidden=256, tiny_layers=4, tiny_heads=8, tiny_kv_heads=4, tiny_intermediate=768,
                     train_size=20000, eval_size=256, warmstart_steps=3000, warmstart_batch=64, steps=150,
                     batch_prompts=16, eval_every=10, checkpoint_every=10),
