@@ -13,6 +13,10 @@ per term (60–250 tokens), and five arms train from one warm start:
   `eta_length_ref` in llm/trainer.py), so the score tilt u/η_g grows with length as the sum log-score does;
 - `grpo` and `dr_grpo` (GRPO with a constant length normaliser, Liu et al. 2025), the usual baselines.
 
+The reward is reasoning-gym's score of the final answer (`reward=answer`) or, in the cpu preset, the fraction of
+the gold scratchpad's lines right before the first wrong one (`reward=prefix`): the tiny model's warm start gets
+almost no final answer right, and an all-0 group carries no signal for any arm.
+
 Every step logs, next to the trainer's metrics, what TPO's target looks like on that step's groups under each
 of the three reductions (whatever arm sampled them): ‖p − q‖₁ and the target entropy H(q) over the groups with a
 score spread, overall and by the group's mean completion length. Held-out accuracy is greedy decoding on
@@ -566,3 +570,21 @@ def report(run, section) -> None:
                       l1_by[(last, "sum")] < l1_by[(first, "sum")],
                       f"sum {fmt(l1_by[(first, 'sum')])} ({first}) -> {fmt(l1_by[(last, 'sum')])} ({last}); mean "
                       f"{fmt(l1_by[(first, 'mean')])} -> {fmt(l1_by[(last, 'mean')])}")
+    findings = [verdict(LABELS[m], paired(run, "reward", m, "tpo_sum", mean_over_steps=True))
+                for m in ("tpo_mean", "tpo_sum_len")]
+    if any(findings):
+        section.text("**Finding** (training reward averaged over the common steps, paired by seed; a difference "
+                     "counts when it exceeds 2 s.e. over seeds): " + " ".join(f for f in findings if f))
+
+
+def verdict(label: str, pair) -> str | None:
+    """One sentence: does `label` beat TPO (sum) on the paired per-seed values of `pair` (see :func:`paired`)?"""
+    if pair is None:
+        return None
+    _, seeds, va, vb = pair
+    d = va - vb
+    se = float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else float("inf")
+    word = ("better than" if d.mean() > 2 * se else "worse than" if d.mean() < -2 * se else
+            "not distinguishable from")
+    return (f"{label} is {word} TPO (sum): {fmt(float(va.mean()))} vs {fmt(float(vb.mean()))}, paired difference "
+            f"{_mean_se(d)} over {len(seeds)} seed(s).")
