@@ -428,9 +428,26 @@ def _mean_se(per_seed) -> str:
     return f"{v.mean():.3f} ± {v.std(ddof=1) / np.sqrt(v.size):.3f}"
 
 
+def finished_series(run, metric: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """method -> (steps, values [steps, seeds]) over the finished units only (a run cut short leaves a unit
+    half-done; its steps would truncate every seed's curve to the common ones)."""
+    by: dict[str, list] = {}
+    for unit in run.units():
+        if unit == WARMSTART or unit not in run.done_units():
+            continue
+        steps, vals = run.series(unit, metric)
+        if len(steps):
+            by.setdefault(rlvr.parse_unit(unit)[0], []).append(dict(zip(steps.tolist(), vals[:, 0].tolist())))
+    out = {}
+    for method, per_seed in by.items():
+        common = sorted(set.intersection(*(set(d) for d in per_seed)))
+        out[method] = (np.array(common), np.array([[d[t] for d in per_seed] for t in common]).reshape(len(common), -1))
+    return out
+
+
 def per_seed_over(run, metric: str, steps: slice) -> dict[str, np.ndarray]:
     """method -> per-seed mean of `metric` over the slice of its recorded steps."""
-    return {m: vals[steps].mean(axis=0) for m, (_, vals) in rlvr.method_series(run, metric).items() if len(vals)}
+    return {m: vals[steps].mean(axis=0) for m, (_, vals) in finished_series(run, metric).items() if len(vals)}
 
 
 def paired(run, metric: str, a: str, b: str, mean_over_steps: bool = False):
@@ -441,7 +458,7 @@ def paired(run, metric: str, a: str, b: str, mean_over_steps: bool = False):
         if unit == WARMSTART:
             continue
         method, s = rlvr.parse_unit(unit)
-        if method in per:
+        if method in per and unit in run.done_units():
             steps, vals = run.series(unit, metric)
             per[method][s] = dict(zip(steps.tolist(), vals[:, 0].tolist()))
     seeds = sorted(set(per[a]) & set(per[b]))
@@ -457,7 +474,7 @@ def paired(run, metric: str, a: str, b: str, mean_over_steps: bool = False):
 
 
 def summary(run) -> str:
-    acc = rlvr.method_series(run, "heldout_accuracy")
+    acc = finished_series(run, "heldout_accuracy")
     return "held-out accuracy start -> end: " + ", ".join(
         f"{LABELS.get(m, m)} {v[0].mean():.3f} -> {v[-1].mean():.3f}" for m, (s, v) in acc.items())
 
@@ -470,17 +487,21 @@ def report(run, section) -> None:
                  f"{cfg['batch_prompts']} prompts, {cfg['steps']} RL steps, AdamW lr {cfg['lr']}, η = {cfg['eta']}, "
                  f"L_ref = {cfg['len_ref']}, warm start {cfg['warmstart_steps']} supervised steps; "
                  f"{cfg['seeds']} paired seed(s); intervals are ± s.e. over seeds.")
-    acc = rlvr.method_series(run, "heldout_accuracy")
+    acc = finished_series(run, "heldout_accuracy")
     if not acc:
-        section.text("No RL steps recorded yet.")
+        section.text("No RL unit finished yet.")
         return
+    expected = [m if cfg["seeds"] == 1 else f"{m}@seed{s}" for m in cfg["methods"] for s in range(cfg["seeds"])]
+    unfinished = [u for u in expected if u not in run.done_units()]
+    if unfinished:
+        section.text(f"Not finished (left out of the tables, the plots and the finding): {', '.join(unfinished)}.")
     ws = run.series(WARMSTART, "heldout_accuracy") if WARMSTART in run.units() else ([], [])
-    lens = rlvr.method_series(run, "completion_len")
-    reward = rlvr.method_series(run, "reward")
+    lens = finished_series(run, "completion_len")
+    reward = finished_series(run, "reward")
     n = max(1, cfg["steps"] // 5)
     drift_start, drift_end = per_seed_over(run, "completion_len", slice(0, n)), per_seed_over(run, "completion_len",
                                                                                                slice(-n, None))
-    short, long_ = rlvr.method_series(run, "heldout_accuracy_short"), rlvr.method_series(run, "heldout_accuracy_long")
+    short, long_ = finished_series(run, "heldout_accuracy_short"), finished_series(run, "heldout_accuracy_long")
     rows = []
     for m in (m for m in METHODS if m in acc):
         a = acc[m][1]
