@@ -119,9 +119,9 @@ PRESETS = {
                     max_new_tokens=96, eval_every=1, checkpoint_every=1),
     # One quiet core: warm start ~4 min, then 15 units of 40 steps at ~3 s a step (B·K = 32 completions of
     # ~60–250 tokens) plus 5 greedy evaluations each: ~35 min. The issue's ~150 steps do not fit a CPU hour.
-    # The line-prefix reward: this warm start reaches only ~2 % held-out accuracy on the final answer, where
-    # nearly every group of K = 8 would score all 0 and carry no signal; partial credit up to the first wrong
-    # line gives most groups a spread (docs/experiments.md §E19).
+    # The line-prefix reward: this warm start reaches 0–3 % held-out accuracy on the final answer, where nearly
+    # every group of K = 8 would score all 0 and carry no signal; partial credit up to the first wrong line
+    # gives more groups a spread (docs/experiments.md §E19).
     "cpu": Config(reward="prefix"),
     "paper": Config(seeds=3, tiny_hidden=256, tiny_layers=4, tiny_heads=8, tiny_kv_heads=4, tiny_intermediate=768,
                     train_size=20000, eval_size=256, warmstart_steps=3000, warmstart_batch=64, steps=150,
@@ -145,9 +145,7 @@ def labelled_expression(terms: list[int]) -> str:
 def scratchpad(terms: list[int]) -> str:
     """The worked solution: per term, its labelled chunk of the prompt and the running sum after it, then the
     answer. [4, -1, 7] -> "a4=4\nb-1=3\nc+7=10\nanswer 10". Each line starts by copying the prompt's next
-    chunk verbatim (what follows the previous line's chunk there), the pattern a small transformer learns first;
-    a line that had to fetch term i by counting, or with other text between label and term, was not learned by
-    the cpu preset's warm start (0 % held-out accuracy)."""
+    chunk verbatim (what follows the previous line's chunk there), so fetching a term is a copy, not a count."""
     if not 1 <= len(terms) <= len(LETTERS):
         raise ValueError(f"terms: {len(terms)} terms; the labels allow 1 to {len(LETTERS)}")
     chunks = labelled_expression(terms)[:-2].split(" ")
