@@ -541,28 +541,32 @@ def report(run, section) -> None:
                   f"(all arms' rollouts pooled; η = {cfg['eta']}, K = {cfg['k']}, log K = {np.log(cfg['k']):.2f}; the plot and the "
                   f"claims use buckets with ≥ {MIN_BUCKET_GROUPS} groups)")
 
-    fig, axes = plots.figure(4 if len(ws[0]) else 3)
+    fig, axes = plots.figure(5 if len(ws[0]) else 4)
     for m, (steps, vals) in acc.items():
         plots.curve(axes[0], steps, vals, LABELS.get(m, m), COLORS.get(m))
     plots.finish(axes[0], "Held-out accuracy (greedy)", "RL step (updates)", "accuracy (fraction correct)",
                  ylim=rlvr.ACCURACY_AXIS)
-    for m, (steps, vals) in lens.items():
+    for m, (steps, vals) in reward.items():
         plots.curve(axes[1], steps, rlvr._smooth(vals, n), LABELS.get(m, m), COLORS.get(m))
-    plots.finish(axes[1], f"Completion length (moving average, {n} steps)", "RL step (updates)",
+    plots.finish(axes[1], f"Training reward ({cfg.get('reward', 'answer')}; moving average, {n} steps)",
+                 "RL step (updates)", "mean reward per completion")
+    for m, (steps, vals) in lens.items():
+        plots.curve(axes[2], steps, rlvr._smooth(vals, n), LABELS.get(m, m), COLORS.get(m))
+    plots.finish(axes[2], f"Completion length (moving average, {n} steps)", "RL step (updates)",
                  "mean sampled completion length (tokens)")
     centers = [edges[0] / 2] + [(a + b) / 2 for a, b in zip(edges, edges[1:])] + [edges[-1] + 25]
     for red, color in zip(REDUCTIONS, ("#d62728", "#ff7f0e", "#8c564b")):
         xs = [c for c, b in zip(centers, names) if (b, red) in l1_by]
-        axes[2].plot(xs, [l1_by[(b, red)] for b in names if (b, red) in l1_by], "o-", color=color,
+        axes[3].plot(xs, [l1_by[(b, red)] for b in names if (b, red) in l1_by], "o-", color=color,
                      label=f"TPO {REDUCTION_LABELS[red]}")
-    plots.finish(axes[2], "‖p − q‖₁ by completion length", "group mean completion length (tokens; bucket centre)",
+    plots.finish(axes[3], "‖p − q‖₁ by completion length", "group mean completion length (tokens; bucket centre)",
                  "‖p − q‖₁ (gradient size on the group logits)", ylim=(0.0, 2.0))
     if len(ws[0]):
-        axes[3].plot(ws[0], np.asarray(ws[1])[:, 0], color="k", lw=1.6, label="warm start")
-        plots.finish(axes[3], "Supervised warm start", "SFT step (updates)", "held-out accuracy (fraction correct)",
+        axes[4].plot(ws[0], np.asarray(ws[1])[:, 0], color="k", lw=1.6, label="warm start")
+        plots.finish(axes[4], "Supervised warm start", "SFT step (updates)", "held-out accuracy (fraction correct)",
                      ylim=rlvr.ACCURACY_AXIS)
-    section.figure(fig, "llm_length_curves", "Held-out accuracy, completion length, and TPO's ‖p − q‖₁ by length "
-                   "(mean ± s.e. over seeds)")
+    section.figure(fig, "llm_length_curves", "Held-out accuracy, training reward, completion length (mean ± s.e. "
+                   "over seeds), and TPO's ‖p − q‖₁ by length (seed mean)")
 
     # the finding: does mean (or length-scaled η) beat sum at these lengths? Paired by seed, at the last step both
     # arms recorded (a run cut short compares what it has).
