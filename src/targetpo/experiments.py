@@ -40,7 +40,7 @@ EXPERIMENTS: dict[str, str] = {
     "token-temperature": "targetpo.tokens.temperature",
     "dg-epochs": "targetpo.tokens.dg_epochs",
     "rlvr": "targetpo.llm.experiment",
-    # TPO's sequence log-score at 60–250-token completions (issue 14; SUITE = "open-questions"; docs/experiments.md §E19).
+    # TPO's sequence log-score at 60–250-token completions (SUITE = "open-questions"; docs/experiments.md §E19).
     "llm-length": "targetpo.llm.length",
 }
 

@@ -1,4 +1,4 @@
-"""TPO's sequence log-score at completion lengths of 60–250 tokens: sum vs mean vs length-scaled η (issue 14).
+"""TPO's sequence log-score at completion lengths of 60–250 tokens: sum vs mean vs length-scaled η.
 
 TPO's group distribution is p = softmax over the K completions of their sequence log-scores. The paper sums the
 token log-probs (§2, docs/method.md §2); the sum's spread over a group grows with the completion length, so at
@@ -117,8 +117,8 @@ PRESETS = {
                     tiny_heads=2, tiny_kv_heads=1, tiny_intermediate=64, min_terms=7, max_terms=9, train_size=100,
                     eval_size=8, eval_batch=8, warmstart_steps=4, warmstart_batch=8, steps=2, k=4, batch_prompts=2,
                     max_new_tokens=96, eval_every=1, checkpoint_every=1),
-    # One quiet core: warm start ~4 min, then 15 units of 40 steps at ~3 s a step (B·K = 32 completions of
-    # ~60–250 tokens) plus 5 greedy evaluations each: ~35 min. The issue's ~150 steps do not fit a CPU hour.
+    # Measured on a 2-core machine shared with other jobs: warm start 18 min, then 15 units of 40 steps (B·K = 32
+    # completions of ~60–250 tokens, 5 greedy evaluations each) in 38 min. ~150 steps do not fit a CPU hour.
     # The line-prefix reward: this warm start reaches 0–3 % held-out accuracy on the final answer, where nearly
     # every group of K = 8 would score all 0 and carry no signal; partial credit up to the first wrong line
     # gives more groups a spread (docs/experiments.md §E19).
@@ -128,7 +128,7 @@ PRESETS = {
                     batch_prompts=16, eval_every=10, checkpoint_every=10),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "tiny char-level LM writing 60–250-token chain_sum scratchpads: warm start, then 5 arms, ~35 min on a quiet core"
+RUNTIME = "tiny char-level LM writing 60–250-token chain_sum scratchpads: warm start, then 5 arms, ~1 h on 2 shared cores"
 
 
 # ----------------------------------------------------------------------------- the task
