@@ -48,6 +48,8 @@ EXPERIMENTS: dict[str, str] = {
     "token-partial-credit": "targetpo.tokens.partial_credit",
     "mnist-replay": "targetpo.mnist.replay",
     "mnist-friction": "targetpo.mnist.friction",
+    # TPO's sequence log-score at 60–250-token completions (SUITE = "open-questions"; docs/experiments.md §E19).
+    "llm-length": "targetpo.llm.length",
 }
 
 

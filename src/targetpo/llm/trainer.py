@@ -61,6 +61,8 @@ logger = logging.getLogger(__name__)
 
 # Objectives the trainer can call: the registry's group objectives with a per-token [G, K, T] form.
 OBJECTIVES = tuple(n for n in obj.available() if obj.get(n).needs_groups and obj.get(n).per_token_fn is not None)
+# Objectives whose η `eta_length_ref` may scale per group: TPO and its no-anchor ablation (a numeric η).
+LENGTH_SCALED_ETA = tuple(n for n in ("tpo", "tpo_no_anchor") if n in OBJECTIVES)
 
 
 @config
@@ -72,6 +74,9 @@ class TrainerConfig(Validated):
     seq_logp: str = param("sum", "TPO's sequence log-score: sum of token log-probs (the paper) or mean "
                           "(length-normalised)", choices=("sum", "mean"))
     eta: float = param(1.0, "TPO target temperature η", gt=0)
+    eta_length_ref: float = param(0.0, "TPO with seq_logp=sum: per group, η_g = η·L_ref/L̄_g with L̄_g the group's "
+                                  "mean completion length in tokens, so the score tilt u/η_g grows with length as "
+                                  "the sum log-score does (docs/experiments.md §E19); 0 = off, one η", ge=0)
     objective_options: dict = field(default_factory=dict, metadata={
         "help": "extra keyword arguments of the objective, e.g. {\"clip_eps\": 0.2} (Python API only)"})
     k: int = param(8, "completions per prompt (K)", ge=2)
@@ -109,6 +114,13 @@ class TrainerConfig(Validated):
         if self.micro_batch_size and (self.micro_batch_size % self.k or mini_rows % self.micro_batch_size):
             raise ValueError(f"micro_batch_size={self.micro_batch_size} must be a multiple of k={self.k} (whole "
                              f"groups) that divides the mini-batch of {mini_rows} rows")
+        if self.eta_length_ref and (self.objective not in LENGTH_SCALED_ETA or self.seq_logp != "sum"):
+            raise ValueError(f"eta_length_ref={self.eta_length_ref} scales TPO's η for the sum sequence log-score: "
+                             f"it needs objective in {LENGTH_SCALED_ETA} and seq_logp='sum', got objective="
+                             f"{self.objective!r}, seq_logp={self.seq_logp!r}")
+        if self.eta_length_ref and "eta" in self.objective_options:
+            raise ValueError(f"eta_length_ref={self.eta_length_ref} sets η per group; objective_options must not also "
+                             f"set eta (got {self.objective_options['eta']!r})")
         if self.micro_batch_tokens and self.micro_batch_size:
             raise ValueError(f"micro_batch_size={self.micro_batch_size} and micro_batch_tokens="
                              f"{self.micro_batch_tokens}: set one of them (the other to 0)")
@@ -128,7 +140,31 @@ def policy_loss(cfg: TrainerConfig, logp: Tensor, old_logp: Tensor, rewards: Ten
     lp, old, tm = (x.reshape(g, k, -1) for x in (logp, old_logp, token_mask))
     r = rewards.reshape(g, k)
     fn = obj.get(cfg.objective).per_token_fn
+    if cfg.eta_length_ref:
+        return _length_scaled_eta_loss(cfg, fn, lp, old, r, tm)
     return fn(lp, old, r, token_mask=tm, **objective_options(cfg, fn))
+
+
+def length_scaled_eta(eta: float, ref_len: float, token_mask: Tensor) -> Tensor:
+    """η_g = η·L_ref/L̄_g per group from a [G, K, T] token mask (L̄_g: the group's mean completion length). The sum
+    log-score's spread over a group grows with length, so a fixed η lets p_old's near one-hot shape swamp the score
+    tilt u/η at LLM lengths; scaling η down with L̄ keeps the tilt in step (docs/experiments.md §E19)."""
+    if not (eta > 0 and ref_len > 0):
+        raise ValueError(f"eta={eta!r} and ref_len={ref_len!r} must both be > 0")
+    mean_len = token_mask.sum(-1).to(torch.float32).mean(-1)
+    return eta * ref_len / mean_len.clamp_min(1.0)
+
+
+def _length_scaled_eta_loss(cfg: TrainerConfig, fn, lp: Tensor, old: Tensor, r: Tensor, tm: Tensor) -> obj.LossOutput:
+    """The objective with η_g = :func:`length_scaled_eta` per group: one call per group (the objective takes one
+    η), averaged over groups as the objective averages its groups, so the loss is the batched loss's exactly."""
+    etas = length_scaled_eta(cfg.eta, cfg.eta_length_ref, tm).tolist()
+    opts = objective_options(cfg, fn)
+    outs = [fn(lp[i:i + 1], old[i:i + 1], r[i:i + 1], token_mask=tm[i:i + 1], **{**opts, "eta": e})
+            for i, e in enumerate(etas)]
+    metrics = {m: torch.stack([o.metrics[m] for o in outs]).mean() for m in outs[0].metrics}
+    metrics["eta_mean"] = torch.tensor(float(np.mean(etas)))
+    return obj.LossOutput(loss=torch.stack([o.loss for o in outs]).mean(), metrics=metrics)
 
 
 def objective_options(cfg: TrainerConfig, fn) -> dict:
