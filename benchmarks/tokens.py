@@ -7,7 +7,7 @@ Three measurements:
    worst case (a confident policy repeats answers, which the engine computes once).
 2. the configuration of the authors' `transformer --smoke` preset end to end (2 seeds × 50 episodes, H = 10,
    V = 2, B = 100, K = 8; ppo, dg, tpo_token, grpo_token), median of --repeats runs, to compare with the authors'
-   JAX code (186–190 s on a quiet 2-core machine by its own "Completed in", compile included;
+   JAX code (169–173 s on a quiet 2-core machine by its own "Completed in", compile included;
    docs/experiments.md §Compute).
 3. side by side in one process: one TPO_token episode of the engine vs the same episode computed the way the
    authors' code does (a full forward per sampled token, no KV cache; one forward per prefix state in training),
@@ -44,7 +44,7 @@ from targetpo.tokens import tasks
 SECTION = "## Token experiments: engine speed"
 TOKEN_METHODS = ("tpo_token", "grpo_token", "ppo", "dg")
 SEQUENCE_METHODS = ("tpo", "grpo", "ppo@interactions")
-JAX_SMOKE_S = (186, 190)  # the authors' code, quiet 2-core machine
+JAX_SMOKE_S = (169, 173)  # the authors' code, quiet 2-core machine, 3 runs (BENCHMARKS.md, docs/experiments.md §Compute)
 
 
 def _episode_timer(cfg: te.TrialConfig, method: str, seeds: list[int], episodes: int) -> float:
@@ -215,7 +215,7 @@ def main():
         "The authors' `transformer --smoke` configuration (2 seeds × 50 episodes, H = 10, V = 2, B = 100, K = 8; "
         f"ppo, dg, tpo_token, grpo_token), in one process (interpreter start-up excluded), median of {args.repeats} "
         f"runs ({', '.join(f'{w:.1f}' for w in smoke_all)} s):", "",
-        "| | wall (s) | vs authors' JAX (186–190 s) |", "|---|---|---|",
+        "| | wall (s) | vs authors' JAX (169–173 s) |", "|---|---|---|",
         f"| targetpo engine | {smoke_s:.1f} | {JAX_SMOKE_S[0] / smoke_s:.1f}–{JAX_SMOKE_S[1] / smoke_s:.1f}× faster |", "",
         "Error at episode 50 (2-seed mean): " + ", ".join(f"{m} {v:.3f}" for m, v in finals.items())
         + " (the authors' run: tpo_token ≈ 0.01, the others 0.37–0.43).", "",

@@ -192,7 +192,7 @@ def test_open_question_smoke_runs_and_reports(tmp_path, name, units, figure):
     assert err.shape == (3, 2) and ((err >= 0) & (err <= 1)).all()
     text = write_report(out).read_text()
     assert figure in text and (out / figure).exists() and "What the data says" in text
-    assert "paired over 2 seeds" in text
+    assert "paired 95 % t-interval over 2 seeds" in text
     assert "**PASS**" not in text and "**FAIL**" not in text  # no paper claims are made for these
 
 

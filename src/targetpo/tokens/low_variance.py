@@ -19,7 +19,6 @@ from __future__ import annotations
 import numpy as np
 
 from targetpo.runs.config import config, default, param, swept, unused
-from targetpo.runs.stats import mean_se
 from targetpo.tokens import common as tc
 from targetpo.tokens import open_questions as oq
 from targetpo.tokens import report as tr
@@ -129,14 +128,14 @@ def report(run, section) -> None:
     fails = _data(run, "all_fail")
     for m, by_s in data.items():
         oq.comparison_table(section, by_s, REFERENCE if REFERENCE in by_s else next(iter(by_s)), LABELS, th,
-                            f"{tc.label(m)}: exact-match error by score setting, seed mean ± s.e.; Δ = mean error "
+                            f"{tc.label(m)}: exact-match error by score setting, seed mean [95 % t-interval]; Δ = mean error "
                             "over all episodes minus the noisy setting's, paired over seeds")
     rows = []
     for m, by_s in fails.items():
-        rows.append([tc.label(m)] + [tr.pm(mean_se(np.nanmean(by_s[s].values, axis=0)), 100, 1)
+        rows.append([tc.label(m)] + [oq.rate_interval(np.nanmean(by_s[s].values, axis=0)).show(1, 100)
                                      if s in by_s else "–" for s in cfg["settings"]])
     section.table(["method"] + [LABELS[s] for s in cfg["settings"]], rows,
-                  "Groups with no right answer, % of groups averaged over all episodes (seed mean ± s.e.): in the "
+                  "Groups with no right answer, % of groups averaged over all episodes (seed mean [95 % t-interval]): in the "
                   "noisy settings every one of them is a noise-only group whose z-scores are pure noise")
     colors = {s: tr.SWEEP_COLORS[i % len(tr.SWEEP_COLORS)] for i, s in enumerate(SETTINGS)}
     tr.panels(section, {tc.label(m): by_s for m, by_s in data.items()}, "token_low_variance",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from targetpo.runs.config import config, param
-from targetpo.runs.stats import Curve, fmt, mean_se
+from targetpo.runs.stats import RATE, Curve, Interval, fmt, mean_se, paired_interval, seed_interval
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
 from targetpo.tokens.config import TokenConfig
@@ -63,6 +63,18 @@ def _steps_cell(steps: np.ndarray) -> str:
     return f"{fmt(float(np.median(hit)))} ({hit.size}/{steps.size})"
 
 
+def rate_interval(values: np.ndarray) -> Interval:
+    """95 % t-interval of per-seed error rates over the seeds with a finite value (a diverged seed has none)."""
+    v = values[np.isfinite(values)]
+    return seed_interval(v, bounds=RATE) if v.size else Interval(float("nan"), float("nan"), float("nan"), 0, "none")
+
+
+def paired_rate_interval(a: np.ndarray, b: np.ndarray) -> Interval:
+    """Paired 95 % t-interval of a − b over the seeds where both are finite."""
+    ok = np.isfinite(a) & np.isfinite(b)
+    return paired_interval(a[ok], b[ok]) if ok.any() else Interval(float("nan"), float("nan"), float("nan"), 0, "none")
+
+
 def comparison_table(section, data: dict[str, Curve], ref: str, labels: dict[str, str], threshold: float,
                      caption: str) -> None:
     """One row per setting: tail and mean error, episodes to `threshold` and the paired differences to `ref`."""
@@ -73,9 +85,9 @@ def comparison_table(section, data: dict[str, Curve], ref: str, labels: dict[str
     for k, c in data.items():
         diff = "–"
         if k != ref and ref in data:
-            m, se, lower, n = paired(seed_area(c), seed_area(data[ref]))
-            diff = f"{100 * m:+.2f} ± {100 * se:.2f} ({lower}/{n})"
-        rows.append([labels[k], tr.pm(mean_se(seed_tail(c)), 100, 1), tr.pm(mean_se(seed_area(c)), 100, 1),
+            _, _, lower, n = paired(seed_area(c), seed_area(data[ref]))
+            diff = f"{paired_rate_interval(seed_area(c), seed_area(data[ref])).show(2, 100)} ({lower}/{n})"
+        rows.append([labels[k], rate_interval(seed_tail(c)).show(1, 100), rate_interval(seed_area(c)).show(1, 100),
                      fmt(tc.steps_to(c, threshold)), _steps_cell(seed_steps_to(c, threshold)), diff])
     section.table(head, rows, caption)
 
@@ -96,13 +108,13 @@ def finding(data: dict[str, Curve], key: str, ref: str, labels: dict[str, str], 
         when = f"does not reach {lvl} error ({labels[ref]}: episode {hb})"
     else:
         when = f"reaches {lvl} error at episode {ha} ({labels[ref]} does not)"
-    m, se, lower, n = paired(seed_area(a), seed_area(b))
-    sig = "a clear difference" if abs(m) > 2 * se else "within 2 s.e. of no difference"
-    tm, tse, _, _ = paired(seed_tail(a), seed_tail(b))
-    tsig = "a clear difference" if abs(tm) > 2 * tse else "within 2 s.e."
-    return (f"{labels[key]} {when}; its mean error over all episodes is {100 * m:+.2f} ± {100 * se:.2f} points "
-            f"from {labels[ref]}'s, paired over {n} seeds (lower on {lower}/{n}; {sig}), and its final error (last "
-            f"10% of episodes) {100 * tm:+.2f} ± {100 * tse:.2f} points ({tsig}).")
+    _, _, lower, n = paired(seed_area(a), seed_area(b))
+    area, tail = paired_rate_interval(seed_area(a), seed_area(b)), paired_rate_interval(seed_tail(a), seed_tail(b))
+    sig = "a clear difference" if area.has_interval and not area.covers(0.0) else "its interval covers no difference"
+    tsig = "a clear difference" if tail.has_interval and not tail.covers(0.0) else "its interval covers 0"
+    return (f"{labels[key]} {when}; its mean error over all episodes differs from {labels[ref]}'s by "
+            f"{area.show(2, 100)} points (paired 95 % t-interval over {n} seeds, lower on {lower}/{n}; {sig}), and "
+            f"its final error (last 10% of episodes) by {tail.show(2, 100)} points ({tsig}).")
 
 
 def verdict(m: float, se: float) -> str:

@@ -109,7 +109,7 @@ def report(run, section) -> None:
     for m, by_s in data.items():
         ref = "binary" if "binary" in by_s else next(iter(by_s))
         oq.comparison_table(section, by_s, ref, LABELS, th,
-                            f"{tc.label(m)}: exact-match error by reward setting, seed mean ± s.e.; Δ = mean error "
+                            f"{tc.label(m)}: exact-match error by reward setting, seed mean [95 % t-interval]; Δ = mean error "
                             f"over all episodes minus {LABELS[ref]}'s, paired over seeds")
     colors = {s: tr.SWEEP_COLORS[i % len(tr.SWEEP_COLORS)] for i, s in enumerate(SETTINGS)}
     tr.panels(section, {tc.label(m): by_s for m, by_s in data.items()}, "token_partial_credit",

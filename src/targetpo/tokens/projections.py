@@ -84,13 +84,13 @@ class Config(oq.OpenQuestionConfig):
 PRESETS = {
     "smoke": Config(seeds=2, episodes=3, length=3, batch=8, k=4, settings=("forward_kl", "reverse_kl", "alpha0.5",
                                                                           "kl1")),
-    # H = 5 (a uniform policy succeeds once in 32 answers; 78% of groups of 8 start all-fail) and B = 16, so the
-    # three token open-question experiments fit ~10 min of one core (Muon's step does not grow with B); 5 seeds.
-    "cpu": Config(length=5, batch=16, episodes=100),
+    # H = 6, the sparse terminal reward of token-terminal's cpu preset (a uniform policy succeeds once in 64
+    # answers; 88% of groups of 8 start all-fail), with B = 32 and 150 episodes so TPO's descent fits; 5 seeds.
+    "cpu": Config(length=6, batch=32, episodes=150),
     "paper": Config(seeds=20, length=10, episodes=2000),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "6 projections, H = 5, B = 16"
+RUNTIME = "6 projections, H = 6, B = 32"
 
 
 def units(cfg: Config) -> list[str]:
@@ -129,7 +129,7 @@ def report(run, section) -> None:
     labels = {s: setting_label(s) for s in data}
     th = cfg["threshold"]
     oq.comparison_table(section, data, REFERENCE, labels, th,
-                        "Exact-match error by projection: seed mean ± s.e.; episodes to the threshold on the seed-mean "
+                        "Exact-match error by projection: seed mean [95 % t-interval]; episodes to the threshold on the seed-mean "
                         f"curve and per seed ({oq.SMOOTH}-episode trailing mean); Δ = this setting's mean error over "
                         "all episodes minus TPO's, paired over seeds")
     colors = {s: tr.SWEEP_COLORS[i % len(tr.SWEEP_COLORS)] for i, s in enumerate(data)}
