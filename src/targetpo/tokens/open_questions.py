@@ -110,8 +110,8 @@ def finding(data: dict[str, Curve], key: str, ref: str, labels: dict[str, str], 
         when = f"reaches {lvl} error at episode {ha} ({labels[ref]} does not)"
     _, _, lower, n = paired(seed_area(a), seed_area(b))
     area, tail = paired_rate_interval(seed_area(a), seed_area(b)), paired_rate_interval(seed_tail(a), seed_tail(b))
-    sig = "a clear difference" if area.has_interval and not area.covers(0.0) else "its interval covers no difference"
-    tsig = "a clear difference" if tail.has_interval and not tail.covers(0.0) else "its interval covers 0"
+    sig = "a clear difference" if area.has_interval and not area.covers(0.0) else "not resolved: the interval includes 0"
+    tsig = "a clear difference" if tail.has_interval and not tail.covers(0.0) else "not resolved"
     return (f"{labels[key]} {when}; its mean error over all episodes differs from {labels[ref]}'s by "
             f"{area.show(2, 100)} points (paired 95 % t-interval over {n} seeds, lower on {lower}/{n}; {sig}), and "
             f"its final error (last 10% of episodes) by {tail.show(2, 100)} points ({tsig}).")
