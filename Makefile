@@ -6,7 +6,7 @@ OUT ?= results
 # MNIST IDX files for the MNIST experiments: passed on when the directory exists (else $TARGETPO_MNIST_DIR is
 # used, and without data the MNIST experiments are reported as not run, with how to provide it).
 MNIST_DIR ?= ../shared/data/mnist
-# paper (the default), open-questions (the experiments past the paper) or all: `make reproduce SUITE=all`.
+# paper (the default), open-questions (the paper's §6 questions), llm (the LLM length study) or all.
 SUITE ?= paper
 # Experiments run at once, each in its own process with one torch thread (empty: one per CPU core; 1: one after
 # another). The results do not depend on it.

@@ -44,7 +44,7 @@ from targetpo.runs.stats import fmt
 NAME = "llm-length"
 TITLE = "LLM sequence log-score at 60–250-token completions: TPO sum vs mean vs length-scaled η"
 PAPER_REF = "§2, §6 (open questions); docs/experiments.md §E19"
-SUITE = "open-questions"
+SUITE = "llm"  # its own suite: ~40 min of CPU, more than the open-questions suite's whole budget
 WARMSTART = rlvr.WARMSTART
 # method -> (objective, seq_logp, length-scaled η)
 ARMS = {"tpo_sum": ("tpo", "sum", False), "tpo_mean": ("tpo", "mean", False), "tpo_sum_len": ("tpo", "sum", True),
