@@ -386,3 +386,15 @@ def test_only_tpo_takes_the_word_adaptive_for_eta():
         obj.dg_loss(torch.randn(4), torch.randn(4), eta="adaptive")
     with pytest.raises(ValueError, match="or one of 'adaptive'"):
         tpo_target(torch.randn(2, 4), torch.randn(2, 4), "hot")
+
+
+def test_projection_settings_map_to_tpo_loss_keywords_and_refuse_bad_names():
+    from targetpo.objectives.tpo import projection_label, projection_setting
+
+    assert projection_setting("forward_kl") == {"projection": "forward_kl"}
+    assert projection_setting("alpha0.5") == {"projection": "alpha", "alpha": 0.5}
+    assert projection_setting("kl2") == {"eta": "adaptive", "kl_budget": 2.0}
+    assert projection_label("alpha0.5") == "α = 0.5" and projection_label("kl0.5") == "adaptive η, ε = 0.5"
+    for bad in ("alpha1.5", "kl0", "klx", "hellinger"):
+        with pytest.raises(ValueError, match=f"setting '{bad}'"):
+            projection_setting(bad)

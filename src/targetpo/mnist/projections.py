@@ -20,6 +20,7 @@ from targetpo.mnist.bandit import BatchStream, log_softmax, one_hot_scores, samp
 from targetpo.mnist.config import MnistConfig
 from targetpo.mnist.mlp import bank_forward
 from targetpo.objectives import expected_baseline, tpo_loss
+from targetpo.objectives.tpo import projection_label, projection_setting
 from targetpo.runs import plots
 from targetpo.runs.config import config, default, param
 from targetpo.runs.stats import fmt, mean_se
@@ -33,33 +34,9 @@ REFERENCE = "forward_kl"
 check_data = base.check_data
 
 
-def setting_options(setting: str) -> dict:
-    """tpo_loss keywords of a setting name: forward_kl (TPO), reverse_kl, js, alpha<α> or kl<ε> (adaptive η)."""
-    if setting in ("forward_kl", "reverse_kl", "js"):
-        return {"projection": setting}
-    for prefix, make in (("alpha", lambda v: {"projection": "alpha", "alpha": v}),
-                         ("kl", lambda v: {"eta": "adaptive", "kl_budget": v})):
-        if setting.startswith(prefix):
-            try:
-                value = float(setting[len(prefix):])
-            except ValueError:
-                break
-            if (prefix == "alpha" and not 0 <= value <= 1) or (prefix == "kl" and not value > 0):
-                break
-            return make(value)
-    raise ValueError(f"setting {setting!r}: must be forward_kl, reverse_kl, js, alpha<α in [0, 1]> (e.g. alpha0.5) "
-                     "or kl<ε > 0> (adaptive η with KL budget ε, e.g. kl1)")
-
-
-def setting_label(setting: str) -> str:
-    o = setting_options(setting)
-    if setting == "forward_kl":
-        return "forward KL (TPO)"
-    if "alpha" in o:
-        return f"α = {o['alpha']:g}"
-    if "kl_budget" in o:
-        return f"adaptive η, ε = {o['kl_budget']:g}"
-    return {"reverse_kl": "reverse KL", "js": "Jensen–Shannon"}[setting]
+# A setting's tpo_loss keywords and its label (declared once, with the token experiment, in objectives/tpo.py).
+setting_options = projection_setting
+setting_label = projection_label
 
 
 @config

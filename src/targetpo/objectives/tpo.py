@@ -432,3 +432,35 @@ def tpo_sequence_loss(
     old_seq = sequence_logp(as_float("old_logp", old_logp).detach(), token_mask, seq_logp)
     return tpo_loss(seq, old_seq, scores, eta=eta, mask=mask, anchor=anchor, projection=projection, alpha=alpha,
                     kl_budget=kl_budget, std_floor=std_floor, std_shrink=std_shrink, is_clip=is_clip)
+
+
+def projection_setting(setting: str) -> dict:
+    """`tpo_loss` keywords of a projection setting's name, as the open-question experiments sweep them
+    (docs/experiments.md §E14): forward_kl (TPO), reverse_kl, js, alpha<α> with α in [0, 1] (e.g. alpha0.5), or
+    kl<ε> with ε > 0 (forward KL with the adaptive η of KL budget ε, e.g. kl1)."""
+    if setting in ("forward_kl", "reverse_kl", "js"):
+        return {"projection": setting}
+    for prefix, make in (("alpha", lambda v: {"projection": "alpha", "alpha": v}),
+                         ("kl", lambda v: {"eta": "adaptive", "kl_budget": v})):
+        if setting.startswith(prefix):
+            try:
+                value = float(setting[len(prefix):])
+            except ValueError:
+                break
+            if (prefix == "alpha" and not 0 <= value <= 1) or (prefix == "kl" and not value > 0):
+                break
+            return make(value)
+    raise ValueError(f"setting {setting!r}: must be forward_kl, reverse_kl, js, alpha<α in [0, 1]> (e.g. alpha0.5) "
+                     "or kl<ε > 0> (adaptive η with KL budget ε, e.g. kl1)")
+
+
+def projection_label(setting: str) -> str:
+    """A projection setting's name for tables and legends."""
+    o = projection_setting(setting)
+    if setting == "forward_kl":
+        return "forward KL (TPO)"
+    if "alpha" in o:
+        return f"α = {o['alpha']:g}"
+    if "kl_budget" in o:
+        return f"adaptive η, ε = {o['kl_budget']:g}"
+    return {"reverse_kl": "reverse KL", "js": "Jensen–Shannon"}[setting]

@@ -13,6 +13,7 @@ episode's sampled answers with a mistake, before the update. Not a paper experim
 
 from __future__ import annotations
 
+from targetpo.objectives.tpo import projection_label, projection_setting
 from targetpo.runs.config import config, default, param, swept, unused
 from targetpo.tokens import common as tc
 from targetpo.tokens import open_questions as oq
@@ -26,34 +27,14 @@ SUITE = oq.SUITE
 REFERENCE = "forward_kl"
 
 
+# The engine's TrialConfig field of each tpo_loss keyword of a setting (objectives/tpo.py: projection_setting).
+TRIAL_FIELD = {"projection": "tpo_projection", "alpha": "tpo_alpha", "kl_budget": "tpo_kl_budget"}
+setting_label = projection_label
+
+
 def setting_options(setting: str) -> dict:
-    """TrialConfig overrides of a setting name: forward_kl (TPO), reverse_kl, js, alpha<α> (e.g. alpha0.5) or
-    kl<ε> (adaptive η with KL budget ε, e.g. kl1)."""
-    if setting in ("forward_kl", "reverse_kl", "js"):
-        return {"tpo_projection": setting}
-    for prefix, make in (("alpha", lambda v: {"tpo_projection": "alpha", "tpo_alpha": v}),
-                         ("kl", lambda v: {"tpo_kl_budget": v})):
-        if setting.startswith(prefix):
-            try:
-                value = float(setting[len(prefix):])
-            except ValueError:
-                break
-            if (prefix == "alpha" and not 0 <= value <= 1) or (prefix == "kl" and not value > 0):
-                break
-            return make(value)
-    raise ValueError(f"setting {setting!r}: must be forward_kl, reverse_kl, js, alpha<α in [0, 1]> (e.g. alpha0.5) "
-                     "or kl<ε > 0> (adaptive η with KL budget ε, e.g. kl1)")
-
-
-def setting_label(setting: str) -> str:
-    o = setting_options(setting)
-    if setting == "forward_kl":
-        return "forward KL (TPO)"
-    if "tpo_alpha" in o:
-        return f"α = {o['tpo_alpha']:g}"
-    if "tpo_kl_budget" in o:
-        return f"adaptive η, ε = {o['tpo_kl_budget']:g}"
-    return {"reverse_kl": "reverse KL", "js": "Jensen–Shannon"}[setting]
+    """TrialConfig overrides of a setting name (`projection_setting`; the adaptive η is on when its budget is)."""
+    return {TRIAL_FIELD[k]: v for k, v in projection_setting(setting).items() if k != "eta"}
 
 
 @config
