@@ -17,7 +17,6 @@ preset holds the App. G settings for a real model on a GPU (not run here).
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -210,7 +209,7 @@ def _evaluator(cfg: Config, model, tok, task, template, heldout):
 
 def warm_start(cfg: Config, run_dir: Path, device, ctx=None) -> Path:
     """Build (or reuse) the warm-started model in RUN_DIR/warmstart: deterministic, so a rebuild is identical."""
-    from targetpo.llm.warmstart import supervised_warmstart
+    from targetpo.llm.warmstart import save_checkpoint, supervised_warmstart
 
     out = Path(run_dir) / WARMSTART
     if (out / "COMPLETE").exists():
@@ -223,14 +222,7 @@ def warm_start(cfg: Config, run_dir: Path, device, ctx=None) -> Path:
                          lr=cfg.warmstart_lr, seed=cfg.seed, log=log, advance=advance,
                          evaluate=_evaluator(cfg, model, tok, task, template, heldout),
                          eval_every=cfg.eval_every * 10)
-    tmp = out.with_name(WARMSTART + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    (tmp / "COMPLETE").write_text("warm start finished\n")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+    return save_checkpoint(model, tok, out)
 
 
 def run_unit(cfg: Config, unit: str, ctx) -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
 import string
 from pathlib import Path
 
@@ -354,7 +353,7 @@ def make_evaluator(cfg: Config, model, tok, task, template, heldout: list[Proble
 
 def warm_start(cfg: Config, run_dir: Path, device, ctx=None) -> Path:
     """Build (or reuse) the warm-started model in RUN_DIR/warmstart (deterministic, so a rebuild is identical)."""
-    from targetpo.llm.warmstart import supervised_warmstart
+    from targetpo.llm.warmstart import save_checkpoint, supervised_warmstart
 
     out = Path(run_dir) / WARMSTART
     if (out / "COMPLETE").exists():
@@ -366,14 +365,7 @@ def warm_start(cfg: Config, run_dir: Path, device, ctx=None) -> Path:
                          advance=ctx.advance if ctx else (lambda n: None),
                          evaluate=make_evaluator(cfg, model, tok, task, template, heldout),
                          eval_every=max(1, cfg.warmstart_steps // 4))
-    tmp = out.with_name(WARMSTART + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    (tmp / "COMPLETE").write_text("warm start finished\n")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+    return save_checkpoint(model, tok, out)
 
 
 def run_unit(cfg: Config, unit: str, ctx) -> None:

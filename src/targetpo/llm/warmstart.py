@@ -9,6 +9,8 @@ tokens are not trained. Batches are drawn from a generator seeded by (seed, step
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -74,3 +76,16 @@ def supervised_warmstart(model, tokenizer, template, problems: list, *, steps: i
         log(rec)
         advance(1)
     log({"step": steps, **(evaluate() if evaluate is not None else {})})
+
+
+def save_checkpoint(model, tokenizer, out: Path) -> Path:
+    """Save model and tokenizer to `out` atomically: written to a sibling `.tmp` folder, marked COMPLETE, then
+    renamed, so a killed run never leaves a half-written checkpoint that a resumed run would load."""
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "COMPLETE").write_text("warm start finished\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out

@@ -83,7 +83,7 @@ RUNTIME = "TPO and GRPO × 4 score settings, H = 5, B = 16"
 
 
 def units(cfg: Config) -> list[str]:
-    return [f"{m}/{s}" for m in cfg.methods for s in cfg.settings]
+    return oq.method_setting_units(cfg)
 
 
 def unit_steps(cfg: Config, unit: str) -> int:
@@ -98,15 +98,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
 # ----------------------------------------------------------------------------- report
 
 def _data(run, metric: str = "error") -> dict[str, dict[str, tc.Curve]]:
-    """{method: {setting: Curve}} in config order."""
-    got = tc.unit_curves(run, metric)
-    cfg = run.config
-    out: dict[str, dict[str, tc.Curve]] = {}
-    for m in cfg["methods"]:
-        for s in cfg["settings"]:
-            if f"{m}/{s}" in got:
-                out.setdefault(m, {})[s] = got[f"{m}/{s}"]
-    return out
+    return oq.method_setting_curves(run, metric)
 
 
 def summary(run) -> str:

@@ -63,6 +63,23 @@ def _steps_cell(steps: np.ndarray) -> str:
     return f"{fmt(float(np.median(hit)))} ({hit.size}/{steps.size})"
 
 
+def method_setting_units(cfg) -> list[str]:
+    """Units "method/setting" of an experiment that runs every method under every setting."""
+    return [f"{m}/{s}" for m in cfg.methods for s in cfg.settings]
+
+
+def method_setting_curves(run, metric: str = "error") -> dict[str, dict[str, Curve]]:
+    """{method: {setting: Curve}} of such an experiment, in config order, for the units that ran."""
+    got = tc.unit_curves(run, metric)
+    cfg = run.config
+    out: dict[str, dict[str, Curve]] = {}
+    for m in cfg["methods"]:
+        for s in cfg["settings"]:
+            if f"{m}/{s}" in got:
+                out.setdefault(m, {})[s] = got[f"{m}/{s}"]
+    return out
+
+
 def rate_interval(values: np.ndarray) -> Interval:
     """95 % t-interval of per-seed error rates over the seeds with a finite value (a diverged seed has none)."""
     v = values[np.isfinite(values)]
