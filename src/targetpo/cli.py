@@ -162,6 +162,7 @@ def _run_parallel(plans: list[_Plan], jobs: int, device: str, progress: bool) ->
     running: dict[Any, tuple[_Plan, Any, Any, float]] = {}  # sentinel -> (plan, process, connection, start)
     replies: dict[str, tuple[str, str]] = {}
     missing, failed = [], []
+    finished = 0  # counted here: a disabled bar (--no-progress) does not count its updates
     start = time.time()
     bar = tqdm(total=len(plans), desc=f"reproduce ({jobs} jobs)", unit="exp", disable=not progress,
                file=sys.stderr, dynamic_ncols=True, bar_format="{desc}: {bar} {n}/{total} [{elapsed}]{postfix}")
@@ -191,7 +192,8 @@ def _run_parallel(plans: list[_Plan], jobs: int, device: str, progress: bool) ->
                 del running[sentinel]
                 status, detail = replies.get(plan.name, ("failed", f"the worker process exited with code "
                                                                    f"{proc.exitcode} without a result"))
-                line = f"[{bar.n + 1}/{len(plans)}] {plan.name} [{plan.preset}]"
+                finished += 1
+                line = f"[{finished}/{len(plans)}] {plan.name} [{plan.preset}]"
                 if status == "done":
                     bar.write(f"{line} done in {time.time() - t0:.1f}s -> {plan.run_dir}" +
                               (f"\n  {detail}" if detail else ""), file=sys.stdout)

@@ -28,6 +28,8 @@ def test_parallel_reproduce_matches_sequential(tmp_path, capsys):
         assert json.loads((tmp_path / d / "mnist" / "run.json").read_text())["status"] == "not run"
         assert (tmp_path / d / "REPORT.md").exists()
     assert "mnist NOT RUN" in err and "reproduce: 3 experiments" in out
+    # finished lines are numbered 1, 2, ... in the order they end, also without the progress bar
+    assert "[2/3]" in out or "[3/3]" in out
 
 
 def test_jobs_must_be_positive(tmp_path, capsys):
