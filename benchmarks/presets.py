@@ -1,12 +1,12 @@
 """Wall time of whole experiment presets: the runner's `wall_time_s` (run.json) and the whole command.
 
 Each repeat is a fresh `targetpo run NAME --preset P --force --no-progress --no-report` in its own interpreter
-(one torch thread, the runner's default); the table gives medians. With --src A --src B the same presets run
+(torch threads: the runner's default, every core, unless --threads); the table gives medians. With --src A --src B the same presets run
 from two source trees (e.g. a checkout of an older commit), interleaved repeat by repeat so that both see the
 same machine load, and their metrics.jsonl are compared (wall_* keys ignored).
 
     python benchmarks/presets.py tabular-single:paper tabular-multi:paper --repeats 3
-    python benchmarks/presets.py mnist:paper --repeats 1 --data-dir ../shared/data/mnist
+    python benchmarks/presets.py mnist:paper --repeats 3 --data-dir ../shared/data/mnist
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ def main() -> None:
     ap.add_argument("--src", action="append", default=None, help="a source tree's src/ folder (repeatable; "
                     "default: this checkout's)")
     ap.add_argument("--data-dir", default=None, help="passed to experiments that read MNIST")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads per run (default: the runner's, "
+                    "every core)")
     ap.add_argument("--out", default=None, help="where the runs go (default: a temporary directory)")
     args = ap.parse_args()
     srcs = [Path(s).resolve() for s in (args.src or [ROOT / "src"])]
@@ -58,6 +60,7 @@ def main() -> None:
     for spec in args.presets:
         name, _, preset = spec.partition(":")
         extra = ["--data-dir", args.data_dir] if args.data_dir and name.startswith("mnist") else []
+        extra += ["--threads", str(args.threads)] if args.threads else []
         times = {s: [] for s in srcs}
         for r in range(args.repeats):
             for i, s in enumerate(srcs):
@@ -74,7 +77,8 @@ def main() -> None:
             rows.append(f"| `{name}` | {preset} | {s.parent.name if len(srcs) > 1 else ''} | {wall:.2f} | {whole:.2f} | "
                         f"{cpu:.2f} | "
                         f"{', '.join(f'{t[0]:.2f}' for t in times[s])} | {same} |")
-    print(f"median of {args.repeats} runs each, 1 torch thread, load average at the end "
+    threads = args.threads or len(os.sched_getaffinity(0))
+    print(f"median of {args.repeats} runs each, {threads} torch thread(s), load average at the end "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print("\n| experiment | preset | tree | wall_time_s | whole command (s) | whole command CPU (s) | all wall_time_s "
           "| metrics |")

@@ -7,7 +7,6 @@ import dataclasses
 import math
 import multiprocessing
 import multiprocessing.connection
-import os
 import re
 import signal
 import sys
@@ -21,7 +20,7 @@ from tqdm.auto import tqdm
 from targetpo.experiments import EXPERIMENTS, SUITES, in_suite, load, suite_of
 from targetpo.runs.config import config_class, field_lines, make_config
 from targetpo.runs.data import MissingDataError
-from targetpo.runs.runner import add_runner_arguments, is_not_run, mark_not_run, run_experiment
+from targetpo.runs.runner import add_runner_arguments, available_cores, is_not_run, mark_not_run, run_experiment
 
 
 def _experiment_epilog() -> str:
@@ -134,13 +133,13 @@ def _exit_on_signal(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def _reproduce_worker(conn, plan: _Plan, device: str) -> None:
-    """One experiment in its own process, one torch thread; sends ("done", summary), ("missing", reason) or
+def _reproduce_worker(conn, plan: _Plan, device: str, threads: int) -> None:
+    """One experiment in its own process with `threads` torch threads; sends ("done", summary), ("missing", reason) or
     ("failed", traceback) to the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
     signal.signal(signal.SIGTERM, _exit_on_signal)  # by SIGTERM, and the interpreter then shuts down cleanly
     try:
-        _run_plan(plan, device, progress=False, threads=1, quiet=True)
+        _run_plan(plan, device, progress=False, threads=threads, quiet=True)
         exp = load(plan.name)
         if hasattr(exp, "summary"):
             from targetpo.runs.store import Run
@@ -158,6 +157,7 @@ def _run_parallel(plans: list[_Plan], jobs: int, device: str, progress: bool) ->
     """Run `plans` in up to `jobs` worker processes, longest first (by RUNTIME). Prints one line per finished
     experiment under an overall bar. Returns (names not run for lack of data, names that failed)."""
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked OpenMP or torch state
+    threads = max(1, available_cores() // jobs)  # the cores shared out: oversubscribed OpenMP threads stall
     queue = sorted(plans, key=lambda p: -estimated_seconds(load(p.name)))
     running: dict[Any, tuple[_Plan, Any, Any, float]] = {}  # sentinel -> (plan, process, connection, start)
     replies: dict[str, tuple[str, str]] = {}
@@ -171,7 +171,7 @@ def _run_parallel(plans: list[_Plan], jobs: int, device: str, progress: bool) ->
             while queue and len(running) < jobs:
                 plan = queue.pop(0)
                 recv, send = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_reproduce_worker, args=(send, plan, device), name=f"reproduce-{plan.name}")
+                proc = ctx.Process(target=_reproduce_worker, args=(send, plan, device, threads), name=f"reproduce-{plan.name}")
                 proc.start()
                 send.close()
                 running[proc.sentinel] = (plan, proc, recv, time.time())
@@ -224,15 +224,10 @@ def _run_parallel(plans: list[_Plan], jobs: int, device: str, progress: bool) ->
     return missing, failed
 
 
-def default_jobs() -> int:
-    """The number of CPU cores this process may use."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def cmd_reproduce(args) -> int:
     from targetpo.report import write_report
 
-    jobs = default_jobs() if args.jobs is None else args.jobs
+    jobs = available_cores() if args.jobs is None else args.jobs
     if jobs < 1:
         raise ValueError(f"--jobs={jobs}: must be at least 1 (1 runs the experiments one after another)")
     out = Path(args.out)
@@ -340,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true", help="discard existing runs instead of resuming them")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     p.add_argument("--jobs", type=int, default=None, help="experiments run at once, each in its own process with "
-                   "one torch thread, longest first (default: the number of CPU cores; 1 runs them one after "
+                   "cores // jobs torch threads, longest first (default: the number of CPU cores; 1 runs them one after "
                    "another in this process); the results are the same for any value")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     _add_data_flags(p, reproduce=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import sys
 import time
@@ -30,6 +31,11 @@ class _Diverged(Exception):
     def __init__(self, step: int, metric: str):
         super().__init__(f"{metric} is not finite at step {step}")
         self.step, self.metric = step, metric
+
+
+def available_cores() -> int:
+    """The number of CPU cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def first_non_finite(values: dict[str, Any], nan_means_empty: tuple[str, ...] = ()) -> str | None:
@@ -180,10 +186,11 @@ def run_experiment(
     directory. `preset` None means the stored run's preset on resume and "cpu" otherwise; a resume that asks for
     another preset, seed count or overrides than the stored run is refused, naming the fields that differ."""
     name = exp.NAME
-    # One thread unless asked (or an experiment sets TORCH_THREADS): every experiment here runs small tensors,
-    # where OpenMP hand-offs cost more than the math, and on a shared or busy machine each op with two threads
-    # waits for the slower one (2–8x slower in the token experiments; BENCHMARKS.md).
-    torch.set_num_threads(threads or getattr(exp, "TORCH_THREADS", 1))
+    # Every core this process may use unless asked: on an idle 2-core machine two threads give the same numbers
+    # 1.4–1.8x faster (mnist, tokens, rlvr; BENCHMARKS.md "Threads"). On a busy machine each op with two threads
+    # waits for the slower one (2–11x slower), so `--threads 1` there; `reproduce --jobs N` gives each worker
+    # cores // N.
+    torch.set_num_threads(threads or available_cores())
     run_dir = Path(out) if out is not None else Path("results") / f"{name}-{preset or 'cpu'}"
     meta_path = run_dir / RUN_FILE
     if resume and meta_path.exists():
@@ -279,7 +286,7 @@ def add_runner_arguments(parser, *, unit: str = "units") -> None:
     parser.add_argument("--force", action="store_true", help="delete an existing run in --out and start over; "
                         f"with --resume, replay diverged {unit} instead")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1: these small tensors "
-                        "run fastest on one thread)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: every core this "
+                        "process may use; the same numbers with any count; use 1 on a busy machine)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--no-report", action="store_true", help="do not write REPORT.md into the run directory")
