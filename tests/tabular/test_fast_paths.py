@@ -1,44 +1,58 @@
-"""The multi-context loop's shared pieces (v, ‖g‖², TPO's constant u/η computed once) give bitwise the updates
-and metrics of the plain formulas: the speed-up changes no number."""
+"""The multi-context loop's per-context closed forms (multi.population_step) give the updates and metrics of the
+plain formulas — exact_update (TPO's from tpo_target) → misalignment → normalized_step — to rounding: float64
+to 1e-12 over a whole run, float32 to the precision of float32."""
 
 import pytest
 import torch
 
 from targetpo.tabular import multi
-from targetpo.tabular.bandit import (
-    correct_direction, exact_update, exact_update_along, misalignment, normalized_step, one_hot_target_shift,
-    squared_norm, tpo_update,
-)
+from targetpo.tabular.bandit import correct_direction, exact_update, misalignment, normalized_step, tpo_lambda
+
+EVERY = (-2, -1)
 
 
-def _probs(dtype, action_major: bool) -> torch.Tensor:
-    logits = 3 * torch.randn(4, 7, 10, generator=torch.Generator().manual_seed(0), dtype=dtype)
-    if action_major:  # the layout multi.run_unit uses
-        logits = logits.transpose(-1, -2).contiguous().transpose(-1, -2)
-    return multi.softmax(logits)
+def _logits(dtype, scale=3.0, seed=0) -> torch.Tensor:
+    logits = scale * torch.randn(4, 7, 10, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    return logits.transpose(-1, -2).contiguous().transpose(-1, -2)  # the layout multi.run_unit uses
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("action_major", [False, True])
+def _plain_step(logits, method, lr, eta):
+    probs = torch.softmax(logits, dim=-1)
+    g = exact_update(method, probs, eta=eta)
+    return normalized_step(logits, g, lr, dims=EVERY), misalignment(g, correct_direction(probs), dims=EVERY)
+
+
+@pytest.mark.parametrize("method", multi.METHODS)
 @pytest.mark.parametrize("eta", [1.0, 0.3])
-def test_tpo_update_is_bitwise_the_target_based_update(dtype, action_major, eta):
-    probs = _probs(dtype, action_major)
-    fast = tpo_update(probs, one_hot_target_shift(probs, eta=eta))
-    assert torch.equal(fast, exact_update("tpo", probs, eta=eta))
-    assert not torch.equal(fast, exact_update("tpo", probs, eta=2 * eta))  # the shift carries η
+@pytest.mark.parametrize("scale", [1.0, 12.0])  # 12: contexts with π(y) within 1e-5 of 0 or of 1
+def test_population_step_is_the_plain_update_in_float64(method, eta, scale):
+    logits = _logits(torch.float64, scale)
+    new, mis = multi.population_step(logits, multi.softmax_(logits), method, 0.1, eta, tpo_lambda(10, eta))
+    ref_logits, ref_mis = _plain_step(logits, method, 0.1, eta)
+    # TPO's per-context constant b is left out of the logits (no probability sees it): compare the policies.
+    assert torch.allclose(torch.softmax(new, -1), torch.softmax(ref_logits, -1), rtol=1e-11, atol=1e-15)
+    assert torch.allclose(mis, ref_mis, rtol=1e-9, atol=1e-12)
+    if method != "tpo":
+        assert torch.allclose(new, ref_logits, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("method", ["ce", "pg", "dg", "grpo"])
-def test_update_along_a_given_direction_and_shared_norms_are_bitwise_the_plain_formulas(method):
-    probs, every = _probs(torch.float32, True), (-2, -1)
-    v = correct_direction(probs)
-    g = exact_update_along(method, probs, v, eta=0.7)
-    assert torch.equal(g, exact_update(method, probs, eta=0.7))
-    g_sq, v_sq = squared_norm(g, every), squared_norm(v, every)
-    assert torch.equal(misalignment(g, v, every, g_sq=g_sq, ref_sq=v_sq), misalignment(g, v, every))
-    assert torch.equal(normalized_step(probs, g, 0.1, every, g_sq=g_sq), normalized_step(probs, g, 0.1, every))
-    with pytest.raises(ValueError, match="tpo"):
-        exact_update_along("tpo", probs, v)
+def test_tpo_keeps_the_anchor_epsilon():
+    """q ∝ (π + 1e-8)·w: without the ε a wrong action with π_a ≪ 1e-8 would get q_a ≈ 0; with it the update
+    matches tpo_target's, which the authors' code uses."""
+    logits = _logits(torch.float64, 30.0)
+    probs = multi.softmax_(logits)
+    assert probs.min() < 1e-10
+    new, _ = multi.population_step(logits, probs, "tpo", 0.1, 1.0, tpo_lambda(10))
+    no_eps = multi.EPS
+    try:
+        multi.EPS = 0.0
+        other, _ = multi.population_step(logits, probs, "tpo", 0.1, 1.0, tpo_lambda(10))
+    finally:
+        multi.EPS = no_eps
+    ref, _ = _plain_step(logits, "tpo", 0.1, 1.0)
+    ref_p = torch.softmax(ref, -1)
+    assert torch.allclose(torch.softmax(new, -1), ref_p, rtol=1e-10, atol=1e-300)
+    assert not torch.allclose(torch.softmax(other, -1), ref_p, rtol=1e-10, atol=1e-300)
 
 
 class _Log:
@@ -53,20 +67,16 @@ class _Log:
 
 
 @pytest.mark.parametrize("method", multi.METHODS)
-def test_multi_run_unit_matches_the_plain_loop(method):
+def test_multi_run_unit_follows_the_plain_loop(method):
     cfg = multi.PRESETS["smoke"]
     ctx = _Log()
     multi.run_unit(cfg, method, ctx)
-    # The loop as the formulas read: exact_update → misalignment → normalized_step → softmax.
-    gen = torch.Generator().manual_seed(cfg.seed)
-    logits = torch.randn(cfg.seeds, cfg.contexts, cfg.actions, generator=gen, dtype=torch.float32)
-    logits = logits.transpose(-1, -2).contiguous().transpose(-1, -2)
-    probs = multi.softmax(logits)
-    for t in range(cfg.steps):
-        g = exact_update(method, probs, eta=cfg.eta)
-        mis = misalignment(g, correct_direction(probs), dims=(-2, -1))
-        logits = normalized_step(logits, g, cfg.lr, dims=(-2, -1))
-        probs = multi.softmax(logits)
-        rec = ctx.records[t]
-        assert torch.equal(rec["error"], 1.0 - probs[..., 0].mean(dim=-1)) and torch.equal(rec["misalignment"], mis)
     assert len(ctx.records) == cfg.steps
+    gen = torch.Generator().manual_seed(cfg.seed)
+    logits = torch.randn(cfg.seeds, cfg.contexts, cfg.actions, generator=gen, dtype=torch.float32).double()
+    for t in range(cfg.steps):  # the plain formulas in float64: the float32 run agrees to float32 precision
+        logits, mis = _plain_step(logits, method, cfg.lr, cfg.eta)
+        err = 1.0 - torch.softmax(logits, -1)[..., 0].mean(dim=-1)
+        rec = ctx.records[t]
+        assert torch.allclose(rec["error"].double(), err, rtol=1e-4, atol=1e-7), (t, rec["error"], err)
+        assert torch.allclose(rec["misalignment"].double(), mis, rtol=1e-3, atol=2e-6), (t, rec["misalignment"], mis)

@@ -186,11 +186,11 @@ def run_experiment(
     directory. `preset` None means the stored run's preset on resume and "cpu" otherwise; a resume that asks for
     another preset, seed count or overrides than the stored run is refused, naming the fields that differ."""
     name = exp.NAME
-    # Every core this process may use unless asked: on an idle 2-core machine two threads give the same numbers
-    # 1.4–1.8x faster (mnist, tokens, rlvr; BENCHMARKS.md "Threads"). On a busy machine each op with two threads
-    # waits for the slower one (2–11x slower), so `--threads 1` there; `reproduce --jobs N` gives each worker
-    # cores // N.
-    torch.set_num_threads(threads or available_cores())
+    # Every core this process may use unless asked or the experiment sets TORCH_THREADS: on an idle 2-core
+    # machine two threads give the same numbers 1.4–1.8x faster (mnist, tokens, rlvr; BENCHMARKS.md "Threads").
+    # On a busy machine each op with two threads waits for the slower one, so `--threads 1` there;
+    # `reproduce --jobs N` gives each worker cores // N.
+    torch.set_num_threads(threads or getattr(exp, "TORCH_THREADS", None) or available_cores())
     run_dir = Path(out) if out is not None else Path("results") / f"{name}-{preset or 'cpu'}"
     meta_path = run_dir / RUN_FILE
     if resume and meta_path.exists():

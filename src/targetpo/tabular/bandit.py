@@ -32,9 +32,9 @@ def beta_grpo(p: Tensor) -> Tensor:
     return torch.sqrt(p / (1.0 - p + 1e-8))
 
 
-def tpo_lambda(num_actions: int) -> float:
-    """exp(u_hot − u_cold) for a one-hot score over K actions: u = √(K−1) and −1/√(K−1)."""
-    return math.exp(num_actions / math.sqrt(num_actions - 1))
+def tpo_lambda(num_actions: int, eta: float = 1.0) -> float:
+    """exp((u_hot − u_cold)/η) for a one-hot score over K actions: u = √(K−1) and −1/√(K−1)."""
+    return math.exp(num_actions / math.sqrt(num_actions - 1) / eta)
 
 
 def beta_tpo(p: Tensor, num_actions: int) -> Tensor:
@@ -47,29 +47,6 @@ def correct_direction(probs: Tensor, correct: int = 0) -> Tensor:
     v = torch.neg(probs)  # a new tensor in probs' layout
     v[..., correct] += 1.0
     return v
-
-
-def one_hot_target_shift(probs: Tensor, correct: int = 0, eta: float = 1.0) -> Tensor:
-    """u/η of a one-hot score on `correct`, in probs' shape, dtype and layout, computed as :func:`tpo_target`
-    computes it: the part of TPO's target logits that never changes over a run."""
-    onehot = torch.zeros_like(probs)
-    onehot[..., correct] = 1.0
-    return standardize_scores(onehot).to(probs.dtype) / eta
-
-
-def _log_softmax(x: Tensor) -> Tensor:
-    # The max-shifted formula of objectives/tpo.py, op for op (the test pins the bitwise equality).
-    shifted = x - x.amax(dim=-1, keepdim=True)
-    return shifted - shifted.exp().sum(dim=-1, keepdim=True).log()
-
-
-def tpo_update(probs: Tensor, shift: Tensor) -> Tensor:
-    """exact_update("tpo", probs) with u/η precomputed (`shift` from :func:`one_hot_target_shift`): q − π with
-    q = softmax(log_softmax(log(π + 1e-8)) + u/η), the same float operations in the same order as
-    :func:`tpo_target`, hence bitwise the same update, without re-standardizing the constant scores and
-    re-checking the inputs at every step of a run."""
-    log_q = _log_softmax(shift + _log_softmax(torch.log(probs + 1e-8)))
-    return log_q.exp() - probs
 
 
 def exact_update_along(method: str, probs: Tensor, v: Tensor, correct: int = 0, eta: float = 1.0) -> Tensor:
