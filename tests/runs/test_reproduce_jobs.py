@@ -5,6 +5,7 @@ import math
 
 from targetpo.cli import estimated_seconds, main
 from targetpo.experiments import load
+from targetpo.runs.runner import available_cores
 
 
 def _stable_records(path) -> list[dict]:
@@ -22,7 +23,9 @@ def test_parallel_reproduce_matches_sequential(tmp_path, capsys):
     for name in names[:2]:
         seq, par = (_stable_records(tmp_path / d / name / "metrics.jsonl") for d in ("seq", "par"))
         assert par == seq and len(seq) > 10
-        assert json.loads((tmp_path / "par" / name / "run.json").read_text())["status"] == "complete"
+        meta = json.loads((tmp_path / "par" / name / "run.json").read_text())
+        assert meta["status"] == "complete"
+        assert meta["runs"][-1]["torch_threads"] == max(1, available_cores() // 2)  # the cores shared out
         assert f"] {name} [smoke] done in" in out
     for d in ("seq", "par"):  # the missing data set is reported as not run either way
         assert json.loads((tmp_path / d / "mnist" / "run.json").read_text())["status"] == "not run"

@@ -234,7 +234,7 @@ def run_experiment(
     t0 = time.time()
     meta["status"] = "running"
     meta["runs"].append({"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumed": bool(done) or bool(existing),
-                         "units": todo})
+                         "units": todo, "torch_threads": torch.get_num_threads()})  # for reading wall times
     write_run_json(run_dir, meta)
 
     total = sum(steps_of(exp, cfg, u) for u in todo)
