@@ -41,7 +41,7 @@ def test_replay_variants_and_slots():
 def test_seed_interval_is_the_t_interval():
     mean, half = RP.mean_ci95(np.array([[1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 2.0, 2.0, 2.0, 2.0]]))
     np.testing.assert_allclose(mean, [3.0, 2.0])
-    np.testing.assert_allclose(half, [2.776 * np.sqrt(2.5) / np.sqrt(5), 0.0])  # t_{0.975, 4} = 2.776
+    np.testing.assert_allclose(half, [2.7764451 * np.sqrt(2.5) / np.sqrt(5), 0.0], rtol=1e-7)  # t_{0.975, 4}
     assert np.isnan(RP.mean_ci95(np.array([0.3]))[1])
     assert RP.paired(np.array([0.1, 0.2, 0.3]), np.array([0.2, 0.3, 0.4]))[2] == "lower"
     assert RP.paired(np.array([0.1, 0.3, 0.2]), np.array([0.2, 0.2, 0.2]))[2] == "no detectable difference"

@@ -38,6 +38,7 @@ from targetpo.objectives import expected_baseline, tpo_loss
 from targetpo.objectives._checks import LossOutput
 from targetpo.runs import plots
 from targetpo.runs.config import config, default, param
+from targetpo.runs.stats import t_quantile
 
 NAME = "mnist-replay"
 TITLE = "MNIST bandit with replayed rollouts (open question, §6; docs/experiments.md §E17)"
@@ -195,12 +196,6 @@ def finals(run) -> dict[str, dict[int, np.ndarray]]:
     return out
 
 
-# Two-sided 95 % Student-t quantiles t_{0.975, df} for df = 1 … 30 (standard tables); above 30 the normal 1.96 is
-# within 2 % of t.
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
 def mean_ci95(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """values [..., seeds] -> (mean, half-width of the 95 % t interval of the mean, t·std(ddof=1)/√n) over the last
     axis; NaN half-width for a single seed (no interval)."""
@@ -208,8 +203,7 @@ def mean_ci95(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = v.shape[-1]
     if n < 2:
         return v.mean(axis=-1), np.full(v.shape[:-1], np.nan)
-    t = _T975[n - 2] if n - 1 <= len(_T975) else 1.96
-    return v.mean(axis=-1), t * v.std(axis=-1, ddof=1) / np.sqrt(n)
+    return v.mean(axis=-1), t_quantile(0.975, n - 1) * v.std(axis=-1, ddof=1) / np.sqrt(n)
 
 
 def pm(values: np.ndarray, scale: float = 100.0) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from targetpo.runs.config import config, param
-from targetpo.runs.stats import RATE, Curve, Interval, fmt, mean_se, paired_interval, seed_interval
+from targetpo.runs.stats import RATE, Curve, Interval, fmt, paired_interval, seed_interval
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
 from targetpo.tokens.config import TokenConfig
@@ -45,15 +45,10 @@ def seed_tail(curve: Curve, frac: float = 0.1) -> np.ndarray:
     return np.nanmean(curve.values[-n:], axis=0)
 
 
-def paired(a: np.ndarray, b: np.ndarray) -> tuple[float, float, int, int]:
-    """(mean, s.e.) over seeds of a − b, with the number of seeds where a < b and the number compared (seeds where
-    both are finite)."""
+def seeds_lower(a: np.ndarray, b: np.ndarray) -> tuple[int, int]:
+    """(seeds where a < b, seeds compared: those where both are finite)."""
     ok = np.isfinite(a) & np.isfinite(b)
-    if not ok.any():
-        return float("nan"), float("nan"), 0, 0
-    d = a[ok] - b[ok]
-    m, se = mean_se(d)
-    return float(m), float(se), int((d < 0).sum()), int(ok.sum())
+    return int((a[ok] < b[ok]).sum()), int(ok.sum())
 
 
 def _steps_cell(steps: np.ndarray) -> str:
@@ -102,7 +97,7 @@ def comparison_table(section, data: dict[str, Curve], ref: str, labels: dict[str
     for k, c in data.items():
         diff = "–"
         if k != ref and ref in data:
-            _, _, lower, n = paired(seed_area(c), seed_area(data[ref]))
+            lower, n = seeds_lower(seed_area(c), seed_area(data[ref]))
             diff = f"{paired_rate_interval(seed_area(c), seed_area(data[ref])).show(2, 100)} ({lower}/{n})"
         rows.append([labels[k], rate_interval(seed_tail(c)).show(1, 100), rate_interval(seed_area(c)).show(1, 100),
                      fmt(tc.steps_to(c, threshold)), _steps_cell(seed_steps_to(c, threshold)), diff])
@@ -125,17 +120,10 @@ def finding(data: dict[str, Curve], key: str, ref: str, labels: dict[str, str], 
         when = f"does not reach {lvl} error ({labels[ref]}: episode {hb})"
     else:
         when = f"reaches {lvl} error at episode {ha} ({labels[ref]} does not)"
-    _, _, lower, n = paired(seed_area(a), seed_area(b))
+    lower, n = seeds_lower(seed_area(a), seed_area(b))
     area, tail = paired_rate_interval(seed_area(a), seed_area(b)), paired_rate_interval(seed_tail(a), seed_tail(b))
     sig = "a clear difference" if area.has_interval and not area.covers(0.0) else "not resolved: the interval includes 0"
     tsig = "a clear difference" if tail.has_interval and not tail.covers(0.0) else "not resolved"
     return (f"{labels[key]} {when}; its mean error over all episodes differs from {labels[ref]}'s by "
             f"{area.show(2, 100)} points (paired 95 % t-interval over {n} seeds, lower on {lower}/{n}; {sig}), and "
             f"its final error (last 10% of episodes) by {tail.show(2, 100)} points ({tsig}).")
-
-
-def verdict(m: float, se: float) -> str:
-    """'lower', 'higher' or 'no clear difference' (|mean| ≤ 2 s.e.) for a paired difference."""
-    if not np.isfinite(m) or abs(m) <= 2 * se:
-        return "no clear difference"
-    return "lower" if m < 0 else "higher"
