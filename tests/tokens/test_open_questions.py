@@ -229,3 +229,28 @@ def test_token_level_tpo_reads_the_projection():
                              std_floor=0.2).loss
     assert torch.allclose(te.loss_fn(params, spec, opt, "tpo_token", batch), ref)
     assert not torch.allclose(te.loss_fn(params, spec, cfg, "tpo_token", batch), ref)
+
+
+def test_the_options_a_method_reads_come_from_its_objective():
+    """TPO's options are read by the TPO family, the std options by TPO and GRPO, nothing by the single-sample
+    methods or Group PG: derived from each registered objective's keywords, so a new objective needs no list."""
+    from targetpo.tokens import engine as te
+
+    values = {"tpo_projection": "js", "tpo_kl_budget": 1.0, "std_floor": 0.1, "std_shrink": 0.1}
+    accepted = {}
+    for method in te.METHODS:
+        reward = "bag" if te.METHODS[method].rollout == "token" else "terminal"
+        ok = set()
+        for field, value in values.items():
+            try:
+                te.check_method_options(te.TrialConfig(reward=reward, **{field: value}), method)
+                ok.add(field)
+            except ValueError:
+                pass
+        accepted[method] = ok
+    tpo_family = {"tpo", "tpo_no_anchor", "tpo_token"}
+    grpo_family = {m for m in te.METHODS if m.startswith("grpo")}
+    for method, ok in accepted.items():
+        expected = set(values) if method in tpo_family else {"std_floor", "std_shrink"} if method in grpo_family \
+            else set()
+        assert ok == expected, (method, ok)

@@ -81,6 +81,7 @@ Losses of S seeds are summed (each seed's own mean), so each seed's gradient is 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -210,6 +211,8 @@ class TrialConfig:
 TPO_OPTIONS = ("tpo_projection", "tpo_alpha", "tpo_kl_budget")
 SCORE_OPTIONS = ("std_floor", "std_shrink")
 GROUP_OPTIONS = ("score_noise", "zero_all_fail")
+OPTION_KEYWORDS = {"tpo_projection": "projection", "tpo_alpha": "alpha", "tpo_kl_budget": "kl_budget",
+                   "std_floor": "std_floor", "std_shrink": "std_shrink"}  # field -> the objective's keyword
 
 
 def tpo_kwargs(cfg: "TrialConfig", target_only: bool = False) -> dict[str, Any]:
@@ -228,12 +231,10 @@ def tpo_kwargs(cfg: "TrialConfig", target_only: bool = False) -> dict[str, Any]:
 def check_method_options(cfg: "TrialConfig", method: str) -> None:
     """ValueError when a group option is set for a method that does not read it (never silently ignored)."""
     defaults = {f.name: f.default for f in dataclasses.fields(TrialConfig)}
-    kind, name = METHODS[method].rollout, METHODS[method].objective
-    reads = set()
-    if name in ("tpo", "tpo_no_anchor", "tpo_token"):
-        reads |= set(TPO_OPTIONS) | set(SCORE_OPTIONS)
-    if name in ("grpo", "grpo_no_kl", "grpo_masked"):
-        reads |= set(SCORE_OPTIONS)
+    kind = METHODS[method].rollout
+    # An option is read when the method's objective takes its keyword (the registry's function, not a list here).
+    takes = inspect.signature(obj.get(METHODS[method].objective).fn).parameters
+    reads = {f for f in TPO_OPTIONS + SCORE_OPTIONS if OPTION_KEYWORDS[f] in takes}
     if kind == "group":
         reads |= set(GROUP_OPTIONS)
     bad = [f"{n}={getattr(cfg, n)!r}" for n in TPO_OPTIONS + SCORE_OPTIONS + GROUP_OPTIONS
