@@ -10,8 +10,9 @@ order and seed their sampling identically, so the comparison is paired; only the
 Each step samples K completions for each of B prompts (temperature 1), scores them with the task's verifier and
 updates for μ epochs. Training reward is measured on those rollouts, before the update; held-out accuracy is
 greedy decoding on a fixed set of problems that never occur in the training pool. The `cpu` preset runs a
-~0.1M-parameter character-level Qwen2 on two-operand addition (reasoning-gym `basic_arithmetic`); the `paper`
-preset holds the App. G settings for a real model on a GPU (not run here).
+~0.1M-parameter character-level Qwen2 on two-operand addition (reasoning-gym `basic_arithmetic`), warm-started
+only part way (600 supervised steps, ~0.3 held-out accuracy) so that RL has room to learn; the `paper` preset
+holds the App. G settings for a real model on a GPU (not run here).
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ class Config(TrainerConfig, RunConfig):
                           "reasoning-gym system prompt, answer in <answer> tags)", choices=("plain", "chat"))
     train_size: int = param(6000, "training prompt pool size", ge=1)
     eval_size: int = param(200, "held-out problems (greedy decoding; never in the training pool)", ge=1)
-    warmstart_steps: int = param(1000, "supervised steps on the gold answers before RL (0 = start RL from the "
+    # 600 steps leave the tiny model at ~0.3 held-out accuracy, mid-way up its supervised learning curve (0.09 at
+    # 500, 0.87 at 800): RL then has room to learn, where 1000 steps start it at 0.85 and every method ties.
+    warmstart_steps: int = param(600, "supervised steps on the gold answers before RL (0 = start RL from the "
                                  "model as given)", ge=0)
     warmstart_batch: int = param(64, "warm-start batch size", ge=1)
     warmstart_lr: float = param(3e-3, "warm-start AdamW learning rate", gt=0)
@@ -104,7 +107,8 @@ PRESETS = {
                     max_new_tokens=1024, eval_every=10, eval_batch=64, checkpoint_every=10),
 }
 REPRODUCE_PRESET = "cpu"
-RUNTIME = "tiny offline Qwen2 on two-digit addition: warm start, then TPO sum / TPO mean / GRPO, ~6 min"
+RUNTIME = ("tiny offline Qwen2 on two-digit addition: 600-step warm start (~0.3 accuracy), then TPO sum / TPO mean / "
+           "GRPO, ~3 min")
 
 
 # ----------------------------------------------------------------------------- units
@@ -358,23 +362,51 @@ def report(run, section) -> None:
                  "pipeline, not a reproduction of those numbers.")
     # Seeds are paired (same warm start, prompts and sampling stream per seed): every comparison is a paired
     # t-interval over seeds (docs/verdicts.md); one seed gives no interval, so its verdicts read inconclusive.
+    # "Learns faster" is read off the held-out accuracy curve, as the paper's §3.8 does: its area per step (the
+    # mean over the RL evaluations after step 0) is higher when a method gets to the same accuracy sooner.
+    # Training reward (sampled at temperature 1) is a second, separate view: it also counts how much a method
+    # sharpens its sampling distribution, which greedy accuracy does not.
     for m in (m for m in reward if m.startswith("tpo") and "grpo" in reward):
         start_acc = float(acc[m][1][0].mean()) if m in acc and len(acc[m][1]) else None  # after the warm start
-        gap = paired_interval(reward[m][1].mean(axis=0), reward["grpo"][1].mean(axis=0))
+        headroom = ("" if start_acc is None or start_acc >= CEILING else
+                    f"RL starts at {start_acc:.3f} held-out accuracy (warm start of {cfg['warmstart_steps']} steps), "
+                    f"below the {CEILING} ceiling level; ")
+        checked = (f"{headroom}checked: {cfg['seeds']} paired seed(s), {cfg['steps']} RL steps, model "
+                   f"`{cfg['model']}`, task `{cfg['task']}`; the paper's comparison is at 1.5–1.7B scale")
         ceiling = (start_acc is not None and start_acc >= CEILING and
                    failure(SCALE, f"the warm start already reaches {start_acc:.3f} held-out accuracy (≥ {CEILING}): "
                                   f"both methods start near the ceiling, so there is little left to learn faster; the "
                                   "paper's comparison starts from a base model"))
-        section.claim(f"{LABELS.get(m, m)} learns faster than GRPO (§3.8): higher training reward averaged over "
-                      "all steps (seed mean)", above(gap, 0),
+        fails = [ceiling or None, failure(NOT_REPRODUCED, checked)]
+        # Over the evaluation steps both recorded (a partial run may hold more of one), step 0 left out: it is
+        # the shared warm start.
+        shared = (sorted(set(acc[m][0].tolist()) & set(acc["grpo"][0].tolist()))[1:]
+                  if m in acc and "grpo" in acc else [])
+        area = {k: acc[k][1][np.isin(acc[k][0], shared)].mean(axis=0) for k in (m, "grpo")} if shared else {}
+        area_gap = paired_interval(area[m], area["grpo"]) if area else None
+        section.claim(f"{LABELS.get(m, m)} learns faster than GRPO (§3.8): higher held-out accuracy over the run "
+                      "(area under the curve: mean over the RL evaluations after step 0)",
+                      None if area_gap is None else above(area_gap, 0),
+                      "no held-out evaluation after step 0" if area_gap is None else
+                      f"{fmt(float(area[m].mean()))} vs GRPO {fmt(float(area['grpo'].mean()))}; paired difference "
+                      f"{area_gap.show(3)}", failure=fails)
+        gap = paired_interval(reward[m][1].mean(axis=0), reward["grpo"][1].mean(axis=0))
+        section.claim(f"{LABELS.get(m, m)} collects more training reward than GRPO (§3.8): reward of the sampled "
+                      "rollouts averaged over all steps (seed mean)", above(gap, 0),
                       f"{fmt(mean_reward[m])} vs GRPO {fmt(mean_reward['grpo'])}; paired difference {gap.show(3)}",
-                      failure=[ceiling or None, failure(NOT_REPRODUCED, f"checked: {cfg['seeds']} paired seed(s), "
-                                                        f"{cfg['steps']} RL steps, model `{cfg['model']}`")])
+                      failure=fails)
         acc_gap = paired_interval(acc[m][1][-1], acc["grpo"][1][-1]) if m in acc and "grpo" in acc else None
         section.claim(f"{LABELS.get(m, m)} ends at least as accurate as GRPO on held-out problems",
                       None if acc_gap is None else at_least(acc_gap, 0),
                       f"{fmt(final_acc[m])} vs GRPO {fmt(final_acc['grpo'])}"
                       + ("" if acc_gap is None else f"; paired difference {acc_gap.show(3)}"))
+        decided = [iv for iv in (area_gap, gap) if iv is not None and iv.has_interval and (iv.lo > 0 or iv.hi < 0)]
+        if len(decided) == 2 and area_gap.estimate * gap.estimate < 0:
+            section.text(f"{LABELS.get(m, m)} vs GRPO: held-out accuracy (greedy) and training reward (sampled at "
+                         f"temperature 1) differ in opposite directions, both intervals clear of 0 "
+                         f"({area_gap.show(3)} vs {gap.show(3)}). Greedy decoding reads only each answer's most "
+                         "likely tokens, so the two methods differ in how sharp they make the sampling "
+                         "distribution, not only in which answer they rank first.")
     for m in reward:
         if m in acc and len(acc[m][1]) > 1:
             gain = paired_interval(acc[m][1][-1], acc[m][1][0])
