@@ -9,10 +9,8 @@ data and every extra, and a test that quietly stopped running there would go unn
 import os
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI sets it (targetpo/cli.py), before torch loads
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"  # a checkout beside a `shared/data` folder finds the data by itself

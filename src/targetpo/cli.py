@@ -7,7 +7,6 @@ import dataclasses
 import math
 import multiprocessing
 import multiprocessing.connection
-import os
 import re
 import signal
 import sys
@@ -16,17 +15,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-# Idle OpenMP threads sleep instead of spinning. On a busy machine a spinning thread takes the core the main
-# thread needs, and a 2-thread run of these small tensors goes 10–50x slower (BENCHMARKS.md "Threads"). libgomp
-# reads this when torch loads it, so it is set before the first torch import; a user's own setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from tqdm.auto import tqdm
 
-from tqdm.auto import tqdm  # noqa: E402
-
-from targetpo.experiments import EXPERIMENTS, SUITES, in_suite, load, suite_of  # noqa: E402
-from targetpo.runs.config import config_class, field_lines, make_config  # noqa: E402
-from targetpo.runs.data import MissingDataError  # noqa: E402
-from targetpo.runs.runner import add_runner_arguments, available_cores, is_not_run, mark_not_run, run_experiment  # noqa: E402
+from targetpo.experiments import EXPERIMENTS, SUITES, in_suite, load, suite_of
+from targetpo.runs.config import config_class, field_lines, make_config
+from targetpo.runs.data import MissingDataError
+from targetpo.runs.runner import add_runner_arguments, available_cores, is_not_run, mark_not_run, run_experiment
 
 
 def _experiment_epilog() -> str:

@@ -1,53 +1,54 @@
-"""Torch threads: a run uses every core it may (or --threads, or the experiment's TORCH_THREADS); reproduce
-shares the cores out among its workers; the CLI makes idle OpenMP threads sleep (a user's setting wins)."""
+"""Torch threads: a run uses the cores idle when it starts (or --threads, or the experiment's TORCH_THREADS),
+records the count in run.json, and reproduce shares the cores out among its workers."""
 
 import json
-import os
-import subprocess
-import sys
 import types
 
+import pytest
 import torch
 
 from targetpo.experiments import load
-from targetpo.runs.runner import available_cores, run_experiment
+from targetpo.runs import runner
+from targetpo.runs.runner import available_cores, default_threads, run_experiment
 
 
-def _threads_after(tmp_path, name, **kw):
+def _threads_after(tmp_path, exp, **kw):
     before = torch.get_num_threads()
     try:
-        run_experiment(load(name), "smoke", out=tmp_path / name, progress=False, quiet=True, **kw)
+        run_experiment(exp, "smoke", out=tmp_path, progress=False, quiet=True, **kw)
         return torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
 
 
-def test_a_run_uses_every_core_unless_told(tmp_path):
-    assert available_cores() >= 1
-    assert _threads_after(tmp_path / "a", "tabular-single") == available_cores()
-    meta = json.loads((tmp_path / "a" / "tabular-single" / "run.json").read_text())
-    assert meta["runs"][-1]["torch_threads"] == available_cores()  # recorded beside the wall time
-    assert _threads_after(tmp_path / "b", "tabular-single", threads=1) == 1
+def test_a_run_records_its_threads_and_obeys_threads(tmp_path):
+    n = _threads_after(tmp_path / "a", load("tabular-single"))
+    assert 1 <= n <= available_cores()
+    assert json.loads((tmp_path / "a" / "run.json").read_text())["runs"][-1]["torch_threads"] == n
+    assert _threads_after(tmp_path / "b", load("tabular-single"), threads=1) == 1
 
 
-def test_an_experiment_can_fix_its_threads(tmp_path, monkeypatch):
-    exp = load("tabular-single")
+def test_an_experiment_can_fix_its_threads(tmp_path):
     module = types.ModuleType("fixed")
-    module.__dict__.update({k: v for k, v in vars(exp).items() if not k.startswith("__")})
+    module.__dict__.update({k: v for k, v in vars(load("tabular-single")).items() if not k.startswith("__")})
     module.TORCH_THREADS = 3
-    before = torch.get_num_threads()
-    try:
-        run_experiment(module, "smoke", out=tmp_path / "f", progress=False, quiet=True)
-        assert torch.get_num_threads() == 3
-    finally:
-        torch.set_num_threads(before)
+    assert _threads_after(tmp_path / "f", module) == 3
 
 
-def test_the_cli_sets_a_passive_openmp_wait_policy_unless_the_user_did():
-    code = "import os, targetpo.cli; print(os.environ['OMP_WAIT_POLICY'])"
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "PASSIVE"
-    out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
-                         capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "ACTIVE"
+@pytest.mark.parametrize("idle_share,cores,expected", [
+    (1.0, 2, 2),    # an idle 2-core machine: both
+    (0.5, 2, 1),    # another job holds one core: one thread, not two that wait for each other
+    (0.02, 2, 1),   # fully busy: still one
+    (0.9, 8, 7),
+])
+def test_default_threads_follow_the_idle_cores(monkeypatch, idle_share, cores, expected):
+    samples = iter([(0, 0), (int(1000 * idle_share), 1000)])
+    monkeypatch.setattr(runner, "_cpu_times", lambda: next(samples))
+    monkeypatch.setattr(runner, "available_cores", lambda: cores)
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: cores)
+    assert default_threads(window_s=0) == expected
+
+
+def test_default_threads_is_one_where_the_load_cannot_be_read(monkeypatch):
+    monkeypatch.setattr(runner, "_cpu_times", lambda: None)
+    assert default_threads(window_s=0) == 1

@@ -38,6 +38,34 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def _cpu_times() -> tuple[int, int] | None:
+    """(idle, total) jiffies of all CPUs since boot (Linux /proc/stat), or None elsewhere."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields[:8])
+
+
+def default_threads(window_s: float = 0.1) -> int:
+    """Torch threads for a run: the cores this process may use that are idle now (sampled over `window_s` from
+    /proc/stat), at least 1; 1 where that cannot be read. Two threads on an idle 2-core machine run the token and
+    MNIST experiments 1.7x faster with the same numbers, but when another job holds a core each parallel op
+    waits for the descheduled thread and a run goes 10–50x slower (BENCHMARKS.md "Threads"), so the count
+    follows what is free when the run starts."""
+    cores = available_cores()
+    a = _cpu_times()
+    if a is None:
+        return 1
+    time.sleep(window_s)
+    b = _cpu_times()
+    total = b[1] - a[1]
+    if total <= 0:
+        return 1
+    idle = (b[0] - a[0]) / total * (os.cpu_count() or cores)
+    return max(1, min(cores, int(idle + 0.25)))
+
+
 def first_non_finite(values: dict[str, Any], nan_means_empty: tuple[str, ...] = ()) -> str | None:
     """The name of the first value (number, list, array or tensor, nested in dicts/lists) holding a NaN or
     ±inf, or None. Integers, booleans and strings are always finite. Names ending in one of `nan_means_empty`
@@ -186,11 +214,9 @@ def run_experiment(
     directory. `preset` None means the stored run's preset on resume and "cpu" otherwise; a resume that asks for
     another preset, seed count or overrides than the stored run is refused, naming the fields that differ."""
     name = exp.NAME
-    # Every core this process may use unless asked or the experiment sets TORCH_THREADS: on an idle 2-core
-    # machine two threads give the same numbers 1.4–1.8x faster (mnist, tokens, rlvr; BENCHMARKS.md "Threads").
-    # On a busy machine each op with two threads waits for the slower one, so `--threads 1` there;
+    # The idle cores unless asked (or the experiment sets TORCH_THREADS); any count gives the same numbers.
     # `reproduce --jobs N` gives each worker cores // N.
-    torch.set_num_threads(threads or getattr(exp, "TORCH_THREADS", None) or available_cores())
+    torch.set_num_threads(threads or getattr(exp, "TORCH_THREADS", None) or default_threads())
     run_dir = Path(out) if out is not None else Path("results") / f"{name}-{preset or 'cpu'}"
     meta_path = run_dir / RUN_FILE
     if resume and meta_path.exists():
@@ -286,7 +312,7 @@ def add_runner_arguments(parser, *, unit: str = "units") -> None:
     parser.add_argument("--force", action="store_true", help="delete an existing run in --out and start over; "
                         f"with --resume, replay diverged {unit} instead")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: every core this "
-                        "process may use; the same numbers with any count; use 1 on a busy machine)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the cores idle "
+                        "when the run starts; the same numbers with any count)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--no-report", action="store_true", help="do not write REPORT.md into the run directory")
