@@ -1,4 +1,4 @@
-"""The multi-context loop's per-context closed forms (multi.population_step) give the updates and metrics of the
+"""The multi-context loop's per-context closed forms (multi.population_step_) give the updates and metrics of the
 plain formulas — exact_update (TPO's from tpo_target) → misalignment → normalized_step — to rounding: float64
 to 1e-12 over a whole run, float32 to the precision of float32."""
 
@@ -12,8 +12,14 @@ EVERY = (-2, -1)
 
 
 def _logits(dtype, scale=3.0, seed=0) -> torch.Tensor:
-    logits = scale * torch.randn(4, 7, 10, generator=torch.Generator().manual_seed(seed), dtype=dtype)
-    return logits.transpose(-1, -2).contiguous().transpose(-1, -2)  # the layout multi.run_unit uses
+    """[seeds, N, A] logits (the formulas' layout); multi's functions take them as [seeds, A, N]."""
+    return scale * torch.randn(4, 7, 10, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def _fast_step(logits, method, lr, eta, lam):
+    t = logits.transpose(-1, -2).contiguous()
+    mis = multi.population_step_(t, multi.softmax_(t), method, lr, eta, lam)
+    return t.transpose(-1, -2), mis
 
 
 def _plain_step(logits, method, lr, eta):
@@ -27,7 +33,7 @@ def _plain_step(logits, method, lr, eta):
 @pytest.mark.parametrize("scale", [1.0, 12.0])  # 12: contexts with π(y) within 1e-5 of 0 or of 1
 def test_population_step_is_the_plain_update_in_float64(method, eta, scale):
     logits = _logits(torch.float64, scale)
-    new, mis = multi.population_step(logits, multi.softmax_(logits), method, 0.1, eta, tpo_lambda(10, eta))
+    new, mis = _fast_step(logits, method, 0.1, eta, tpo_lambda(10, eta))
     ref_logits, ref_mis = _plain_step(logits, method, 0.1, eta)
     # TPO's per-context constant b is left out of the logits (no probability sees it): compare the policies.
     assert torch.allclose(torch.softmax(new, -1), torch.softmax(ref_logits, -1), rtol=1e-11, atol=1e-15)
@@ -40,13 +46,12 @@ def test_tpo_keeps_the_anchor_epsilon():
     """q ∝ (π + 1e-8)·w: without the ε a wrong action with π_a ≪ 1e-8 would get q_a ≈ 0; with it the update
     matches tpo_target's, which the authors' code uses."""
     logits = _logits(torch.float64, 30.0)
-    probs = multi.softmax_(logits)
-    assert probs.min() < 1e-10
-    new, _ = multi.population_step(logits, probs, "tpo", 0.1, 1.0, tpo_lambda(10))
+    assert torch.softmax(logits, -1).min() < 1e-10
+    new, _ = _fast_step(logits, "tpo", 0.1, 1.0, tpo_lambda(10))
     no_eps = multi.EPS
     try:
         multi.EPS = 0.0
-        other, _ = multi.population_step(logits, probs, "tpo", 0.1, 1.0, tpo_lambda(10))
+        other, _ = _fast_step(logits, "tpo", 0.1, 1.0, tpo_lambda(10))
     finally:
         multi.EPS = no_eps
     ref, _ = _plain_step(logits, "tpo", 0.1, 1.0)
