@@ -1,0 +1,64 @@
+"""Wall time of the whole `targetpo reproduce` (cpu presets of a suite, report included), median of --repeats runs.
+
+Each repeat is a fresh `targetpo reproduce --out DIR/run-i --fresh --no-progress` in its own interpreter (the venv
+already installed); the table gives each run's wall and CPU seconds (user + sys of the whole process tree) and the
+report's headline verdict counts, which must be the same in every run (the runs are deterministic).
+
+    python benchmarks/reproduce.py --repeats 3 --data-dir ../shared/data/mnist
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADLINE = re.compile(r"\*\*(\d+ PASS, \d+ FAIL[^*]*)\*\*")
+
+
+def run_once(out: Path, args: argparse.Namespace) -> tuple[float, float, str]:
+    cmd = [sys.executable, "-m", "targetpo.cli", "reproduce", "--out", str(out), "--fresh", "--no-progress",
+           "--suite", args.suite]
+    cmd += ["--jobs", str(args.jobs)] if args.jobs else []
+    cmd += ["--data-dir", args.data_dir] if args.data_dir else []
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    t, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    wall, after = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    m = HEADLINE.search((out / "REPORT.md").read_text())
+    return wall, cpu, (m.group(1) if m else "headline not found")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--suite", default="paper")
+    ap.add_argument("--jobs", type=int, default=None, help="passed to reproduce (default: its own, the CPU cores)")
+    ap.add_argument("--data-dir", default=None, help="MNIST folder, passed to reproduce")
+    ap.add_argument("--out", default=None, help="where the runs go (default: a temporary directory)")
+    args = ap.parse_args()
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats={args.repeats}: must be at least 1")
+    out = Path(args.out or tempfile.mkdtemp(prefix="targetpo-reproduce-"))
+    rows = []
+    for i in range(args.repeats):
+        wall, cpu, verdicts = run_once(out / f"run-{i}", args)
+        rows.append((wall, cpu, verdicts))
+        print(f"run {i}: {wall / 60:.1f} min wall, {cpu / 60:.1f} min CPU, {verdicts}", flush=True)
+    print(f"\nmedian of {args.repeats}: {statistics.median(r[0] for r in rows) / 60:.1f} min wall, "
+          f"{statistics.median(r[1] for r in rows) / 60:.1f} min CPU; load average at the end "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; verdicts the same in every run: "
+          f"{len({r[2] for r in rows}) == 1}")
+
+
+if __name__ == "__main__":
+    main()
