@@ -400,7 +400,7 @@ def report(run, section) -> None:
                       None if acc_gap is None else at_least(acc_gap, 0),
                       f"{fmt(final_acc[m])} vs GRPO {fmt(final_acc['grpo'])}"
                       + ("" if acc_gap is None else f"; paired difference {acc_gap.show(3)}"))
-        decided = [iv for iv in (area_gap, gap) if iv is not None and iv.has_interval and (iv.lo > 0 or iv.hi < 0)]
+        decided = [iv for iv in (area_gap, gap) if iv is not None and iv.has_interval and not iv.covers(0.0)]
         if len(decided) == 2 and area_gap.estimate * gap.estimate < 0:
             section.text(f"{LABELS.get(m, m)} vs GRPO: held-out accuracy (greedy) and training reward (sampled at "
                          f"temperature 1) differ in opposite directions, both intervals clear of 0 "

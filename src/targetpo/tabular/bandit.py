@@ -49,18 +49,22 @@ def correct_direction(probs: Tensor, correct: int = 0) -> Tensor:
     return v
 
 
+def beta(method: str, p: Tensor, eta: float = 1.0) -> Tensor:
+    """β(p) of every method but TPO (whose update is computed from its target): the weight on v = e_y − π."""
+    if method == "ce":
+        return torch.ones_like(p)
+    if method == "pg":
+        return beta_pg(p)
+    if method == "dg":
+        return beta_dg(p, eta)
+    if method == "grpo":
+        return beta_grpo(p)
+    raise ValueError(f"unknown tabular method {method!r}; choose from ce, pg, dg, grpo, tpo")
+
+
 def exact_update_along(method: str, probs: Tensor, v: Tensor, correct: int = 0, eta: float = 1.0) -> Tensor:
     """β(p)·v, the expected update of every method but TPO, given v = :func:`correct_direction` (probs, correct)."""
-    p = probs[..., correct : correct + 1]
-    if method == "ce":
-        return v
-    if method == "pg":
-        return beta_pg(p) * v
-    if method == "dg":
-        return beta_dg(p, eta) * v
-    if method == "grpo":
-        return beta_grpo(p) * v
-    raise ValueError(f"unknown tabular method {method!r}; choose from ce, pg, dg, grpo, tpo")
+    return v if method == "ce" else beta(method, probs[..., correct : correct + 1], eta) * v
 
 
 def exact_update(method: str, probs: Tensor, correct: int = 0, eta: float = 1.0) -> Tensor:

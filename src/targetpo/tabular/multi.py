@@ -20,7 +20,8 @@ from targetpo.runs import plots
 from targetpo.runs.stats import (all_of, at_least, below, bootstrap_interval, curves, exact, final_interval,
                                  first_below, fmt, hit_step, interval_at, ours_vs_paper, paired_interval,
                                  seed_interval, steps_to_interval)
-from targetpo.tabular.bandit import beta_dg, beta_grpo, beta_pg, beta_tpo, correct_direction, exact_update, tpo_lambda
+from targetpo.tabular.bandit import (beta, beta_dg, beta_grpo, beta_pg, beta_tpo, correct_direction, exact_update,
+                                     tpo_lambda)
 
 NAME = "tabular-multi"
 TITLE = "Tabular multi-context bandit (paper §3.2, Fig. 3)"
@@ -43,8 +44,6 @@ RUNTIME = "~6–7 s"
 
 ACT = -2  # the action dim of the [seeds, A, N] tensors
 EPS = 1e-8  # TPO's anchor is log(π + ε), as in the authors' code
-BETAS = {"ce": lambda p, eta: torch.ones_like(p), "pg": lambda p, eta: beta_pg(p),
-         "dg": lambda p, eta: beta_dg(p, eta), "grpo": lambda p, eta: beta_grpo(p)}
 
 
 def softmax_(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -79,9 +78,9 @@ def population_step_(logits: torch.Tensor, probs: torch.Tensor, unit: str, lr: f
         gv = g0 * r - (a * w + b * r)
         coef, hot = a, g0 - a * p - b                           # g = a·π + b·1 + hot·e_y
     else:
-        beta = BETAS[unit](p, eta)
-        gg, gv = beta * beta * vv, beta * vv
-        coef, hot = -beta, beta
+        b_n = beta(unit, p, eta)
+        gg, gv = b_n * b_n * vv, b_n * vv
+        coef, hot = -b_n, b_n
     g_sq = gg.sum(dim=-1)
     mis = 1.0 - gv.sum(dim=-1) / (torch.sqrt(g_sq + 1e-12) * torch.sqrt(vv.sum(dim=-1) + 1e-12))
     k = (lr / torch.sqrt(g_sq + 1e-30)).unsqueeze(-1)           # logits += α·g/‖g‖_F, per seed
