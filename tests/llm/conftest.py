@@ -1,6 +1,12 @@
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    """No LLM test may reach the Hugging Face hub: every model here is built locally."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
 @pytest.fixture(scope="session")
 def arithmetic_parts():
     """A factory: (tokenizer, task, train pool, held-out set) for reasoning-gym addition with the given term and

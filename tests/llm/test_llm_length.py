@@ -18,11 +18,6 @@ from targetpo.llm.trainer import TrainerConfig, length_scaled_eta
 from targetpo.runs.store import read_metrics
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-
 # ----------------------------------------------------------------------------- the scratchpad task
 
 def test_scratchpad_and_prompt_spell_out_the_running_sum():

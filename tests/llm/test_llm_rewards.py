@@ -15,11 +15,6 @@ from targetpo.llm.templates import Template
 from targetpo.llm.models import build_char_tokenizer
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-
 def _score_through(template, task, problem, text):
     return task.score(problem, template.extract(text))
 

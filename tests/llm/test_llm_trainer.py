@@ -26,11 +26,6 @@ from targetpo.runs.store import read_metrics
 K, B = 4, 3
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-
 @pytest.fixture(scope="module")
 def setup(arithmetic_parts):  # two-digit addition
     return arithmetic_parts(max_terms=2, min_digits=2, max_digits=2, heldout=6)
