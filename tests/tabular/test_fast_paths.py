@@ -1,4 +1,4 @@
-"""The multi-context loop's per-context closed forms (multi.population_step_) give the updates and metrics of the
+"""The multi-context loop's per-context closed forms (multi.context_stats_, multi.population_step_) give the updates and metrics of the
 plain formulas — exact_update (TPO's from tpo_target) → misalignment → normalized_step — to rounding: float64
 to 1e-12 over a whole run, float32 to the precision of float32."""
 
@@ -18,7 +18,8 @@ def _logits(dtype, scale=3.0, seed=0) -> torch.Tensor:
 
 def _fast_step(logits, method, lr, eta, lam):
     t = logits.transpose(-1, -2).contiguous()
-    mis = multi.population_step_(t, multi.softmax_(t), method, lr, eta, lam)
+    e, work = torch.empty_like(t), torch.empty_like(t)
+    mis = multi.population_step_(t, e, multi.context_stats_(t, e, work), method, lr, eta, lam)
     return t.transpose(-1, -2), mis
 
 
@@ -85,3 +86,16 @@ def test_multi_run_unit_follows_the_plain_loop(method):
         rec = ctx.records[t]
         assert torch.allclose(rec["error"].double(), err, rtol=1e-4, atol=1e-7), (t, rec["error"], err)
         assert torch.allclose(rec["misalignment"].double(), mis, rtol=1e-3, atol=2e-6), (t, rec["misalignment"], mis)
+
+
+def test_context_stats_are_the_softmax_sums():
+    logits = _logits(torch.float64, 12.0).transpose(-1, -2).contiguous()
+    logits[:, 0, 0] += 200.0  # contexts with π(y) within 1e-20 of 1: r keeps its digits where 1 − p is 0
+    e, work = torch.empty_like(logits), torch.empty_like(logits)
+    s, p, r, w = multi.context_stats_(logits, e, work)
+    probs = torch.softmax(logits, dim=-2)
+    assert torch.allclose(s.unsqueeze(-2) * e, probs, rtol=1e-13, atol=0)
+    assert torch.allclose(p, probs[..., 0, :], rtol=1e-13, atol=0)
+    assert torch.allclose(r, probs[..., 1:, :].sum(dim=-2), rtol=1e-13, atol=0)
+    assert torch.allclose(w, probs[..., 1:, :].square().sum(dim=-2), rtol=1e-13, atol=0)
+    assert (r[:, 0] < 1e-15).all() and (r > 0).all() and (1.0 - p[:, 0] == 0).all()

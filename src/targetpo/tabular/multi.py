@@ -46,29 +46,34 @@ ACT = -2  # the action dim of the [seeds, A, N] tensors
 EPS = 1e-8  # TPO's anchor is log(π + ε), as in the authors' code
 
 
-def softmax_(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax over the actions of [seeds, A, N] logits (max-shifted), written into `out` (a new tensor if None)."""
-    e = torch.sub(logits, logits.amax(dim=ACT, keepdim=True), out=out).exp_()
-    return e.div_(e.sum(dim=ACT, keepdim=True))
+def context_stats_(logits: torch.Tensor, e: torch.Tensor, work: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The softmax of every context without normalising the [seeds, A, N] tensor: writes e = exp(logits −
+    max_a logits) into `e` (`work`: scratch of the same shape) and returns [seeds, N] tensors (s, p, r, w) with
+    π = s·e, p = π(y), r = Σ_{a≠y} π_a (kept apart from 1 − p, which float32 cannot hold once p → 1) and
+    w = Σ_{a≠y} π_a²."""
+    torch.sub(logits, logits.amax(dim=ACT, keepdim=True), out=e).exp_()
+    rest = e[..., 1:, :]
+    big_r = rest.sum(dim=ACT)
+    big_w = torch.mul(rest, rest, out=work[..., 1:, :]).sum(dim=ACT)
+    s = (e[..., 0, :] + big_r).reciprocal_()
+    return s, e[..., 0, :] * s, big_r.mul_(s), big_w.mul_(s).mul_(s)
 
 
-def population_step_(logits: torch.Tensor, probs: torch.Tensor, unit: str, lr: float, eta: float, lam: float,
-                     work: torch.Tensor | None = None) -> torch.Tensor:
-    """One exact population step of every context: updates [seeds, A, N] `logits` in place from their softmax
-    `probs`; returns the misalignment per seed. `work`: a scratch tensor of probs' shape, reused across steps.
+def population_step_(logits: torch.Tensor, e: torch.Tensor, stats: tuple[torch.Tensor, ...], unit: str, lr: float,
+                     eta: float, lam: float) -> torch.Tensor:
+    """One exact population step of every context: updates [seeds, A, N] `logits` in place from their
+    unnormalised softmax `e` and its `stats` (both from :func:`context_stats_`); returns the misalignment per seed.
 
     Every update is, per context n, g_n = a_n·π_n + b_n·1 + c_n·e_y with scalars read off π_n(y) = p_n (App. B):
     β(p)·(e_y − π) for CE/PG/DG/GRPO, and for TPO q − π with q ∝ (π + ε)·w, w_y = λ = e^{(u_hot − u_cold)/η},
     w_a = 1 otherwise (ε = 1e-8: the authors' anchor log(π + ε); tabular/bandit.exact_update is the same update
     computed from tpo_target, and tests/tabular pins the two together). So ‖G‖², ⟨G, V_CE⟩ and the fixed-length
-    step need only r_n = Σ_{a≠y} π_a and w_n = Σ_{a≠y} π_a²: about 8 passes over the tensor per step, none of
-    them allocating one, instead of ~30. r_n stands for 1 − p_n, which float32 cannot hold once p_n → 1."""
-    p, rest = probs[..., 0, :], probs[..., 1:, :]
-    r = rest.sum(dim=ACT)
-    w = torch.mul(rest, rest, out=None if work is None else work[..., 1:, :]).sum(dim=ACT)
+    step need only r_n = Σ_{a≠y} π_a and w_n = Σ_{a≠y} π_a²: a step and the next softmax take 7 passes over the
+    tensor, none of them allocating one, instead of ~30."""
+    s, p, r, w = stats
     vv = w + r * r                                              # ‖v_n‖², v = e_y − π
     if unit == "tpo":
-        others = probs.shape[ACT] - 1
+        others = e.shape[ACT] - 1
         z = (p + EPS) * lam + r + others * EPS                  # Σ_a (π_a + ε) w_a
         a = (p * (1.0 - lam) - EPS * (lam + others)) / z        # q_a − π_a = a·π_a + b for a ≠ y
         b = EPS / z
@@ -84,7 +89,7 @@ def population_step_(logits: torch.Tensor, probs: torch.Tensor, unit: str, lr: f
     g_sq = gg.sum(dim=-1)
     mis = 1.0 - gv.sum(dim=-1) / (torch.sqrt(g_sq + 1e-12) * torch.sqrt(vv.sum(dim=-1) + 1e-12))
     k = (lr / torch.sqrt(g_sq + 1e-30)).unsqueeze(-1)           # logits += α·g/‖g‖_F, per seed
-    logits.addcmul_((k * coef).unsqueeze(ACT), probs)
+    logits.addcmul_((k * coef * s).unsqueeze(ACT), e)          # coef·π = coef·s·e
     # TPO's b·1 shifts a context's logits by a constant, which no probability sees; it is in the norms above.
     logits[..., 0, :] += k * hot
     return mis
@@ -98,12 +103,13 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
     logits = logits.transpose(-1, -2).contiguous()
     lam = tpo_lambda(cfg.actions, cfg.eta)
     # Every [seeds, A, N] tensor lives for the whole run: a fresh 400 kB tensor per op costs more than the math.
-    probs, work = softmax_(logits), torch.empty_like(logits)
+    e, work = torch.empty_like(logits), torch.empty_like(logits)
+    stats = context_stats_(logits, e, work)
     for t in range(cfg.steps):
-        mis = population_step_(logits, probs, unit, cfg.lr, cfg.eta, lam, work)
-        softmax_(logits, out=probs)
-        # Error 1 − mean_n π_n(y) after the step, as Σ_{a≠y} π_a (precise when π_n(y) → 1).
-        ctx.log({"step": t, "error": probs[..., 1:, :].sum(dim=ACT).mean(dim=-1), "misalignment": mis})
+        mis = population_step_(logits, e, stats, unit, cfg.lr, cfg.eta, lam)
+        stats = context_stats_(logits, e, work)
+        # Error 1 − mean_n π_n(y) after the step, as mean_n Σ_{a≠y} π_a (precise when π_n(y) → 1).
+        ctx.log({"step": t, "error": stats[2].mean(dim=-1), "misalignment": mis})
         ctx.advance()
 
 
