@@ -13,7 +13,7 @@ import pytest
 from targetpo.cli import main
 from targetpo.experiments import EXPERIMENTS, load
 from targetpo.runs.config import (RunConfig, apply_overrides, config, config_class, config_from_dict, default,
-                                  field_help, make_config, param, validate)
+                                  field_help, make_config, param, unused_fields, validate)
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = [(n, p) for n in EXPERIMENTS for p in load(n).PRESETS]
@@ -85,6 +85,18 @@ def test_unused_field_cannot_be_set():
         make_config(load("token-ablations"), "smoke", overrides=["dg_eta=2"])
     with pytest.raises(ValueError, match=r"clip_eps=0.1: fixed at 0.2 in this experiment \(unused: DG only\)"):
         make_config(load("dg-epochs"), "smoke", overrides=["clip_eps=0.1"])
+
+    for name in ("token-projections", "token-temperature"):  # marked by tokens.config.tpo_only
+        with pytest.raises(ValueError, match=r"match='interactions': fixed at 'prompts' .*\(unused: TPO only\)"):
+            make_config(load(name), "smoke", overrides=["match=interactions"])
+
+
+def test_unused_fields_refuses_a_field_the_class_also_declares():
+    with pytest.raises(TypeError, match=r"Config.seeds is declared in the class and by unused_fields\('why'\)"):
+        @config
+        @unused_fields("why", "seeds")
+        class Config(RunConfig):
+            seeds = 3
 
 
 def test_experiment_rules_across_fields_still_apply():

@@ -70,6 +70,18 @@ def unused(why: str) -> Any:
     return _Default(_INHERITED, {"fixed": f"unused: {why}"})
 
 
+def unused_fields(why: str, *names: str):
+    """A class decorator, placed under ``@config``: marks the inherited fields `names` :func:`unused` for `why`,
+    for a set of fields several configs leave unread (declared once, e.g. ``tokens.config.tpo_only``)."""
+    def mark(cls: type) -> type:
+        for name in names:
+            if name in cls.__dict__:
+                raise TypeError(f"{cls.__name__}.{name} is declared in the class and by unused_fields({why!r})")
+            setattr(cls, name, unused(why))
+        return cls
+    return mark
+
+
 def config(cls: type) -> type:
     """`@dataclass(frozen=True)`, after turning each unannotated `name = value` (or `name = default(...)`) that
     names an inherited field into that field with a new default and the base's metadata."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from targetpo.runs.config import RunConfig, config, default
+from targetpo.runs.config import RunConfig, config, default, unused_fields
 from targetpo.tokens.engine import METHODS, TrialConfig
 
 
@@ -20,3 +20,7 @@ class TokenConfig(TrialConfig, RunConfig):
     seed = default(0, help="first seed (seeds are seed, seed+1, ...); seed s alone fixes its initial model and "
                            "prompts")
     methods = default(tuple(METHODS), choices=tuple(METHODS))
+
+
+# The fields that only the baselines read, unused by an experiment that runs TPO alone.
+tpo_only = unused_fields("TPO only", "clip_eps", "grpo_beta", "dg_epochs", "dg_eta", "match", "interaction_lr_scale")

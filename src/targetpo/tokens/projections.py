@@ -14,10 +14,11 @@ episode's sampled answers with a mistake, before the update. Not a paper experim
 from __future__ import annotations
 
 from targetpo.objectives.tpo import projection_label, projection_setting
-from targetpo.runs.config import config, default, param, swept, unused
+from targetpo.runs.config import config, default, param, swept
 from targetpo.tokens import common as tc
 from targetpo.tokens import open_questions as oq
 from targetpo.tokens import report as tr
+from targetpo.tokens.config import tpo_only
 from targetpo.tokens.engine import trial_config
 
 NAME = "token-projections"
@@ -38,6 +39,7 @@ def setting_options(setting: str) -> dict:
 
 
 @config
+@tpo_only
 class Config(oq.OpenQuestionConfig):
     settings: tuple[str, ...] = param(("forward_kl", "reverse_kl", "js", "alpha0.5", "kl0.5", "kl2"),
                                       "projections to compare: forward_kl (TPO), reverse_kl, js, alpha<α> or kl<ε> "
@@ -50,12 +52,6 @@ class Config(oq.OpenQuestionConfig):
     length = 6
     episodes = 200
     seeds = 5
-    clip_eps = unused("TPO only")
-    grpo_beta = unused("TPO only")
-    dg_epochs = unused("TPO only")
-    dg_eta = unused("TPO only")
-    match = unused("TPO only")
-    interaction_lr_scale = unused("TPO only")
 
     def check(self) -> None:
         for s in self.settings:

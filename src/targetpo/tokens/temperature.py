@@ -20,9 +20,9 @@ from __future__ import annotations
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
-from targetpo.runs.config import config, default, param, swept, unused
+from targetpo.runs.config import config, default, param, swept
 from targetpo.runs.stats import above, all_of, at_most
-from targetpo.tokens.config import TokenConfig
+from targetpo.tokens.config import TokenConfig, tpo_only
 from targetpo.tokens.engine import trial_config
 
 NAME = "token-temperature"
@@ -32,6 +32,7 @@ LEVELS = {"token": "tpo_token", "sequence": "tpo"}
 
 
 @config
+@tpo_only
 class Config(TokenConfig):
     etas: tuple[float, ...] = param((0.25, 0.5, 1.0, 2.0, 4.0), "TPO target temperatures η to sweep", gt=0)
     level: str = param("token", "token (TPO_token over K next-token candidates per state; default, the authors' "
@@ -39,12 +40,6 @@ class Config(TokenConfig):
                        "paper does not say which (docs/differences.md §9)", choices=tuple(LEVELS))
     tpo_eta = swept("etas")
     methods = default(tuple(LEVELS.values()), fixed="set by level")
-    clip_eps = unused("TPO only")
-    grpo_beta = unused("TPO only")
-    dg_epochs = unused("TPO only")
-    dg_eta = unused("TPO only")
-    match = unused("TPO only")
-    interaction_lr_scale = unused("TPO only")
     seeds = 10
 
     def check(self) -> None:
