@@ -14,7 +14,10 @@ API
     Trains ``method`` (a key of :data:`METHODS`) for ``cfg.episodes`` episodes on seeds ``seeds`` (a list of
     ints; seed s's initial parameters and prompts depend on s only). After each episode it calls
     ``log({"step": t, metric: [S values], ...})`` and ``advance()``; it returns ``{metric: [episodes, S]}``.
-    Deterministic on CPU given (cfg, method, seeds). ``device`` may be "cuda".
+    Deterministic on CPU given (cfg, method, seeds). A seed's curve depends on the whole seed list, not on the
+    seed alone: each seed's distinct rows are padded to the widest seed's count, and the padded length changes
+    the summation order of the weight gradients (GEMMs reducing over rows) in the last bits, which training
+    amplifies. Its initial model and prompts depend on the seed alone. ``device`` may be "cuda".
 
 Metrics (per seed, measured on the episode's training rollout *before* the update, as the paper does):
 
