@@ -2,6 +2,8 @@
 (η_g = η·L_ref/L̄_g, exact against per-group TPO computed independently), the per-step target diagnostics, and a
 smoke run end to end."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -22,7 +24,15 @@ from targetpo.runs.store import read_metrics
 
 def test_scratchpad_and_prompt_spell_out_the_running_sum():
     assert length.labelled_expression([4, -1, 7]) == "a4 b-1 c+7 ="
-    assert length.scratchpad([4, -1, 7, -12]) == "a4=4\nb-1=3\nc+7=10\nd-12=-2\nanswer -2"
+    assert length.scratchpad([4, -1, 7, -12]) == ("a is 4, total 4\nb is -1, 4 - 1 = 3, total 3\n"
+                                                  "c is +7, 3 + 7 = 10, total 10\nd is -12, 10 - 12 = -2, total -2\n"
+                                                  "answer -2")
+    # every line but its one sum is a copy: the term after "is" from the prompt, the previous total, the new one
+    for i, line in enumerate(length.scratchpad([4, -1, 7, -12]).split("\n")[1:-1], 1):
+        m = re.fullmatch(r"([a-z]) is ([+-]\d+), (-?\d+) ([+-]) (\d+) = (-?\d+), total (-?\d+)", line)
+        label, term, prev, op, mag, new, total = m.groups()
+        assert f"{label}{term}" in length.labelled_expression([4, -1, 7, -12]) and term == f"{op}{mag}"
+        assert int(prev) + int(term) == int(new) == int(total)
     assert length.expression_terms("4 - 1 + 7 - 0") == [4, -1, 7, 0]
     with pytest.raises(ValueError, match="27 terms"):
         length.scratchpad([1] * 27)
@@ -184,10 +194,11 @@ def test_units_run_arm_by_arm_after_the_warm_start():
 
 
 def test_prefix_reward_credits_the_lines_right_before_the_first_mistake():
-    gold = length.scratchpad([4, -1, 7])  # 4 lines: a4=4, b-1=3, c+7=10, answer 10
+    gold = length.scratchpad([4, -1, 7])  # 4 lines: a, b, c, answer 10
+    a, b, c, ans = gold.split("\n")
     assert length.correct_prefix(gold, gold) == 1.0
-    assert length.correct_prefix(gold, "a4=4\nb-1=3\nc+7=11\nanswer 11") == 0.5
-    assert length.correct_prefix(gold, "a4=4\nb-1=2\nc+7=10\nanswer 10") == 0.25  # later lines do not count
+    assert length.correct_prefix(gold, "\n".join([a, b, c.replace("10", "11"), "answer 11"])) == 0.5
+    assert length.correct_prefix(gold, "\n".join([a, b.replace("3", "2"), c, ans])) == 0.25  # later lines do not count
     assert length.correct_prefix(gold, "") == 0.0
     task = length.ScratchpadChainSum(7, 8, reward="prefix")
     p = task.problems("train", 1, seed=0)[0]
@@ -197,3 +208,12 @@ def test_prefix_reward_credits_the_lines_right_before_the_first_mistake():
     assert length.ScratchpadChainSum(7, 8).score(p, wrong) == 0.0  # the answer reward gives no partial credit
     with pytest.raises(ValueError, match="reward="):
         length.ScratchpadChainSum(7, 8, reward="lines")
+
+
+def test_cpu_preset_is_on_the_brief():
+    """5 arms, >= 3 paired seeds, K = 8, ~150 RL steps, the final-answer reward, the lean sampler."""
+    cfg = length.PRESETS["cpu"]
+    assert set(cfg.methods) == set(length.METHODS) and len(cfg.methods) == 5
+    assert cfg.seeds >= 3 and cfg.k == 8 and cfg.steps >= 150
+    assert cfg.reward == "answer" and cfg.sampler == "kv_loop"
+    assert 0 < cfg.warmstart_steps and cfg.lr < cfg.warmstart_lr

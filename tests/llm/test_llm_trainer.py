@@ -219,3 +219,17 @@ def test_rlvr_cli_documents_every_field_and_maps_flags(capsys):
         rlvr.method_objective("tpo_median")
     with pytest.raises(ValueError, match="methods"):
         rlvr.PRESETS["smoke"].__class__(methods=("ppo",)).validate()
+
+
+def test_kv_loop_sampler_gives_the_trainer_the_same_rollouts_and_metrics_as_generate(setup):
+    """sampler=kv_loop is a drop-in for generate: the same step's rollout (tokens, masks, log-probs, rewards) and
+    the same held-out evaluation, step after step as the weights move."""
+    a, b = make_trainer(setup, max_new_tokens=8), make_trainer(setup, max_new_tokens=8, sampler="kv_loop")
+    for step in range(2):
+        ra, _ = a.rollout(step)
+        rb, _ = b.rollout(step)
+        for name in ("completion_ids", "completion_mask", "old_logp", "rewards"):
+            assert torch.equal(getattr(ra, name), getattr(rb, name)), name
+        a.update(ra, step)
+        b.update(rb, step)
+    assert a.evaluate() == b.evaluate()

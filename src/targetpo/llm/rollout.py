@@ -26,7 +26,7 @@ from targetpo.llm.logprobs import (
 from targetpo.objectives.groups import check_whole_groups
 
 __all__ = ["Rollout", "check_whole_groups", "group_micro_batches", "token_micro_batches", "used_columns", "group_rows", "encode_prompts", "completion_mask",
-           "position_ids", "token_logprobs", "sample", "decode_completions"]
+           "position_ids", "token_logprobs", "sample", "kv_loop_sample", "decode_completions", "SAMPLERS"]
 
 
 @dataclass
@@ -177,14 +177,22 @@ def token_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_id
     return torch.where(completion_mask, logp, torch.zeros_like(logp))
 
 
+SAMPLERS = ("generate", "kv_loop")
+
+
 @torch.no_grad()
 def sample(model, tokenizer, prompts: list[str], *, k: int, max_new_tokens: int, temperature: float = 1.0,
-           greedy: bool = False, seed: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """K completions per prompt from ``model.generate`` (pure sampling at `temperature`: no top-k/top-p, so
-    the completions follow exactly the distribution whose log-probs the loss uses), or one greedy
-    completion per prompt with ``greedy=True`` (k must then be 1).
+           greedy: bool = False, seed: int | None = None,
+           sampler: str = "generate") -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """K completions per prompt (pure sampling at `temperature`: no top-k/top-p, so the completions follow
+    exactly the distribution whose log-probs the loss uses), or one greedy completion per prompt with
+    ``greedy=True`` (k must then be 1).
 
-    `seed` seeds torch's global generator right before sampling (what ``generate`` draws from), which makes a
+    `sampler`: "generate" (``model.generate``, any Hugging Face causal LM) or "kv_loop" (:func:`kv_loop_sample`,
+    the model's cached forward in a plain loop: the same draws without ``generate``'s per-token bookkeeping;
+    measured on the 0.32M-parameter tiny model, 32 × 200 tokens on one thread: 0.41 s vs 0.45–0.61 s, the
+    model's own forward being most of a token's cost).
+    `seed` seeds torch's global generator right before sampling (what both samplers draw from), which makes a
     step's rollout a function of (seed, weights) alone: a resumed run resamples exactly.
     Returns (prompt_ids [N, P], prompt_mask, completion_ids [N, C], completion_mask), N = len(prompts)·k.
     """
@@ -192,9 +200,25 @@ def sample(model, tokenizer, prompts: list[str], *, k: int, max_new_tokens: int,
 
     if greedy and k != 1:
         raise ValueError(f"greedy decoding gives one completion per prompt; got k={k}")
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler={sampler!r}: must be one of {SAMPLERS}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
     device = next(model.parameters()).device
     ids, mask = encode_prompts(tokenizer, prompts, device)
     ids, mask = ids.repeat_interleave(k, dim=0), mask.repeat_interleave(k, dim=0)
+    if sampler == "kv_loop":
+        if seed is not None:
+            torch.manual_seed(seed)
+        was_training = model.training
+        model.eval()
+        try:
+            comp = kv_loop_sample(model, ids, mask, max_new_tokens=max_new_tokens, temperature=temperature,
+                                  greedy=greedy, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+        finally:
+            model.train(was_training)
+        cmask = completion_mask(comp, tokenizer.eos_token_id)
+        return ids, mask, torch.where(cmask, comp, torch.full_like(comp, tokenizer.pad_token_id)), cmask
     gen = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy,
                            temperature=temperature if not greedy else None, top_k=None if greedy else 0,
                            top_p=None if greedy else 1.0, pad_token_id=tokenizer.pad_token_id,
@@ -213,6 +237,46 @@ def sample(model, tokenizer, prompts: list[str], *, k: int, max_new_tokens: int,
     cmask = completion_mask(comp, tokenizer.eos_token_id)
     comp = torch.where(cmask, comp, torch.full_like(comp, tokenizer.pad_token_id))
     return ids, mask, comp, cmask
+
+
+@torch.no_grad()
+def kv_loop_sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, temperature: float = 1.0,
+                   greedy: bool = False, eos_id: int, pad_id: int) -> Tensor:
+    """Completion ids [N, C ≤ max_new_tokens] from the model's KV-cached forward in a plain loop: one prefill over
+    the left-padded prompts, then one token per step for every row, drawn from softmax(logits / temperature) with
+    ``torch.multinomial`` on torch's global generator (argmax with `greedy`). A row that has emitted EOS gets
+    `pad_id` from then on; the loop stops when every row has, or after `max_new_tokens`.
+
+    This is ``generate``'s pure-sampling loop (the same inputs to the model, the same softmax and one
+    ``multinomial`` draw over all rows per token), so under one seed it draws the same tokens as ``generate``
+    wherever the two forwards give the same logits (tests/llm/test_llm_sampler.py checks the tiny Qwen2 and Llama).
+    It needs a model whose forward takes ``attention_mask``, ``position_ids``, ``past_key_values``, ``use_cache``
+    and ``logits_to_keep`` (current Hugging Face decoder-only LMs; ``generate`` stays the default for real models,
+    whose forward paths the tests do not cover); the log-probs the loss uses are recomputed afterwards by
+    :func:`token_logprobs`, as for ``generate``."""
+    n = prompt_ids.shape[0]
+    attn = prompt_mask.long()
+    pos = position_ids(prompt_mask)
+    out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
+    pos = pos[:, -1:]
+    finished = torch.zeros(n, dtype=torch.bool, device=prompt_ids.device)
+    tokens = []
+    for t in range(max_new_tokens):
+        logits = out.logits[:, -1].float()
+        if greedy:
+            nxt = logits.argmax(-1)
+        else:
+            nxt = torch.multinomial(torch.softmax(logits / temperature, dim=-1), num_samples=1).squeeze(1)
+        nxt = torch.where(finished, torch.full_like(nxt, pad_id), nxt)
+        tokens.append(nxt)
+        finished |= nxt == eos_id
+        if bool(finished.all()) or t + 1 == max_new_tokens:
+            break
+        attn = torch.cat([attn, attn.new_ones(n, 1)], dim=1)
+        pos = pos + 1
+        out = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=pos, past_key_values=out.past_key_values,
+                    use_cache=True)
+    return torch.stack(tokens, dim=1)
 
 
 def decode_completions(tokenizer, completion_ids: Tensor, completion_mask: Tensor) -> list[str]:

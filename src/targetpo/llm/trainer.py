@@ -46,6 +46,7 @@ from targetpo import objectives as obj
 from targetpo.objectives.groups import check_whole_groups
 from targetpo.objectives.scores import zero_variance_groups
 from targetpo.llm.rollout import (
+    SAMPLERS,
     Rollout,
     decode_completions,
     group_micro_batches,
@@ -96,6 +97,9 @@ class TrainerConfig(Validated):
     kl_coef: float = param(0.0, "β of the k3 KL to the frozen starting model (0 = off, no reference is kept)", ge=0)
     temperature: float = param(1.0, "sampling temperature (log-probs use the same)", gt=0)
     max_new_tokens: int = param(32, "completion length limit", ge=1)
+    sampler: str = param("generate", "how rollouts and greedy evaluations are drawn: generate (Hugging Face "
+                         "generate, any causal LM) or kv_loop (the model's KV-cached forward in a plain loop: the "
+                         "same tokens under one seed, faster for tiny models)", choices=SAMPLERS)
     eval_every: int = param(0, "held-out evaluation every N RL steps (and before and after training; 0 = only "
                             "then)", ge=0)
     eval_batch: int = param(64, "prompts per held-out generation batch", ge=1)
@@ -275,7 +279,7 @@ def _reference(model, ref_model):
 
 @torch.no_grad()
 def evaluate_greedy(model, tokenizer, task, template, problems: list, *, max_new_tokens: int,
-                    batch_size: int = 64) -> dict[str, float]:
+                    batch_size: int = 64, sampler: str = "generate") -> dict[str, float]:
     """Greedy decoding on `problems`: {"heldout_reward": mean reward, "heldout_accuracy": fraction with reward 1}."""
     if not problems:
         return {}
@@ -283,7 +287,8 @@ def evaluate_greedy(model, tokenizer, task, template, problems: list, *, max_new
     for i in range(0, len(problems), batch_size):
         chunk = problems[i:i + batch_size]
         prompts = [template.prompt(p.question, tokenizer) for p in chunk]
-        _, _, comp, cmask = sample(model, tokenizer, prompts, k=1, max_new_tokens=max_new_tokens, greedy=True)
+        _, _, comp, cmask = sample(model, tokenizer, prompts, k=1, max_new_tokens=max_new_tokens, greedy=True,
+                                   sampler=sampler)
         texts = decode_completions(tokenizer, comp, cmask)
         rewards += [task.score(p, template.extract(t)) for p, t in zip(chunk, texts)]
     r = torch.tensor(rewards, dtype=torch.float32)
@@ -353,7 +358,8 @@ class RLVRTrainer:
         problems = self.batch_problems(step)
         prompts = [self.template.prompt(p.question, self.tokenizer) for p in problems]
         ids, mask, comp, cmask = sample(self.model, self.tokenizer, prompts, k=cfg.k, max_new_tokens=cfg.max_new_tokens,
-                                        temperature=cfg.temperature, seed=step_seed(cfg.seed, step, 2))
+                                        temperature=cfg.temperature, seed=step_seed(cfg.seed, step, 2),
+                                        sampler=cfg.sampler)
         texts = decode_completions(self.tokenizer, comp, cmask)
         rewards = self.score(problems, texts, cfg.k).to(self.device)
         old = self._logprobs(self.model, ids, mask, comp, cmask)
@@ -420,7 +426,8 @@ class RLVRTrainer:
         """Greedy held-out accuracy and mean reward (see :func:`evaluate_greedy`)."""
         return evaluate_greedy(self.model, self.tokenizer, self.task, self.template,
                                self.heldout if problems is None else problems,
-                               max_new_tokens=self.cfg.max_new_tokens, batch_size=self.cfg.eval_batch)
+                               max_new_tokens=self.cfg.max_new_tokens, batch_size=self.cfg.eval_batch,
+                               sampler=self.cfg.sampler)
 
     # ---- checkpoints
     def save_checkpoint(self, path: str | Path, step: int) -> None:
