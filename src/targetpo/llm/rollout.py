@@ -207,33 +207,22 @@ def sample(model, tokenizer, prompts: list[str], *, k: int, max_new_tokens: int,
     device = next(model.parameters()).device
     ids, mask = encode_prompts(tokenizer, prompts, device)
     ids, mask = ids.repeat_interleave(k, dim=0), mask.repeat_interleave(k, dim=0)
-    if sampler == "kv_loop":
-        if seed is not None:
-            torch.manual_seed(seed)
-        was_training = model.training
-        model.eval()
-        try:
-            comp = kv_loop_sample(model, ids, mask, max_new_tokens=max_new_tokens, temperature=temperature,
-                                  greedy=greedy, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
-        finally:
-            model.train(was_training)
-        cmask = completion_mask(comp, tokenizer.eos_token_id)
-        return ids, mask, torch.where(cmask, comp, torch.full_like(comp, tokenizer.pad_token_id)), cmask
-    gen = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy,
-                           temperature=temperature if not greedy else None, top_k=None if greedy else 0,
-                           top_p=None if greedy else 1.0, pad_token_id=tokenizer.pad_token_id,
-                           eos_token_id=tokenizer.eos_token_id, num_return_sequences=1)
     if seed is not None:
         torch.manual_seed(seed)
     was_training = model.training
     model.eval()
     try:
-        out = model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=gen)
+        if sampler == "kv_loop":
+            comp = kv_loop_sample(model, ids, mask, max_new_tokens=max_new_tokens, temperature=temperature,
+                                  greedy=greedy, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+        else:
+            gen = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy,
+                                   temperature=temperature if not greedy else None, top_k=None if greedy else 0,
+                                   top_p=None if greedy else 1.0, pad_token_id=tokenizer.pad_token_id,
+                                   eos_token_id=tokenizer.eos_token_id, num_return_sequences=1)
+            comp = model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=gen)[:, ids.shape[1]:]
     finally:
         model.train(was_training)
-    comp = out[:, ids.shape[1]:]
-    if comp.shape[1] == 0:
-        raise ValueError("generate returned no new tokens (max_new_tokens must be >= 1)")
     cmask = completion_mask(comp, tokenizer.eos_token_id)
     comp = torch.where(cmask, comp, torch.full_like(comp, tokenizer.pad_token_id))
     return ids, mask, comp, cmask
