@@ -580,13 +580,13 @@ def report(run, section) -> None:
 
     # the finding: does mean (or length-scaled η) beat sum at these lengths? Paired by seed, at the last step both
     # arms recorded (a run cut short compares what it has); a verdict needs the 95 % interval over seeds to clear 0.
-    for m in ("tpo_mean", "tpo_sum_len"):
+    rewards = {m: paired(run, "reward", m, "tpo_sum", mean_over_steps=True) for m in ("tpo_mean", "tpo_sum_len")}
+    for m, rew in rewards.items():
         pair = paired(run, "heldout_accuracy", m, "tpo_sum")
         if pair is None:
             continue
         step, seeds_, va, vb = pair
         gap = paired_interval(va, vb)
-        rew = paired(run, "reward", m, "tpo_sum", mean_over_steps=True)
         section.claim(f"{LABELS[m]} is more accurate on held-out problems than TPO (sum) (paired over seeds, at step "
                       f"{step})", above(gap, 0),
                       f"{LABELS[m]} {_mean_se(va)} vs {_mean_se(vb)}; paired difference {gap.show(3)} over seeds "
@@ -608,8 +608,7 @@ def report(run, section) -> None:
                       f"sum {fmt(l1_by[(first, 'sum')])} ({first}) -> {fmt(l1_by[(last, 'sum')])} ({last}), paired "
                       f"difference {shrink.show(3)}; mean {fmt(l1_by[(first, 'mean')])} -> "
                       f"{fmt(l1_by[(last, 'mean')])}")
-    findings = [verdict(LABELS[m], paired(run, "reward", m, "tpo_sum", mean_over_steps=True))
-                for m in ("tpo_mean", "tpo_sum_len")]
+    findings = [verdict(LABELS[m], rew) for m, rew in rewards.items()]
     if any(findings):
         section.text("**Finding** (training reward averaged over the common steps, paired by seed; a difference "
                      "counts when its 95 % interval over seeds excludes 0): " + " ".join(f for f in findings if f))
