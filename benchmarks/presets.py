@@ -3,7 +3,7 @@
 Each repeat is a fresh `targetpo run NAME --preset P --force --no-progress --no-report` in its own interpreter
 (torch threads: the runner's default, every core, unless --threads); the table gives medians. With --src A --src B the same presets run
 from two source trees (e.g. a checkout of an older commit), interleaved repeat by repeat so that both see the
-same machine load, and their metrics.jsonl are compared (wall_* keys ignored).
+same machine load, and their metrics.jsonl are compared record by record (wall_* keys ignored).
 
     python benchmarks/presets.py tabular-single:paper tabular-multi:paper --repeats 3
     python benchmarks/presets.py mnist:paper --repeats 3 --data-dir ../shared/data/mnist
@@ -39,8 +39,11 @@ def run_once(src: Path, name: str, preset: str, out: Path, extra: list[str]) -> 
 
 
 def stable_lines(path: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith("wall_")}
+    """The records without their wall_* keys, in (unit, step) order: units computed side by side interleave
+    their lines, which changes the file's order but not a record."""
+    recs = [{k: v for k, v in json.loads(line).items() if not k.startswith("wall_")}
             for line in path.read_text().splitlines()]
+    return sorted(recs, key=lambda r: (str(r.get("unit")), r.get("step", -1), str(r.get("event"))))
 
 
 def main() -> None:

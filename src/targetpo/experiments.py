@@ -12,6 +12,10 @@ An experiment module defines:
   progress-bar length (default ``cfg.steps``);
 - ``run_unit(cfg, unit, ctx)``: does the work, calling ``ctx.log({"step": t, ...})`` as metrics are produced;
   it must be deterministic given (cfg, unit) so a resumed run replays it exactly;
+- optionally ``run_units(cfg, units, ctxs)``: several units at once (methods batched like seeds), each logging
+  through its own context ``ctxs[unit]``. The runner then calls it instead of ``run_unit``, with the unfinished
+  units, and again without a unit that diverged; so each unit's records must not depend on which others run
+  beside it;
 - ``report(run, section)``: tables next to the paper's numbers, plots and claim checks, from the metrics only;
 - optionally ``summary(run) -> str``: the one-line result printed at the end of a run;
 - optionally ``SUITE``: which ``targetpo reproduce --suite`` runs it (one of :data:`SUITES`; default ``"paper"``).

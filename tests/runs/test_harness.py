@@ -124,3 +124,62 @@ def test_report_over_a_directory_of_runs_marks_claims(tmp_path):
     assert "**FAIL**" not in text and "**PASS**" not in text
     assert text.count("| n/a (smoke preset) |") >= 5
     assert "no verdicts (only the cpu and paper presets can test a claim)" in text
+
+
+def _batched_experiment(calls: list):
+    """A toy experiment that runs its units side by side (run_units); unit "bad" turns NaN at step 2."""
+    from types import ModuleType
+
+    from targetpo.runs.config import RunConfig, config, default, param
+
+    @config
+    class Config(RunConfig):
+        steps: int = param(5, "steps", ge=1)
+        methods = default(("a", "bad", "c"))
+
+    def run_units(cfg, units, ctxs):
+        calls.append(list(units))
+        for t in range(cfg.steps):
+            for u in units:
+                value = float("nan") if u == "bad" and t == 2 else 10.0 * "abc".index(u[0]) + t
+                ctxs[u].log({"step": t, "x": value})
+                ctxs[u].advance()
+
+    exp = ModuleType("toy")
+    exp.NAME, exp.TITLE, exp.PAPER_REF = "toy", "toy", "-"
+    exp.Config, exp.PRESETS, exp.run_units = Config, {"smoke": Config()}, run_units
+    return exp
+
+
+def test_units_run_side_by_side_keep_per_unit_records_divergence_and_resume(tmp_path, capsys):
+    from targetpo.runs.runner import run_experiment as run_module
+
+    calls: list = []
+    out = run_module(_batched_experiment(calls), "smoke", out=tmp_path / "t", progress=False, quiet=True)
+    # The diverged unit leaves the batch; the others replay without writing a line twice.
+    assert calls == [["a", "bad", "c"], ["a", "c"]]
+    recs = read_metrics(out / "metrics.jsonl")
+    keys = [(r["unit"], r.get("step"), r.get("event")) for r in recs]
+    assert len(keys) == len(set(keys))
+    steps = {u: [r["step"] for r in recs if r["unit"] == u and "x" in r] for u in "a bad c".split()}
+    assert steps == {"a": [0, 1, 2, 3, 4], "bad": [0, 1], "c": [0, 1, 2, 3, 4]}
+    assert [r["x"] for r in recs if r["unit"] == "c" and "x" in r] == [20.0, 21.0, 22.0, 23.0, 24.0]
+    events = {r["unit"]: r for r in recs if "event" in r}
+    assert events["bad"] == {"unit": "bad", "event": "diverged", "step": 2, "metric": "x"}
+    assert events["a"]["event"] == events["c"]["event"] == "done"
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "complete (1 unit diverged)" and "resume_mismatches" not in meta
+    assert "unit bad diverged at step 2" in capsys.readouterr().err
+    # Resume: every unit is finished (done or diverged), so nothing runs and nothing is written.
+    before = (out / "metrics.jsonl").read_bytes()
+    calls.clear()
+    run_module(_batched_experiment(calls), "smoke", out=out, resume=True, progress=False, quiet=True)
+    assert calls == [] and (out / "metrics.jsonl").read_bytes() == before
+    # A run cut after a's first lines resumes with the unfinished units only, to the same records.
+    lines = before.splitlines(keepends=True)
+    (out / "metrics.jsonl").write_bytes(b"".join(lines[:4]))
+    run_module(_batched_experiment(calls), "smoke", out=out, resume=True, progress=False, quiet=True)
+    assert calls == [["a", "bad", "c"], ["a", "c"]]
+    after = read_metrics(out / "metrics.jsonl")
+    assert {(r["unit"], r.get("step"), r.get("event")): r for r in after} == {
+        (r["unit"], r.get("step"), r.get("event")): r for r in recs}

@@ -1,11 +1,12 @@
-"""The multi-context loop's per-context closed forms (multi.context_stats_, multi.population_step_) give the updates and metrics of the
+"""The tabular fast paths. tabular-single runs its methods side by side (run_units) with the numbers of each
+method alone, bit for bit. The multi-context loop's per-context closed forms (multi.context_stats_, multi.population_step_) give the updates and metrics of the
 plain formulas — exact_update (TPO's from tpo_target) → misalignment → normalized_step — to rounding: float64
 to 1e-12 over a whole run, float32 to the precision of float32."""
 
 import pytest
 import torch
 
-from targetpo.tabular import multi
+from targetpo.tabular import multi, single
 from targetpo.tabular.bandit import correct_direction, exact_update, misalignment, normalized_step, tpo_lambda
 
 EVERY = (-2, -1)
@@ -99,3 +100,19 @@ def test_context_stats_are_the_softmax_sums():
     assert torch.allclose(r, probs[..., 1:, :].sum(dim=-2), rtol=1e-13, atol=0)
     assert torch.allclose(w, probs[..., 1:, :].square().sum(dim=-2), rtol=1e-13, atol=0)
     assert (r[:, 0] < 1e-15).all() and (r > 0).all() and (1.0 - p[:, 0] == 0).all()
+
+
+def test_single_methods_side_by_side_equal_each_method_alone():
+    cfg = single.PRESETS["smoke"]
+    together = {m: _Log() for m in single.METHODS}
+    single.run_units(cfg, list(single.METHODS), together)
+    pair = {m: _Log() for m in ("grpo", "pg")}
+    single.run_units(cfg, ["grpo", "pg"], pair)
+    for m in single.METHODS:
+        alone = _Log()
+        single.run_unit(cfg, m, alone)
+        assert len(alone.records) == cfg.steps
+        for logs in (together, pair):
+            if m in logs:  # bit for bit: the batch shares the draws, never the arithmetic
+                assert all(a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+                           for a, b in zip(alone.records, logs[m].records, strict=True)), m

@@ -28,9 +28,9 @@ from targetpo.runs.config import config_from_dict, make_config, validated
 class _Diverged(Exception):
     """A unit produced a non-finite value; caught by :func:`run_experiment`, never seen by experiments."""
 
-    def __init__(self, step: int, metric: str):
+    def __init__(self, step: int, metric: str, unit: str | None = None):
         super().__init__(f"{metric} is not finite at step {step}")
-        self.step, self.metric = step, metric
+        self.step, self.metric, self.unit = step, metric, unit
 
 
 def available_cores() -> int:
@@ -120,14 +120,14 @@ class RunContext:
                   for k, v in record.items()}
         bad = first_non_finite({k: v for k, v in record.items() if k != "step"}, self._nan_means_empty)
         if bad is not None:
-            raise _Diverged(int(record["step"]), bad)
+            raise _Diverged(int(record["step"]), bad, self.unit)
         self._writer.write({"unit": self.unit, **record})
 
     def check_finite(self, step: int, values: dict[str, Any]) -> None:
         """End the unit as diverged at `step` if any of `values` (a loss, the parameters, ...) is NaN/inf."""
         bad = first_non_finite(values)
         if bad is not None:
-            raise _Diverged(int(step), bad)
+            raise _Diverged(int(step), bad, self.unit)
 
     def advance(self, n: int = 1) -> None:
         self._bar.update(n)
@@ -269,16 +269,41 @@ def run_experiment(
     nan_ok = getattr(type(cfg), "NAN_MEANS_EMPTY", ())  # metrics that are NaN by design (a mean over nothing)
     with tqdm(total=total, desc=f"{name} [{preset}]", unit="step", disable=not progress, mininterval=0.5,
               file=sys.stderr, dynamic_ncols=True) as bar:
-        for unit in todo:
-            bar.set_postfix_str(unit)
-            try:
-                exp.run_unit(cfg, unit, RunContext(unit, writer, bar, dev, meta, run_dir, nan_ok))
-            except _Diverged as d:
-                writer.write({"unit": unit, "event": "diverged", "step": d.step, "metric": d.metric})
-                bar.write(f"warning: {name} unit {unit} diverged at step {d.step} ({d.metric} is NaN/inf); "
-                          "it is recorded as diverged, not done, and the run goes on", file=sys.stderr)
-                continue
-            writer.write({"unit": unit, "event": "done"})
+        def context(unit: str) -> RunContext:
+            return RunContext(unit, writer, bar, dev, meta, run_dir, nan_ok)
+
+        def diverged_unit(d: _Diverged) -> None:
+            writer.write({"unit": d.unit, "event": "diverged", "step": d.step, "metric": d.metric})
+            bar.write(f"warning: {name} unit {d.unit} diverged at step {d.step} ({d.metric} is NaN/inf); "
+                      "it is recorded as diverged, not done, and the run goes on", file=sys.stderr)
+
+        if hasattr(exp, "run_units"):
+            # Units computed together (methods batched like seeds). A diverged unit leaves the batch and the
+            # others replay from their start: the writer skips the records already on disk, as on resume.
+            pending = list(todo)
+            while pending:
+                bar.set_postfix_str("+".join(pending))
+                start = bar.n
+                try:
+                    exp.run_units(cfg, list(pending), {u: context(u) for u in pending})
+                except _Diverged as d:
+                    diverged_unit(d)
+                    pending.remove(d.unit)
+                    bar.n = start + steps_of(exp, cfg, d.unit)
+                    bar.refresh()
+                    continue
+                for unit in pending:
+                    writer.write({"unit": unit, "event": "done"})
+                pending = []
+        else:
+            for unit in todo:
+                bar.set_postfix_str(unit)
+                try:
+                    exp.run_unit(cfg, unit, context(unit))
+                except _Diverged as d:
+                    diverged_unit(d)
+                    continue
+                writer.write({"unit": unit, "event": "done"})
     writer.close()
     diverged = sorted({k[0] for k in writer.existing if k[2] == "diverged"})
 

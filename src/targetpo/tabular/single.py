@@ -75,21 +75,30 @@ def direction(method: str, logits: torch.Tensor, actions: torch.Tensor, rewards:
     return -grad
 
 
-def run_unit(cfg: Config, unit: str, ctx) -> None:
+def run_units(cfg: Config, units: list[str], ctxs: dict) -> None:
+    """The methods `units` side by side, [M, seeds, A] like seeds: they share the uniform draws (common random
+    numbers), and every row is computed as it would be alone, so a method's numbers do not depend on which
+    others run with it (tested)."""
     gen = torch.Generator().manual_seed(cfg.seed)  # same draws for every method: common random numbers
-    logits = torch.zeros(cfg.seeds, cfg.actions, dtype=torch.float64)
+    logits = torch.zeros(len(units), cfg.seeds, cfg.actions, dtype=torch.float64)
     for t in range(cfg.steps):
         probs = torch.softmax(logits, dim=-1)
         uniform = torch.rand(cfg.seeds, cfg.batch, generator=gen, dtype=torch.float64)
         cdf = probs.cumsum(dim=-1)
-        actions = torch.searchsorted(cdf, uniform * cdf[:, -1:]).clamp_max(cfg.actions - 1)
+        actions = torch.searchsorted(cdf, uniform * cdf[..., -1:]).clamp_max(cfg.actions - 1)
         rewards = (actions == 0).to(torch.float64)
-        g = direction(unit, logits, actions, rewards, cfg)
+        g = torch.stack([direction(u, logits[i], actions[i], rewards[i], cfg) for i, u in enumerate(units)])
         g_sq = squared_norm(g)  # shared by the misalignment and the step (the same sums as each would take)
-        exact_pg = probs[:, :1] * correct_direction(probs)
-        ctx.log({"step": t, "error": 1.0 - probs[:, 0], "misalignment": misalignment(g, exact_pg, g_sq=g_sq)})
+        exact_pg = probs[..., :1] * correct_direction(probs)
+        error, mis = 1.0 - probs[..., 0], misalignment(g, exact_pg, g_sq=g_sq)
+        for i, u in enumerate(units):
+            ctxs[u].log({"step": t, "error": error[i], "misalignment": mis[i]})
+            ctxs[u].advance()
         logits = normalized_step(logits, g, cfg.lr, g_sq=g_sq)
-        ctx.advance()
+
+
+def run_unit(cfg: Config, unit: str, ctx) -> None:
+    run_units(cfg, [unit], {unit: ctx})
 
 
 # ----------------------------------------------------------------------------- report
