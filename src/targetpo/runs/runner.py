@@ -28,7 +28,7 @@ from targetpo.runs.config import config_from_dict, make_config, validated
 class _Diverged(Exception):
     """A unit produced a non-finite value; caught by :func:`run_experiment`, never seen by experiments."""
 
-    def __init__(self, step: int, metric: str, unit: str | None = None):
+    def __init__(self, step: int, metric: str, unit: str):
         super().__init__(f"{metric} is not finite at step {step}")
         self.step, self.metric, self.unit = step, metric, unit
 
@@ -269,41 +269,29 @@ def run_experiment(
     nan_ok = getattr(type(cfg), "NAN_MEANS_EMPTY", ())  # metrics that are NaN by design (a mean over nothing)
     with tqdm(total=total, desc=f"{name} [{preset}]", unit="step", disable=not progress, mininterval=0.5,
               file=sys.stderr, dynamic_ncols=True) as bar:
-        def context(unit: str) -> RunContext:
-            return RunContext(unit, writer, bar, dev, meta, run_dir, nan_ok)
-
-        def diverged_unit(d: _Diverged) -> None:
-            writer.write({"unit": d.unit, "event": "diverged", "step": d.step, "metric": d.metric})
-            bar.write(f"warning: {name} unit {d.unit} diverged at step {d.step} ({d.metric} is NaN/inf); "
-                      "it is recorded as diverged, not done, and the run goes on", file=sys.stderr)
-
-        if hasattr(exp, "run_units"):
-            # Units computed together (methods batched like seeds). A diverged unit leaves the batch and the
-            # others replay from their start: the writer skips the records already on disk, as on resume.
-            pending = list(todo)
+        # Units computed together (`run_units`: methods batched like seeds) form one batch, others a batch each.
+        # A diverged unit leaves its batch and the others replay from their start: the writer skips the records
+        # already on disk, as on resume.
+        batched = hasattr(exp, "run_units")
+        run_units = exp.run_units if batched else lambda c, units, ctxs: exp.run_unit(c, units[0], ctxs[units[0]])
+        for pending in [list(todo)] if batched else [[u] for u in todo]:
             while pending:
                 bar.set_postfix_str("+".join(pending))
                 start = bar.n
                 try:
-                    exp.run_units(cfg, list(pending), {u: context(u) for u in pending})
+                    run_units(cfg, list(pending), {u: RunContext(u, writer, bar, dev, meta, run_dir, nan_ok)
+                                                   for u in pending})
                 except _Diverged as d:
-                    diverged_unit(d)
+                    writer.write({"unit": d.unit, "event": "diverged", "step": d.step, "metric": d.metric})
+                    bar.write(f"warning: {name} unit {d.unit} diverged at step {d.step} ({d.metric} is NaN/inf); "
+                              "it is recorded as diverged, not done, and the run goes on", file=sys.stderr)
                     pending.remove(d.unit)
-                    bar.n = start + steps_of(exp, cfg, d.unit)
+                    bar.n = start + steps_of(exp, cfg, d.unit)  # the diverged unit's bar as if it had finished
                     bar.refresh()
                     continue
                 for unit in pending:
                     writer.write({"unit": unit, "event": "done"})
                 pending = []
-        else:
-            for unit in todo:
-                bar.set_postfix_str(unit)
-                try:
-                    exp.run_unit(cfg, unit, context(unit))
-                except _Diverged as d:
-                    diverged_unit(d)
-                    continue
-                writer.write({"unit": unit, "event": "done"})
     writer.close()
     diverged = sorted({k[0] for k in writer.existing if k[2] == "diverged"})
 

@@ -64,7 +64,7 @@ def beta(method: str, p: Tensor, eta: float = 1.0) -> Tensor:
 
 def exact_update_along(method: str, probs: Tensor, v: Tensor, correct: int = 0, eta: float = 1.0) -> Tensor:
     """β(p)·v, the expected update of every method but TPO, given v = :func:`correct_direction` (probs, correct)."""
-    return v if method == "ce" else beta(method, probs[..., correct : correct + 1], eta) * v
+    return beta(method, probs[..., correct : correct + 1], eta) * v
 
 
 def exact_update(method: str, probs: Tensor, correct: int = 0, eta: float = 1.0) -> Tensor:
