@@ -16,7 +16,7 @@ from targetpo.experiments import EXPERIMENTS, load, run_experiment
 from targetpo.runs.config import apply_overrides
 from targetpo.tabular.multi import PRESETS
 from targetpo.report import write_report
-from targetpo.runs.store import Run, read_metrics
+from targetpo.runs.store import Run, read_metrics, record_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,9 +57,9 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     run_experiment("tabular-multi", "paper", out=killed, resume=True, progress=False, quiet=True)
     after = read_metrics(metrics)
     assert after[: len(before)] == before  # nothing written before the kill was lost or rewritten
-    keys = [(r["unit"], r.get("step"), r.get("event")) for r in after]
+    keys = [record_key(r) for r in after]
     assert len(keys) == len(set(keys))  # nothing duplicated
-    by_key = lambda recs: {(r["unit"], r.get("step"), r.get("event")): r for r in recs}  # noqa: E731
+    by_key = lambda recs: {record_key(r): r for r in recs}  # noqa: E731
     assert by_key(after) == by_key(read_metrics(full / "metrics.jsonl"))
     meta = json.loads((killed / "run.json").read_text())
     assert meta["status"] == "complete" and "resume_mismatches" not in meta and len(meta["runs"]) == 2
@@ -159,7 +159,7 @@ def test_units_run_side_by_side_keep_per_unit_records_divergence_and_resume(tmp_
     # The diverged unit leaves the batch; the others replay without writing a line twice.
     assert calls == [["a", "bad", "c"], ["a", "c"]]
     recs = read_metrics(out / "metrics.jsonl")
-    keys = [(r["unit"], r.get("step"), r.get("event")) for r in recs]
+    keys = [record_key(r) for r in recs]
     assert len(keys) == len(set(keys))
     steps = {u: [r["step"] for r in recs if r["unit"] == u and "x" in r] for u in "a bad c".split()}
     assert steps == {"a": [0, 1, 2, 3, 4], "bad": [0, 1], "c": [0, 1, 2, 3, 4]}
@@ -181,5 +181,4 @@ def test_units_run_side_by_side_keep_per_unit_records_divergence_and_resume(tmp_
     run_module(_batched_experiment(calls), "smoke", out=out, resume=True, progress=False, quiet=True)
     assert calls == [["a", "bad", "c"], ["a", "c"]]
     after = read_metrics(out / "metrics.jsonl")
-    assert {(r["unit"], r.get("step"), r.get("event")): r for r in after} == {
-        (r["unit"], r.get("step"), r.get("event")): r for r in recs}
+    assert {record_key(r): r for r in after} == {record_key(r): r for r in recs}

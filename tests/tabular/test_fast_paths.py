@@ -1,7 +1,8 @@
 """The tabular fast paths. tabular-single runs its methods side by side (run_units) with the numbers of each
-method alone, bit for bit. The multi-context loop's per-context closed forms (multi.context_stats_, multi.population_step_) give the updates and metrics of the
-plain formulas — exact_update (TPO's from tpo_target) → misalignment → normalized_step — to rounding: float64
-to 1e-12 over a whole run, float32 to the precision of float32."""
+method alone, bit for bit. The multi-context loop's per-context closed forms (multi.context_stats_,
+multi.population_step_) give the updates and metrics of the plain formulas — exact_update (TPO's from
+tpo_target) → misalignment → normalized_step — to rounding: float64 to 1e-12 over a whole run, float32 to the
+precision of float32."""
 
 import pytest
 import torch
