@@ -291,7 +291,7 @@ def run_experiment(
                     continue
                 for unit in pending:
                     writer.write({"unit": unit, "event": "done"})
-                pending = []
+                break
     writer.close()
     diverged = sorted({k[0] for k in writer.existing if k[2] == "diverged"})
 
