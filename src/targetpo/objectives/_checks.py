@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +31,9 @@ def as_float(name: str, x: Tensor) -> Tensor:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.numel() == 0:
         raise ValueError(f"{name} is empty (shape {tuple(x.shape)}): a batch needs at least one group or sample")
+    if x.is_complex():
+        raise TypeError(f"{name} has the complex dtype {x.dtype}: log-probs, scores and advantages are real "
+                        "(float, integer or bool)")
     if not x.is_floating_point():
         x = x.to(torch.float32)
     elif x.dtype in (torch.float16, torch.bfloat16):
@@ -48,6 +52,9 @@ def check_finite(name: str, x: Tensor) -> None:
 
 def check_same_shape(**tensors: Tensor | None) -> None:
     items = [(k, v) for k, v in tensors.items() if v is not None]
+    for name, t in items:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if not items:
         return
     ref_name, ref = items[0]
@@ -152,7 +159,7 @@ def as_token_mask(name: str, token_mask: Tensor | None, like: Tensor) -> Tensor:
 HYPERPARAMETERS: dict[str, tuple[str, object]] = {
     "eta": ("> 0 (a temperature)", lambda v: v > 0),
     "beta": (">= 0", lambda v: v >= 0),
-    "clip_eps": ("> 0", lambda v: v > 0),
+    "clip_eps": ("in (0, 1) (the ratio's lower bound 1 − ε must stay positive)", lambda v: 0 < v < 1),
     "clip_eps_high": ("> 0 or None", lambda v: v is None or v > 0),
     "tau_pos": ("> 0", lambda v: v > 0),
     "tau_neg": ("> 0", lambda v: v > 0),
@@ -188,7 +195,8 @@ def check_hyperparameter(name: str, value, words: tuple[str, ...] = ()) -> None:
         return
     if words:
         allowed = f"{allowed}, or one of {', '.join(map(repr, words))}"
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+    # numbers.Real admits NumPy scalars (np.float32(1.0), np.int64(2)) as well as Python numbers.
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
                               or not math.isfinite(value)):
         raise ValueError(f"{name}={value!r}: must be a finite number, {allowed}")
     if not ok(value):

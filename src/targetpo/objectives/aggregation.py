@@ -6,7 +6,8 @@ tokens), or per-token values `[..., K, T]` with a token mask.
 - ``"sum-mean"``: sum over the last dim (candidates, or tokens of a row) and over T if present, mean over the
   remaining leading dims. The paper's convention for PPO/GRPO/REINFORCE/DG (docs/method.md §3,
   docs/differences.md §14): candidates and tokens are *summed*, prompts/states averaged.
-- ``"mean"``: mean over every element (single-sample batches `[B]`, RLOO's 1/K).
+- ``"mean"``: mean over every element (single-sample batches `[B]`, RLOO's 1/K); with per-token values, the
+  mean of each sequence's token mean, as ``"seq-mean-token-mean"``.
 - ``"token-mean"``: Σ m·x / Σ m over all tokens of the batch (DAPO, Yu et al. 2025; verl's default).
 - ``"token-sum"``: Σ m·x over all tokens of the batch, unnormalised (verl `agg_loss`, core_algos.py).
 - ``"seq-mean-token-mean"``: mean over tokens within a sequence, then over sequences (GRPO, Shao et al. 2024).
@@ -56,11 +57,9 @@ def aggregate(
         # Sum tokens and candidates, average groups: [G, K, T] -> Σ_{K,T}, mean_G; [B, T] -> Σ_T, mean_B.
         summed = values.sum(dim=-1)
         return summed.sum(dim=-1).mean() if summed.dim() >= 2 else summed.mean()
-    if mode == "mean":
-        return (values.sum(dim=-1) / m.sum(dim=-1).clamp_min(1.0)).mean()
     per_seq = values.sum(dim=-1)
     n_tok = m.sum(dim=-1)
-    if mode == "seq-mean-token-mean":
+    if mode in ("mean", "seq-mean-token-mean"):  # per-token "mean" is the mean over each sequence's tokens
         per_seq = per_seq / n_tok.clamp_min(1.0)
     elif mode == "seq-mean-token-sum-norm":
         per_seq = per_seq / float(norm_len if norm_len is not None else values.shape[-1])

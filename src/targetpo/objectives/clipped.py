@@ -57,6 +57,14 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, *, kl_estimator: str = "k3", log
     return kl if kl_clip is None else kl.clamp(-kl_clip, kl_clip)
 
 
+def masked_log_ratio(logp: Tensor, old_logp: Tensor, valid: Tensor | None) -> Tensor:
+    """log π_θ − log π_old, set to 0 where `valid` is False. Padding tokens and masked candidates may hold any
+    log-prob; exp() of their difference can overflow, and the zero gradient of a masked-out term times an infinite
+    ratio is NaN (0·∞), which would poison the whole update."""
+    delta = logp - old_logp
+    return delta if valid is None else torch.where(valid, delta, torch.zeros_like(delta))
+
+
 def clipped_surrogate(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> Tensor:
     """PPO's pessimistic surrogate min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) (Schulman et al. 2017)."""
     return torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)
@@ -105,18 +113,18 @@ def ppo_loss(
     check_same_shape(logp=lp, old_logp=old, advantages=a)
     check_token_mask(token_mask, lp)
     hi = clip_eps if clip_eps_high is None else clip_eps_high
-    delta = lp - old
+    valid = None if token_mask is None else token_mask.bool()
+    delta = masked_log_ratio(lp, old, valid)
     ratio = torch.exp(delta if log_ratio_clip is None else delta.clamp(-log_ratio_clip, log_ratio_clip))
     per = -dual_clip(clipped_surrogate(ratio, a, clip_eps, hi), a, dual_clip_c)
     agg = loss_agg if loss_agg is not None else ("mean" if lp.dim() == 1 else "sum-mean")
     per_token = token_mask is not None or (agg in TOKEN_MODES and lp.dim() >= 2)
     loss = aggregate(per, agg, token_mask=token_mask, per_token=per_token)
     with torch.no_grad():
-        valid = None if token_mask is None else token_mask.bool()
         metrics = {
             "clip_frac": _clip_fraction(ratio, a, clip_eps, hi, valid),
             "approx_kl": (k3_kl(old, lp.detach()) if valid is None else k3_kl(old, lp.detach())[valid]).mean(),
-            "ratio_mean": ratio.mean(),
+            "ratio_mean": ratio.mean() if valid is None else ratio[valid].mean(),
         }
     return LossOutput(loss, metrics)
 
@@ -169,6 +177,8 @@ def grpo_loss(
         (:func:`group_advantages`, docs/method.md §8); 0 = the paper's advantages.
       loss_agg: default "sum-mean" for per-candidate inputs (Σ_K, mean over groups: the paper) and
         "seq-mean-token-mean" for per-token inputs (the original GRPO); see `aggregation`.
+      norm_len: the constant length of loss_agg="seq-mean-token-sum-norm" (Dr. GRPO; default the padded T);
+        the other modes have no length to set and do not read it.
 
     Engine conventions (docs/conventions.md; `convention="verl"` or `"trl"` sets them, explicit flags win):
       std_ddof: 0 = population std (the paper), 1 = Bessel (verl, TRL). adv_eps: ε added to the std
@@ -179,6 +189,8 @@ def grpo_loss(
     """
     if kl_estimator not in KL_ESTIMATORS:
         raise ValueError(f"kl_estimator={kl_estimator!r}: must be one of {KL_ESTIMATORS}")
+    if ref_logp is not None and beta == 0.0:
+        raise ValueError("ref_logp is only used by the KL term, which beta=0 turns off; pass beta > 0 or drop ref_logp")
     lp = as_float("logp", logp)
     old = as_float("old_logp", old_logp).detach()
     s = as_float("scores", scores)
@@ -198,22 +210,24 @@ def grpo_loss(
     else:
         tm, adv_b = valid, adv
     hi = clip_eps if clip_eps_high is None else clip_eps_high
-    delta = lp - old if log_ratio_clip is None else (lp - old).clamp(-log_ratio_clip, log_ratio_clip)
-    ratio = torch.exp(delta)
+    delta = masked_log_ratio(lp, old, tm)
+    ratio = torch.exp(delta if log_ratio_clip is None else delta.clamp(-log_ratio_clip, log_ratio_clip))
     per = -dual_clip(clipped_surrogate(ratio, adv_b, clip_eps, hi), adv_b, dual_clip_c)
     kl = None
     if beta != 0.0:
         ref = old if ref_logp is None else as_float("ref_logp", ref_logp).detach()
+        lp_kl = torch.where(tm, lp, ref)  # Δ = 0 on masked entries, whatever log-probs they hold (masked_log_ratio)
         if kl_estimator == "k3" and kl_clip is None:
-            kl = k3_kl(lp, ref, log_ratio_clip=log_ratio_clip)
+            kl = k3_kl(lp_kl, ref, log_ratio_clip=log_ratio_clip)
         else:
-            kl = kl_estimate(lp, ref, kl_estimator=kl_estimator, log_ratio_clip=log_ratio_clip, kl_clip=kl_clip)
+            kl = kl_estimate(lp_kl, ref, kl_estimator=kl_estimator, log_ratio_clip=log_ratio_clip, kl_clip=kl_clip)
         per = per + beta * kl
     mode = loss_agg if loss_agg is not None else ("seq-mean-token-mean" if per_token else "sum-mean")
     per = torch.where(tm, per, torch.zeros_like(per))
     loss = aggregate(per, mode, token_mask=tm if per_token else None, per_token=per_token, norm_len=norm_len)
-    if mask_zero_var and mode == "sum-mean":
-        # Normalise by informative groups, not all groups (the paper's grpo_masked).
+    if mask_zero_var and (mode == "sum-mean" or (mode == "mean" and not per_token)):
+        # Normalise by informative groups, not all groups (the paper's grpo_masked). The token modes already
+        # count only the valid tokens or sequences, which leave the dropped groups out.
         n_groups = informative.numel()
         loss = loss * n_groups / informative.sum().clamp_min(1).to(loss.dtype)
     with torch.no_grad():
@@ -343,7 +357,8 @@ def sapo_loss(
     verl and TRL aggregate by "seq-mean-token-mean"; TRL does not clamp log ρ (`log_ratio_clip=None`)."""
     lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps, std_ddof, singleton)
     adv = adv.unsqueeze(-1)
-    ratio = torch.exp((lp - old) if log_ratio_clip is None else (lp - old).clamp(-log_ratio_clip, log_ratio_clip))
+    delta = masked_log_ratio(lp, old, tm)
+    ratio = torch.exp(delta if log_ratio_clip is None else delta.clamp(-log_ratio_clip, log_ratio_clip))
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
     loss = aggregate(-gate * adv, loss_agg, token_mask=tm, per_token=True)
@@ -373,7 +388,7 @@ def cispo_loss(
     with ε_high = 5); verl bounds the weight to [1 − ε_low, 1 + ε_high] = [0.8, 1.2] by default."""
     lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps, std_ddof, singleton)
     adv = adv.unsqueeze(-1)
-    d = lp.detach() - old
+    d = masked_log_ratio(lp.detach(), old, tm)
     ratio = torch.exp(d if log_ratio_clip is None else d.clamp(-log_ratio_clip, log_ratio_clip))
     w = ratio.clamp(ratio_min, ratio_max)
     loss = aggregate(-w * adv * lp, loss_agg, token_mask=tm, per_token=True)
@@ -425,7 +440,7 @@ def clip_cov_loss(
     lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps, std_ddof, singleton)
     hi = clip_eps if clip_eps_high is None else clip_eps_high
     a = _token_advantages(tm, adv)
-    ratio = torch.exp(lp - old)
+    ratio = torch.exp(masked_log_ratio(lp, old, tm))
     pg1, pg2 = -a * ratio, -a * ratio.clamp(1.0 - clip_eps, 1.0 + hi)
     with torch.no_grad():
         cov = (a - _masked_mean(a, tm)) * (lp - _masked_mean(lp, tm))
@@ -470,7 +485,7 @@ def kl_cov_loss(
     only when the field is None)."""
     lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps, std_ddof, singleton)
     a = _token_advantages(tm, adv)
-    delta = lp - old
+    delta = masked_log_ratio(lp, old, tm)
     ratio = torch.exp(delta)
     per = -a * ratio
     with torch.no_grad():

@@ -105,6 +105,9 @@ def tpo_group_loss(per_token_logps, old_per_token_logps, rewards, completion_mas
       candidate counts as 0), and the objective's metrics (target_entropy, kl_q_p, frac_zero_var, ...).
     """
     n, t = per_token_logps.shape
+    if torch.isinf(rewards).any():
+        raise ValueError(f"rewards contains {int(torch.isinf(rewards).sum())} ±inf value(s) (shape "
+                         f"{tuple(rewards.shape)}); NaN marks an unscorable completion, inf is not a reward")
     if n % group_size:
         raise ValueError(f"per_token_logps has {n} rows, not a multiple of K = {group_size}")
     g = n // group_size

@@ -16,12 +16,13 @@ from targetpo.objectives._checks import as_float, as_mask, check_group_size, che
 ZERO_VARIANCE_STD = 1e-6
 
 
-def _masked_moments(s: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    """Population mean and std over the last dim, counting only valid entries. Returns (mean, std, count).
+def _masked_moments(s: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Population mean and std over the last dim, counting only valid entries. Returns (mean, std, count, scale).
 
-    Scores with a huge but finite range (|s| ~ 1e20) overflow the squared deviations in float32; those groups'
-    std is recomputed on scores divided by the group's largest |s| (the same std, scaled back), so u and the
-    advantages stay finite. Ordinary scores never take that path, so their numbers are unchanged."""
+    Scores with a huge but finite range (|s| ~ 1e20) overflow the squared deviations in float32; then the
+    moments are recomputed on scores divided by each group's largest |s| (`scale`, [..., 1], else None) and
+    scaled back, and :func:`_centred` divides by the same scale, so u and the advantages stay finite. Ordinary
+    scores never take that path, so their numbers are unchanged."""
     m = None if mask is None else mask.to(s.dtype)
     n = torch.full_like(s[..., :1], s.shape[-1]) if m is None else m.sum(dim=-1, keepdim=True).clamp_min(1.0)
 
@@ -37,8 +38,15 @@ def _masked_moments(s: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Ten
         scale = (s.abs() if m is None else s.abs() * m).amax(dim=-1, keepdim=True).clamp_min(1.0)
         mean_n, var_n = moments(s / scale)
         mean, std = mean_n * scale, var_n.sqrt() * scale
-        return mean, std, n
-    return mean, var.sqrt(), n
+        return mean, std, n, scale
+    return mean, var.sqrt(), n, None
+
+
+def _centred(s: Tensor, mean: Tensor, divisor: Tensor, scale: Tensor | None) -> Tensor:
+    """(s − s̄)/divisor, formed in units of `scale` when the moments needed it (s − s̄ itself may overflow)."""
+    if scale is None:
+        return (s - mean) / divisor
+    return (s / scale - mean / scale) / (divisor / scale)
 
 
 def group_scale(std: Tensor, *, std_floor: float = 0.0, std_shrink: float = 0.0) -> Tensor:
@@ -79,12 +87,11 @@ def standardize_scores(scores: Tensor, mask: Tensor | None = None, *, eps: float
     s = as_float("scores", scores)
     check_group_size("scores", s, minimum=1)
     mask = as_mask("mask", mask, s)
-    mean, std, _ = _masked_moments(s, mask)
-    centred = s - mean
+    mean, std, _, scale = _masked_moments(s, mask)
     if std_floor == 0 and std_shrink == 0:
-        u = torch.where(std > eps, centred / std.clamp_min(eps), centred)
+        u = torch.where(std > eps, _centred(s, mean, std.clamp_min(eps), scale), s - mean)
     else:
-        u = centred / group_scale(std, std_floor=std_floor, std_shrink=std_shrink)
+        u = _centred(s, mean, group_scale(std, std_floor=std_floor, std_shrink=std_shrink), scale)
     return u if mask is None else u.masked_fill(~mask, 0.0)
 
 
@@ -113,13 +120,14 @@ def group_advantages(scores: Tensor, mask: Tensor | None = None, *, eps: float =
                          "by; with scale=False there is no std (leave them at 0)")
     if singleton not in ("zero", "verl"):
         raise ValueError(f"singleton={singleton!r}: must be 'zero' or 'verl'")
-    mean, std, n = _masked_moments(s, mask)
+    mean, std, n, big = _masked_moments(s, mask)
     if std_ddof == 1:
         # Bessel's correction; a singleton's variance is undefined and taken as 0 (its centred score is 0 anyway).
         std = torch.where(n > 1, std * (n / (n - 1).clamp_min(1.0)).sqrt(), torch.zeros_like(std))
-    a = s - mean
     if scale:
-        a = a / (group_scale(std, std_floor=std_floor, std_shrink=std_shrink) + eps)
+        a = _centred(s, mean, group_scale(std, std_floor=std_floor, std_shrink=std_shrink) + eps, big)
+    else:
+        a = s - mean
     if singleton == "verl":
         a = torch.where(n == 1, s / (1.0 + eps) if scale else s, a)
     return a if mask is None else a.masked_fill(~mask, 0.0)
@@ -148,7 +156,7 @@ def zero_variance_groups(scores: Tensor, mask: Tensor | None = None, *, eps: flo
     """Bool [...]: groups whose valid scores have population std ≤ eps (all-fail or all-success groups)."""
     s = as_float("scores", scores)
     mask = as_mask("mask", mask, s)
-    _, std, _ = _masked_moments(s, mask)
+    _, std, _, _ = _masked_moments(s, mask)
     return std.squeeze(-1) <= eps
 
 

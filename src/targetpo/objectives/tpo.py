@@ -110,14 +110,25 @@ def alpha_projection(log_p: Tensor, log_q: Tensor, alpha: float, mask: Tensor | 
     (reverse); α = ½ is 2·Σ(√q_i − √p_i)², four times the squared Hellinger distance. The ends are computed
     as the KLs themselves. With r_i = q_i^α p_i^{1−α}, S = Σ r and w = r/S,
     ∂/∂z_i = (S/α)(p_i − w_i): p − q at α = 1, the reverse-KL gradient as α → 0.
-    The sum is taken in log space, 1 − S = −expm1(logsumexp(α log q + (1−α) log p)), which keeps the
-    α(1 − α) division accurate near the ends and q_i^α finite where q underflows."""
+
+    1 − S is expanded around the nearer end, using Σp = Σq = 1: 1 − S = −Σ_i p_i·expm1(α(log q_i − log p_i))
+    for α ≤ ½ and −Σ_i q_i·expm1((1 − α)(log p_i − log q_i)) above. Each term is then computed to relative
+    precision however close α is to 0 or 1, where 1 − S itself is far below float32's resolution of 1. An
+    exponent above 40 (a candidate far likelier under one distribution) takes the term in log space instead,
+    exp(α log q + (1 − α) log p) minus the weight, which cannot overflow."""
     if alpha == 1:
         return kl_divergence(log_q, log_p, mask)
     if alpha == 0:
         return kl_divergence(log_p, log_q, mask)
-    log_s = torch.logsumexp(alpha * log_q + (1 - alpha) * log_p, dim=-1)
-    return -torch.expm1(log_s) / (alpha * (1 - alpha))
+    if alpha <= 0.5:
+        log_w, t, d = log_p, alpha, log_q - log_p
+    else:
+        log_w, t, d = log_q, 1 - alpha, log_p - log_q
+    x = t * d
+    big = x > 40.0
+    near = log_w.exp() * torch.expm1(x.clamp_max(40.0))
+    far = torch.exp(log_w + x.clamp_min(40.0)) - log_w.exp()
+    return -_valid_sum(torch.where(big, far, near), mask) / (alpha * (1 - alpha))
 
 
 def kl_to_old(log_old: Tensor, u: Tensor, eta: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -166,6 +177,9 @@ def corrected_anchor(logp: Tensor, old_logp: Tensor, is_clip: float, mask: Tenso
 
 
 def _check_options(eta, kl_budget, anchor: bool, projection=None, alpha=None) -> None:
+    if not isinstance(anchor, bool):
+        raise TypeError(f"anchor={anchor!r}: must be True (q ∝ p_old·exp(u/η), the method) or False (the no-anchor "
+                        "ablation)")
     if eta == "adaptive":
         if kl_budget is None:
             raise ValueError("eta='adaptive' needs kl_budget=ε > 0, the KL(q ‖ p_old) each group's η is chosen to reach")
@@ -231,6 +245,12 @@ def _target(old_logp, scores, eta, mask, anchor, kl_budget=None, std_floor=0.0, 
         logits = u.to(dtype) / eta.to(dtype)
     else:
         logits = u.to(dtype) / eta
+        # z-scores are at most √(K−1) in size, so only a tiny η can overflow; with a std floor or shrinkage u has
+        # no such bound and is checked (a host sync, only on that path).
+        bounded = std_floor == 0 and std_shrink == 0 and math.sqrt(u.shape[-1]) / eta < torch.finfo(dtype).max / 2
+        if not bounded and not torch.isfinite(logits).all():
+            raise ValueError(f"eta={eta!r} is too small for {dtype}: u/eta overflows (max |u| = "
+                             f"{float(u.abs().max()):.4g}); use eta ≥ {float(u.abs().max()) / torch.finfo(dtype).max:.1e}")
     if anchor:
         logits = logits + log_old
     log_q = _masked_log_softmax(logits, mask).detach()
@@ -363,8 +383,10 @@ def tpo_token_loss(
     :func:`tpo_loss`'s.
     """
     tl = as_float("token_logp", token_logp)
-    if candidates.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"candidates must be an integer tensor of token ids, got dtype {candidates.dtype}")
+    if not isinstance(candidates, torch.Tensor) or candidates.is_floating_point() or candidates.is_complex() \
+            or candidates.dtype == torch.bool:
+        got = candidates.dtype if isinstance(candidates, torch.Tensor) else type(candidates).__name__
+        raise ValueError(f"candidates must be an integer tensor of token ids, got {got}")
     if candidates.shape[:-1] != tl.shape[:-1]:
         raise ValueError(
             f"candidates has shape {tuple(candidates.shape)} but token_logp has {tuple(tl.shape)}; "

@@ -163,7 +163,7 @@ class TrialConfig:
     epochs: int = param(4, "optimizer steps per episode on the same batch (all methods but DG)", ge=1)
     dg_epochs: int = param(1, "DG's optimizer steps per episode (the authors' code: 1; App. E: 4)", ge=1)
     lr: float = param(1e-3, "effective learning rate of Muon and AdamW (the code's 10 × 1e-4)", gt=0)
-    clip_eps: float = param(0.2, "PPO/GRPO clip range ε", gt=0)
+    clip_eps: float = param(0.2, "PPO/GRPO clip range ε", gt=0, lt=1)
     grpo_beta: float = param(0.04, "GRPO's k3-KL weight β (to the rollout policy)", ge=0)
     dg_eta: float = param(1.0, "DG gate temperature η", gt=0)
     tpo_eta: float = param(1.0, "TPO target temperature η", gt=0)
