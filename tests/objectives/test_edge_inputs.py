@@ -223,3 +223,18 @@ def test_grpo_masked_normalises_by_informative_groups_in_every_candidate_mode(lo
     both = obj.grpo_loss(logp, old, scores, mask_zero_var=True, loss_agg=loss_agg, beta=0.0).loss
     informative = obj.grpo_loss(logp[:1], old[:1], scores[:1], loss_agg=loss_agg, beta=0.0).loss
     assert torch.allclose(both, informative), (both, informative)
+
+
+# ----------------------------------------------------------------------------- what a registered variant fixes
+
+@pytest.mark.parametrize("name,keyword,other", [("grpo_no_kl", "beta", 0.04), ("tpo_reverse_kl", "projection", "js"),
+                                                ("tpo_hellinger", "alpha", 0.3), ("grpo_masked", "mask_zero_var", False)])
+def test_a_registered_variant_refuses_to_be_overridden(name, keyword, other):
+    o = obj.get(name)
+    fixed = inspect.signature(o.fn).parameters[keyword].default
+    args = (_randn(2, 4), _randn(2, 4, seed=1), _randn(2, 4, seed=2))
+    for fn in (o.fn, o.per_token_fn):
+        with pytest.raises(ValueError, match=rf"^{keyword}={other!r}: the objective '{name}' fixes {keyword}="):
+            fn(*args, **{keyword: other})
+    # Passing the value it fixes is what a generic caller (the LLM trainer) does, and stays allowed.
+    assert o.fn(*args, **{keyword: fixed}).loss == o.fn(*args).loss
