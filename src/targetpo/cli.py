@@ -20,7 +20,8 @@ from tqdm.auto import tqdm
 from targetpo.experiments import EXPERIMENTS, SUITES, in_suite, load, suite_of
 from targetpo.runs.config import config_class, field_lines, make_config
 from targetpo.runs.data import MissingDataError
-from targetpo.runs.runner import add_runner_arguments, available_cores, is_not_run, mark_not_run, run_experiment
+from targetpo.runs.runner import (add_runner_arguments, available_cores, computes_on, is_not_run, mark_not_run,
+                                  parse_device, run_experiment)
 
 
 def _experiment_epilog() -> str:
@@ -53,6 +54,10 @@ def _data_overrides(args, exp, strict: bool) -> list[str]:
     With `strict` (targetpo run) a flag the experiment cannot use is an error; reproduce applies them where they fit."""
     given = {k: getattr(args, k, None) for k in DATA_FLAGS}
     given = {k: v for k, v in given.items() if v not in (None, False)}
+    both = [k for k in given if any(o.split("=", 1)[0].strip().replace("-", "_") == k
+                                    for o in getattr(args, "overrides", None) or [])]
+    if both:
+        raise ValueError(f"give either {DATA_FLAGS[both[0]]} or {both[0]}=..., not both")
     fields = _field_names(exp)
     if strict and set(given) - fields:
         users = [n for n in EXPERIMENTS if "data_dir" in _field_names(load(n))]
@@ -107,18 +112,19 @@ class _Plan:
     run_dir: Path
     resume: bool
     force: bool
+    device: str
 
 
-def _plan(out: Path, name: str, preset: str, overrides: list[str], fresh: bool) -> _Plan:
+def _plan(out: Path, name: str, preset: str, overrides: list[str], fresh: bool, device: str) -> _Plan:
     run_dir = out / name
     placeholder = is_not_run(run_dir)  # an earlier reproduce lacked the data: start this one afresh
     resume = (run_dir / "run.json").exists() and not fresh and not placeholder
-    return _Plan(name, preset, tuple(overrides), run_dir, resume, fresh or placeholder)
+    return _Plan(name, preset, tuple(overrides), run_dir, resume, fresh or placeholder, device)
 
 
-def _run_plan(plan: _Plan, device: str, progress: bool, threads: int | None = None, quiet: bool = False) -> None:
+def _run_plan(plan: _Plan, progress: bool, threads: int | None = None, quiet: bool = False) -> None:
     run_experiment(load(plan.name), plan.preset, out=plan.run_dir, resume=plan.resume, force=plan.force,
-                   overrides=list(plan.overrides) or None, device=device, progress=progress, quiet=quiet,
+                   overrides=list(plan.overrides) or None, device=plan.device, progress=progress, quiet=quiet,
                    threads=threads)
 
 
@@ -133,13 +139,13 @@ def _exit_on_signal(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def _reproduce_worker(conn, plan: _Plan, device: str, threads: int) -> None:
+def _reproduce_worker(conn, plan: _Plan, threads: int) -> None:
     """One experiment in its own process with `threads` torch threads; sends ("done", summary), ("missing", reason) or
     ("failed", traceback) to the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
     signal.signal(signal.SIGTERM, _exit_on_signal)  # by SIGTERM, and the interpreter then shuts down cleanly
     try:
-        _run_plan(plan, device, progress=False, threads=threads, quiet=True)
+        _run_plan(plan, progress=False, threads=threads, quiet=True)
         exp = load(plan.name)
         if hasattr(exp, "summary"):
             from targetpo.runs.store import Run
@@ -153,7 +159,7 @@ def _reproduce_worker(conn, plan: _Plan, device: str, threads: int) -> None:
         conn.send(("failed", traceback.format_exc()))
 
 
-def _run_parallel(plans: list[_Plan], jobs: int, device: str, progress: bool) -> tuple[list[str], list[str]]:
+def _run_parallel(plans: list[_Plan], jobs: int, progress: bool) -> tuple[list[str], list[str]]:
     """Run `plans` in up to `jobs` worker processes, longest first (by RUNTIME). Prints one line per finished
     experiment under an overall bar. Returns (names not run for lack of data, names that failed)."""
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked OpenMP or torch state
@@ -171,7 +177,7 @@ def _run_parallel(plans: list[_Plan], jobs: int, device: str, progress: bool) ->
             while queue and len(running) < jobs:
                 plan = queue.pop(0)
                 recv, send = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_reproduce_worker, args=(send, plan, device, threads), name=f"reproduce-{plan.name}")
+                proc = ctx.Process(target=_reproduce_worker, args=(send, plan, threads), name=f"reproduce-{plan.name}")
                 proc.start()
                 send.close()
                 running[proc.sentinel] = (plan, proc, recv, time.time())
@@ -230,26 +236,40 @@ def cmd_reproduce(args) -> int:
     jobs = available_cores() if args.jobs is None else args.jobs
     if jobs < 1:
         raise ValueError(f"--jobs={jobs}: must be at least 1 (1 runs the experiments one after another)")
+    if not args.out.strip():
+        raise ValueError("--out is empty: give the directory for the runs and REPORT.md (default results)")
+    if args.only is not None and not args.only:
+        raise ValueError("--only needs at least one experiment name (see `targetpo list`); leave it out to run "
+                         f"the --suite ({args.suite})")
+    if args.only and len(set(args.only)) != len(args.only):
+        dup = next(n for i, n in enumerate(args.only) if n in args.only[:i])
+        raise ValueError(f"--only names {dup} twice; each experiment runs once")
     out = Path(args.out)
+    dev = parse_device(args.device)
     # Every config is validated before the first run starts, so a refused one leaves nothing behind.
-    plans = []
+    plans, cpu_only = [], []
     for name in args.only or in_suite(args.suite):
         exp = load(name)
         preset = args.preset or exp.REPRODUCE_PRESET
         overrides = _data_overrides(args, exp, strict=False)
         make_config(exp, preset, overrides=overrides)
-        plans.append(_plan(out, name, preset, overrides, args.fresh))
+        device = args.device if computes_on(exp, dev) else "cpu"
+        if device != args.device:
+            cpu_only.append(name)  # an experiment that computes on the CPU only runs there, and is named below
+        plans.append(_plan(out, name, preset, overrides, args.fresh, device))
+    if cpu_only:
+        print(f"--device {args.device}: {', '.join(cpu_only)} compute on the CPU only and run there", file=sys.stderr)
     missing, failed = [], []
     if jobs == 1 or len(plans) == 1:
         for plan in plans:
             try:  # the runner checks the data before it writes anything
-                _run_plan(plan, args.device, progress=not args.no_progress)
+                _run_plan(plan, progress=not args.no_progress)
             except MissingDataError as exc:
                 missing.append(plan.name)
                 _not_run(plan, str(exc))
     else:
         try:
-            missing, failed = _run_parallel(plans, min(jobs, len(plans)), args.device, progress=not args.no_progress)
+            missing, failed = _run_parallel(plans, min(jobs, len(plans)), progress=not args.no_progress)
         except KeyboardInterrupt:
             return 130
     print(f"report: {write_report(out)}")
@@ -374,8 +394,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except (ValueError, OSError, KeyError) as exc:
-        print(f"targetpo: error: {exc}", file=sys.stderr)
+        # str() of a KeyError is the repr of its message; show the message itself.
+        print(f"targetpo: error: {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        again = {"run": "the same command with --resume", "rlvr": "the same command with --resume",
+                 "reproduce": "the same command (it resumes)"}.get(args.command)
+        print("\ntargetpo: interrupted" + (f"; every metrics line written is kept: run {again} to continue" if again
+                                           else ""), file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -206,7 +206,7 @@ def test_rlvr_cli_documents_every_field_and_maps_flags(capsys):
     helps = field_help(rlvr.Config)
     head = next(i for i, line in enumerate(lines) if line.startswith("config fields (key=value; defaults of the cpu"))
     fields = lines[head + 1:]
-    for name in rlvr.Config.__dataclass_fields__:
+    for name in (f.name for f in dataclasses.fields(rlvr.Config)):
         documented = [line for line in fields if line.startswith(f"{name}=")]
         assert helps.get(name) and len(documented) == 1, (name, documented)
         assert documented[0].split(None, 1)[1].startswith(helps[name]), (name, documented)

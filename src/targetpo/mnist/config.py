@@ -8,6 +8,7 @@ from targetpo.runs.config import RunConfig, config, default, param
 
 @config
 class MnistConfig(RunConfig):
+    DEVICES = ("cpu",)  # the MLPs of every seed are one batched CPU computation; nothing moves to --device
     seeds = default(10, help="independent seeds, vectorised as one batched network")
     steps: int = param(4000, "Adam updates (one batch each)", ge=1)
     batch: int = param(100, "images per update, drawn uniformly with replacement (GRPO standardizes over it)",

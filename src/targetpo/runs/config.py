@@ -32,9 +32,11 @@ from typing import Any
 
 def param(default: Any, help: str, *, gt: float | None = None, ge: float | None = None, lt: float | None = None,
           le: float | None = None, choices: tuple | None = None, finite: bool = True, nonempty: bool = True,
-          unique: bool = False, fixed: str | None = None) -> Any:
+          unique: bool | None = None, fixed: str | None = None) -> Any:
     """A config field: its default, help text and what values are allowed. Bounds and `choices` apply to a
-    number/string or to every item of a tuple; `nonempty` and `unique` to tuples; `finite` to floats.
+    number/string or to every item of a tuple; `nonempty` and `unique` to tuples; `finite` to floats. `unique`
+    defaults to on for a list (``tuple[x, ...]``): its items name methods, lengths or conditions, and a repeated
+    one would collapse into a single unit; a fixed-length tuple such as ``tuple[float, float]`` may repeat.
     `fixed` says why an experiment does not let it be set (see :func:`swept`, :func:`unused`)."""
     meta = {"help": help, "gt": gt, "ge": ge, "lt": lt, "le": le, "choices": tuple(choices) if choices else None,
             "finite": finite, "nonempty": nonempty, "unique": unique, "fixed": fixed}
@@ -128,6 +130,9 @@ class RunConfig(Validated):
     seeds: int = param(1, "independent seeds, vectorised as one batch inside each unit", ge=1)
     seed: int = param(0, "first seed (seeds are seed, seed+1, ...)", ge=0)
     methods: tuple[str, ...] = param((), "which methods to run")
+    # The torch device types the experiment's units compute on (None: whatever --device names). An experiment
+    # that keeps its tensors on the CPU says so, and `--device cuda` is refused rather than recorded and ignored.
+    DEVICES: typing.ClassVar[tuple[str, ...] | None] = None
 
 
 # ----------------------------------------------------------------------------- validating
@@ -144,6 +149,13 @@ def _base_type(annotation: Any) -> tuple[Any, bool, Any]:
     if typing.get_origin(annotation) in (tuple, list):
         return tuple, optional, (typing.get_args(annotation) or (str,))[0]
     return annotation, optional, None
+
+
+def _is_list(annotation: Any) -> bool:
+    """Whether a field's annotation is a variable-length tuple, ``tuple[x, ...]`` (optionally ``| None``)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    return typing.get_origin(annotation) is tuple and typing.get_args(annotation)[-1:] == (Ellipsis,)
 
 
 def _is(value: Any, tp: Any) -> bool:
@@ -204,8 +216,12 @@ def validate(cfg: Any) -> None:
             raise ValueError(f"{f.name}=(): must not be empty{items}")
         for x in value:
             _check_item(f.name, value, x, item, meta, f"item {x!r} ")
-        if meta.get("unique") and len(set(value)) != len(value):
-            raise ValueError(f"{f.name}={value!r}: items must be distinct")
+        unique = meta.get("unique")
+        if unique is None:
+            unique = _is_list(hints[f.name])
+        if unique and len(set(value)) != len(value):
+            dup = next(x for i, x in enumerate(value) if x in value[:i])
+            raise ValueError(f"{f.name}={value!r}: items must be distinct ({dup!r} is given twice)")
 
 
 # ----------------------------------------------------------------------------- presets and overrides
@@ -254,6 +270,8 @@ def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
             near = difflib.get_close_matches(key, names, n=1)
             hint = f"did you mean {near[0]!r}? " if near else ""
             raise ValueError(f"unknown config field {key!r}; {hint}valid fields: {', '.join(names)}")
+        if key in changes:
+            raise ValueError(f"{key} is set twice ({key}={show(changes[key])} and {item.strip()}); give it once")
         changes[key] = _parse_value(value.strip(), hints[key], key)
     return dataclasses.replace(cfg, **changes)
 
@@ -273,6 +291,8 @@ def make_config(exp: ModuleType, preset: str, seeds: int | None = None, override
         raise ValueError(f"experiment {exp.NAME} has no preset {preset!r}; presets: {', '.join(exp.PRESETS)}")
     cfg = exp.PRESETS[preset]
     if seeds is not None:
+        if any(o.split("=", 1)[0].strip() == "seeds" for o in overrides or []):
+            raise ValueError(f"give either --seeds {seeds} or seeds=..., not both")
         cfg = dataclasses.replace(cfg, seeds=seeds)
     return validated(apply_overrides(cfg, overrides or []))
 

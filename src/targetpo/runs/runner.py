@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from targetpo.runs.store import METRICS_FILE, RUN_FILE, MetricsWriter, read_metrics, record_key, versions, write_run_json
-from targetpo.runs.config import config_from_dict, make_config, validated
+from targetpo.runs.config import config_class, config_from_dict, make_config, validated
 
 
 class _Diverged(Exception):
@@ -214,6 +214,11 @@ def run_experiment(
     directory. `preset` None means the stored run's preset on resume and "cpu" otherwise; a resume that asks for
     another preset, seed count or overrides than the stored run is refused, naming the fields that differ."""
     name = exp.NAME
+    if out is not None and not str(out).strip():
+        raise ValueError("--out is empty: give the run directory (default results/NAME-PRESET)")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"--threads {threads!r}: must be an integer >= 1 (default: the idle cores)")
+    dev = resolve_device(exp, device)
     # The idle cores unless asked (or the experiment sets TORCH_THREADS); any count gives the same numbers.
     # `reproduce --jobs N` gives each worker cores // N.
     torch.set_num_threads(threads or getattr(exp, "TORCH_THREADS", None) or default_threads())
@@ -240,6 +245,9 @@ def run_experiment(
         cfg = make_config(exp, preset, seeds, overrides)  # validated before anything on disk is touched
         _check_data(exp, cfg)  # and the data checked before --force deletes anything
         if meta_path.exists() or (run_dir / METRICS_FILE).exists():
+            if not force and resume:  # metrics without their run.json: nothing says which config they came from
+                raise FileExistsError(f"{run_dir} holds {METRICS_FILE} but no {RUN_FILE}, so it cannot be resumed; "
+                                      "--force replaces it")
             if not force:
                 raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or --force to replace it")
             shutil.rmtree(run_dir)
@@ -265,7 +273,6 @@ def run_experiment(
 
     total = sum(steps_of(exp, cfg, u) for u in todo)
     writer = MetricsWriter(run_dir / METRICS_FILE, existing)
-    dev = torch.device(device)
     nan_ok = getattr(type(cfg), "NAN_MEANS_EMPTY", ())  # metrics that are NaN by design (a mean over nothing)
     with tqdm(total=total, desc=f"{name} [{preset}]", unit="step", disable=not progress, mininterval=0.5,
               file=sys.stderr, dynamic_ncols=True) as bar:
@@ -315,6 +322,38 @@ def run_experiment(
             line += "\n  " + exp.summary(Run.load(run_dir))
         print(line)
     return run_dir
+
+
+def computes_on(exp: ModuleType, dev: torch.device) -> bool:
+    """Whether the experiment's units compute on `dev` (its Config.DEVICES; None: any device)."""
+    allowed = config_class(exp).DEVICES
+    return allowed is None or dev.type in allowed
+
+
+def resolve_device(exp: ModuleType, device: str) -> torch.device:
+    """The torch device `device` names, or a ValueError saying why this experiment cannot compute on it: an
+    experiment that runs on the CPU only (Config.DEVICES), or see :func:`parse_device`."""
+    dev = parse_device(device)
+    if not computes_on(exp, dev):
+        raise ValueError(f"--device {device}: {exp.NAME} computes on {' or '.join(config_class(exp).DEVICES)} "
+                         "only; drop --device")
+    return dev
+
+
+def parse_device(device: str) -> torch.device:
+    """The torch device `device` names, or a ValueError: not a device string, or a device this machine lacks."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device {device!r}: not a torch device (e.g. cpu, cuda, cuda:1, mps)") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (dev.index or 0) >= count:
+            raise ValueError(f"--device {device}: this machine has {count} CUDA device(s) usable by torch "
+                             f"{torch.__version__} (built with CUDA {torch.version.cuda or 'none'})")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {device}: MPS is not available to torch {torch.__version__} here")
+    return dev
 
 
 def add_runner_arguments(parser, *, unit: str = "units") -> None:

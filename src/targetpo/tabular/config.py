@@ -9,6 +9,7 @@ from targetpo.runs.stats import fmt, ours_vs_paper, steps_to_interval
 
 @config
 class TabularConfig(RunConfig):
+    DEVICES = ("cpu",)  # exact updates of 1e5 numbers per step: a GPU's launch latency would dominate
     seeds = default(100, help="independent runs, vectorised as one batch")
     steps: int = param(1000, "normalized logit steps", ge=1)
     actions: int = param(10, "A, actions per context (action 0 is correct)", ge=2)

@@ -1,0 +1,119 @@
+"""The runner's own flags and the shapes of a command line: each bad one exits 2 with one line before anything is
+written, and nothing a user typed is silently dropped, collapsed or ignored."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from targetpo.cli import main
+from targetpo.experiments import load
+from targetpo.runs.runner import computes_on, resolve_device
+
+
+def _run(argv, capsys) -> tuple[int, list[str]]:
+    code = main(argv)
+    return code, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+SMOKE = ["--preset", "smoke", "--no-progress", "--no-report"]
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--device", "nosuch"], "--device 'nosuch': not a torch device"),
+    (["--threads", "0"], "--threads 0: must be an integer >= 1"),
+    (["--threads", "-1"], "--threads -1: must be an integer >= 1"),
+    (["--seeds", "2", "seeds=3"], "give either --seeds 2 or seeds=..., not both"),
+    (["seeds=2", "seeds=3"], "seeds is set twice (seeds=2 and seeds=3); give it once"),
+    (["methods=tpo,tpo"], "methods=('tpo', 'tpo'): items must be distinct ('tpo' is given twice)"),
+])
+def test_bad_runner_flags_exit_2_with_one_line_and_no_run_folder(tmp_path, capsys, argv, expected):
+    out = tmp_path / "run"
+    code, err = _run(["run", "tabular-single", "--out", str(out), *SMOKE, *argv], capsys)
+    assert code == 2 and len(err) == 1 and expected in err[0], err
+    assert not out.exists()
+
+
+def test_a_list_field_refuses_a_repeated_item_in_every_experiment(tmp_path, capsys):
+    """Before, `lengths=3,3` printed 14 units and ran 7: repeated items collapsed into one unit."""
+    code, err = _run(["run", "token-terminal", "--out", str(tmp_path / "r"), *SMOKE, "lengths=3,3"], capsys)
+    assert code == 2 and err == ["targetpo: error: lengths=(3, 3): items must be distinct (3 is given twice)"]
+
+
+def test_an_empty_out_is_refused_instead_of_writing_into_the_working_directory(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, err = _run(["run", "tabular-single", "--out", "", *SMOKE], capsys)
+    assert code == 2 and "--out is empty" in err[0]
+    code, err = _run(["reproduce", "--out", "", "--only", "tabular-single", "--preset", "smoke", "--no-progress"],
+                     capsys)
+    assert code == 2 and "--out is empty" in err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_a_device_this_machine_lacks_is_refused_before_the_run_folder(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, err = _run(["run", "token-terminal", "--out", str(out), *SMOKE, "--device", "cuda"], capsys)
+    assert code == 2 and len(err) == 1 and "--device cuda: this machine has 0 CUDA device(s)" in err[0]
+    assert not out.exists()
+
+
+def test_cpu_only_experiments_refuse_another_device_instead_of_ignoring_it():
+    """MNIST and the tabular bandits keep their tensors on the CPU: `--device cuda` was recorded in run.json
+    and ignored. The token and LLM experiments compute on the device they are given."""
+    meta = torch.device("meta")  # a device every torch build has, which no experiment computes on
+    for name in ("tabular-single", "tabular-multi", "mnist", "mnist-staleness"):
+        assert not computes_on(load(name), meta)
+        assert computes_on(load(name), torch.device("cpu"))
+    for name in ("token-terminal", "token-dense"):
+        assert computes_on(load(name), meta)
+    with pytest.raises(ValueError, match="--device meta: mnist computes on cpu only; drop --device"):
+        resolve_device(load("mnist"), "meta")
+
+
+def test_data_flag_and_its_field_together_are_refused(tmp_path, capsys):
+    code, err = _run(["run", "mnist", "--out", str(tmp_path / "r"), *SMOKE, "--data-dir", str(tmp_path),
+                      f"data_dir={tmp_path / 'other'}"], capsys)
+    assert code == 2 and err == ["targetpo: error: give either --data-dir or data_dir=..., not both"]
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--only"], "--only needs at least one experiment name"),
+    (["--only", "tabular-single", "tabular-single"], "--only names tabular-single twice"),
+    (["--only", "tabular-single", "--device", "nosuch"], "--device 'nosuch': not a torch device"),
+])
+def test_reproduce_refuses_an_empty_or_repeated_only_before_running_anything(tmp_path, capsys, argv, expected):
+    out = tmp_path / "results"
+    code, err = _run(["reproduce", "--out", str(out), "--preset", "smoke", "--no-progress", *argv], capsys)
+    assert code == 2 and len(err) == 1 and expected in err[0], err
+    assert not out.exists()
+
+
+def test_an_unknown_experiment_in_a_key_error_reads_without_quotes(capsys, monkeypatch):
+    def boom(args):
+        raise KeyError("unknown experiment 'nosuch'; available: a, b")
+
+    monkeypatch.setattr("targetpo.cli.cmd_list", boom)
+    code, err = _run(["list"], capsys)
+    assert code == 2 and err == ["targetpo: error: unknown experiment 'nosuch'; available: a, b"]
+
+
+def test_ctrl_c_prints_one_line_exits_130_and_the_run_resumes(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "targetpo", "run", "tabular-multi", "--out", str(out), *SMOKE, "steps=20000",
+           "--threads", "1"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and lines[-1].startswith("targetpo: interrupted; every metrics line written is kept")
+    assert subprocess.run([*cmd, "--resume"], capture_output=True).returncode == 0
