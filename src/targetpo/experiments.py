@@ -5,6 +5,8 @@ An experiment module defines:
 - ``Config``: a frozen dataclass with every hyperparameter, each declared once with its help and bounds
   (:func:`targetpo.runs.config.param`; shared fields come from a base such as ``RunConfig`` or ``TokenConfig``);
 - optionally ``RUNTIME``: a note on the reproduce preset's wall time, for the README's experiment table;
+- optionally ``Config.DEVICES``: the torch device types its units compute on (``("cpu",)`` for MNIST and the
+  tabular bandits); the runner refuses any other ``--device`` instead of recording and ignoring it;
 - ``PRESETS``: ``{"smoke": Config(...), "cpu": Config(...), "paper": Config(...)}``;
 - ``REPRODUCE_PRESET``: the preset ``targetpo reproduce`` uses;
 - optionally ``units(cfg) -> list[str]``: resumable pieces of work (default: one per entry of
