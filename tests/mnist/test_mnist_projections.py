@@ -44,3 +44,31 @@ def test_mnist_projections_smoke_and_forward_kl_is_mnist_tpo(tmp_path, mnist_dir
     assert "mnist_projections.png" in text and (run_dir / "mnist_projections.png").exists()
     assert "What the data says" in text and "forward KL (TPO)" in text
     assert np.isfinite([v for r in recs for k, v in r.items() if k.endswith(".error") for v in v]).all()
+
+
+def _report_text(tmp_path, preset: str) -> str:
+    """The "What the data says" paragraph of a 2-seed run whose reverse-KL differences from TPO are more than
+    2 s.e. from 0 while their 95 % t-interval (t = 12.7 at 2 seeds) includes 0, and whose alpha0.5 differences
+    are clear by either rule."""
+    from targetpo.report import Section
+    from targetpo.runs.store import Run
+
+    errors = {"forward_kl": ([0.30, 0.30], [0.10, 0.10]), "reverse_kl": ([0.40, 0.42], [0.20, 0.22]),
+              "alpha0.5": ([0.40, 0.4001], [0.20, 0.2001])}
+    records = [{"unit": MP.UNIT, "step": step, **{f"{m}.error": v[i] for m, v in errors.items()}}
+               for i, step in enumerate((20, 40))]
+    cfg = {"methods": list(errors), "threshold": 0.05, "seeds": 2, "steps": 40, "eta": 1.0}
+    run = Run(tmp_path, {"preset": preset, "experiment": MP.NAME, "config": cfg, "seeds": [0, 1]}, records)
+    section = Section("t", run, tmp_path)
+    MP.report(run, section)
+    return next(b for b in section.blocks if b.startswith("**What the data says.**"))
+
+
+def test_what_the_data_says_reads_95_percent_t_intervals_and_decides_nothing_on_smoke(tmp_path):
+    cpu = _report_text(tmp_path, "cpu")
+    assert "2 s.e." not in cpu and "paired 95 % t-interval over 2 seeds" in cpu
+    reverse, alpha = cpu.split("α")[0], cpu.split("α", 1)[1]  # "reverse KL" first, then "α = 0.5"
+    assert "clear difference" not in reverse and reverse.count("not resolved: the interval includes 0") == 2
+    assert alpha.count("a clear difference") == 2
+    smoke = _report_text(tmp_path, "smoke")
+    assert "clear difference" not in smoke and smoke.count("too short to decide") == 4

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -210,3 +211,20 @@ def test_help_lists_fields_with_bounds(capsys):
         main(["run", "--help"])
     out = capsys.readouterr().out
     assert "lr=0.001" in out and "[> 0 and finite]" in out and "[fixed (swept by lengths)]" in out
+
+
+def test_a_fixed_length_tuple_field_takes_exactly_that_many_items():
+    """`tuple[float, float]` is a pair: (0.9,) used to pass validation and fail inside torch's Adam."""
+
+    @config
+    class Pair(RunConfig):
+        betas: tuple[float, float] = param((0.9, 0.999), "a pair", ge=0, lt=1)
+        names: tuple[str, ...] = param(("a",), "any number")
+        methods = ("m",)
+
+    validate(Pair(names=("a", "b", "c")))
+    for bad in ((0.9,), (0.9, 0.99, 0.999)):
+        with pytest.raises(ValueError, match=re.escape(f"betas={bad!r}: must have exactly 2 items, each >= 0 and < 1")):
+            validate(Pair(betas=bad))
+    with pytest.raises(ValueError, match=r"betas=\(0.9, 1.0\): item 1.0 must be >= 0 and < 1"):
+        validate(Pair(betas=(0.9, 1.0)))

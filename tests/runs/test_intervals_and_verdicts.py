@@ -230,3 +230,13 @@ def test_bounds_cut_an_interval_to_the_quantitys_range():
     assert seed_interval([0.4, 0.5, 0.45], bounds=(0, 1))[:3] == seed_interval([0.4, 0.5, 0.45])[:3]
     with pytest.raises(ValueError, match=r"bounds must be \(low, high\) around the seed mean 2.0"):
         seed_interval([1.0, 3.0], bounds=(0, 1))
+
+
+def test_prose_reads_a_difference_by_the_verdict_rule_and_never_decides_on_smoke():
+    from targetpo.runs.stats import difference_read
+
+    clear, straddles = Interval(0.1, 0.05, 0.15, 3, "paired t"), Interval(0.1, -0.01, 0.21, 3, "paired t")
+    assert difference_read(clear) == "a clear difference"
+    assert difference_read(straddles) == "not resolved: the interval includes 0"
+    assert difference_read(seed_interval([0.1])) == "not resolved: no interval"  # one seed
+    assert "too short to decide" in difference_read(clear, decides=False)

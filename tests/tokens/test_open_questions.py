@@ -9,7 +9,7 @@ from targetpo import objectives as obj
 from targetpo.experiments import load, run_experiment
 from targetpo.report import write_report
 from targetpo.runs.config import make_config
-from targetpo.runs.stats import Curve
+from targetpo.runs.stats import Curve, mean_se
 from targetpo.runs.store import Run
 from targetpo.tokens import engine as te
 from targetpo.tokens import open_questions as oq
@@ -254,3 +254,14 @@ def test_the_options_a_method_reads_come_from_its_objective():
         expected = set(values) if method in tpo_family else {"std_floor", "std_shrink"} if method in grpo_family \
             else set()
         assert ok == expected, (method, ok)
+
+
+def test_a_finding_calls_a_difference_clear_only_by_its_interval_and_never_on_smoke():
+    def curve(values):
+        return Curve(np.arange(len(values)), *mean_se(values), values)
+
+    data = {"a": curve(np.full((10, 3), 0.2) + [0.0, 0.01, 0.02]), "ref": curve(np.full((10, 3), 0.5))}
+    labels = {"a": "A", "ref": "R"}
+    assert oq.finding(data, "a", "ref", labels, 0.01).count("a clear difference") == 2
+    smoke = oq.finding(data, "a", "ref", labels, 0.01, decides=False)
+    assert "clear difference" not in smoke and smoke.count("too short to decide") == 2

@@ -19,24 +19,35 @@ def _methods(objectives: str, seq_logp: str | None) -> str:
 
 
 def rlvr_overrides(args) -> list[str]:
-    """The `key=value` overrides of the `rlvr` experiment that `targetpo rlvr`'s flags stand for."""
+    """The `key=value` overrides of the `rlvr` experiment that `targetpo rlvr`'s flags stand for. A flag and the
+    field it sets are refused together (which one should win is a guess); an empty flag value is an error, not
+    the default."""
     overrides = list(args.overrides or [])
     given = {o.split("=", 1)[0].strip().replace("-", "_") for o in overrides}
-    if args.model:
-        overrides.append(f"model={args.model}")
-    if args.task:
-        overrides.append(f"task={args.task}")
-        # A new task starts from its own defaults unless the options are given too.
+    for flag, field in (("model", "model"), ("task", "task"), ("data_path", "data_path")):
+        value = getattr(args, flag)
+        if value is not None and field in given:
+            raise ValueError(f"--{flag.replace('_', '-')} {value} and {field}=...: give either --"
+                             f"{flag.replace('_', '-')} or {field}=..., not both")
+        if value is not None:
+            overrides.append(f"{field}={value}")
+    if args.objective is not None or args.seq_logp:
+        if "methods" in given:
+            raise ValueError("give either --objective/--seq-logp or methods=..., not both")
+        methods = _methods(args.objective if args.objective is not None else "tpo", args.seq_logp)
+        if not methods:
+            from targetpo.llm.experiment import BASE_OBJECTIVES
+
+            raise ValueError(f"--objective {args.objective!r}: give at least one objective (comma-separated: "
+                             f"{', '.join(BASE_OBJECTIVES)})")
+        overrides.append(f"methods={methods}")
+    if "task" in given or args.task is not None:
+        # A new task starts from its own defaults, not the preset's options for another task, unless they are
+        # given too (the same for --task and task=).
         if "task_options" not in given:
             overrides.append("task_options=")
         if "compact" not in given:
             overrides.append("compact=false")
-    if args.data_path:
-        overrides.append(f"data_path={args.data_path}")
-    if args.objective or args.seq_logp:
-        if "methods" in given:
-            raise ValueError("give either --objective/--seq-logp or methods=..., not both")
-        overrides.append(f"methods={_methods(args.objective or 'tpo', args.seq_logp)}")
     return overrides
 
 
@@ -49,7 +60,8 @@ def add_rlvr_parser(subparsers) -> argparse.ArgumentParser:
              *field_lines(rlvr.PRESETS["cpu"], width=34)]
     epilog = "\n".join([
         "examples:",
-        "  targetpo rlvr --preset cpu                      # TPO (sum, mean) vs GRPO on a tiny model, ~10 min on 2 cores",
+        f"  targetpo rlvr --preset cpu                      # TPO (sum, mean) vs GRPO on a tiny model, {rlvr.CPU_TIME} "
+        "on 2 cores",
         "  targetpo rlvr --preset smoke --out runs/s       # seconds",
         "  targetpo rlvr --preset cpu --objective tpo,grpo,dapo --seq-logp both steps=300",
         "  targetpo rlvr --preset paper --model /path/to/Qwen3-1.7B --data-path /path/to/gsm8k --device cuda",
@@ -63,7 +75,7 @@ def add_rlvr_parser(subparsers) -> argparse.ArgumentParser:
                     "RL unit per method; writes run.json, metrics.jsonl, checkpoints and REPORT.md to --out.",
         epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default=None, choices=list(rlvr.PRESETS),
-                   help="smoke (seconds), cpu (tiny model on 2 CPU cores, ~10 min; default) or paper (App. G: "
+                   help=f"smoke (seconds), cpu (tiny model on 2 CPU cores, {rlvr.CPU_TIME}; default) or paper (App. G: "
                         "Qwen3-1.7B on GSM8K, K=16, LoRA r=32, KL 1e-3; needs a GPU; untested here)")
     p.add_argument("--model", default=None, help="local Hugging Face model directory, never downloaded (sets model=; "
                    "default: the preset's, 'tiny' = the offline character-level Qwen2)")
@@ -76,6 +88,7 @@ def add_rlvr_parser(subparsers) -> argparse.ArgumentParser:
                    help="TPO's sequence log-score: sum of token log-probs (the paper), mean (length-normalised) "
                         "or both (two TPO runs); default sum")
     p.add_argument("--out", default=None, help="run directory (default results/rlvr-PRESET)")
-    add_runner_arguments(p, unit="methods (a partial one continues from its last checkpoint)")
+    add_runner_arguments(p, unit="methods", partial="continues from its last checkpoint (checkpoint_every) "
+                         "without rewriting the lines already on disk")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (fields below)")
     return p

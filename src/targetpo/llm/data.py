@@ -7,6 +7,7 @@ and a disjoint held-out set from it, deterministically from a seed.
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,12 +56,19 @@ class ReasoningGymTask:
         self.name = name
         self.compact = compact
         self.options = options
+        from reasoning_gym.factory import DATASETS
+
+        if name not in DATASETS:
+            near = difflib.get_close_matches(name, [*DATASETS, "gsm8k"], n=3)
+            hint = f"did you mean {', '.join(map(repr, near))}? " if near else ""
+            raise ValueError(f"task={name!r}: neither gsm8k nor a reasoning-gym dataset; {hint}reasoning-gym has "
+                             f"{len(DATASETS)}, e.g. {', '.join(ARITHMETIC_TASKS)}, graph_color, knights_knaves")
         if compact and name not in ARITHMETIC_TASKS:
-            raise ValueError(f"compact prompts exist for {ARITHMETIC_TASKS}, not {name!r}")
+            raise ValueError(f"compact=true: compact prompts exist for {', '.join(ARITHMETIC_TASKS)}, not {name!r}")
         try:
             self._scorer = rg.create_dataset(name, size=1, seed=0, **options)  # scoring reads only the entry
-        except Exception as exc:  # unknown name or bad option: say which
-            raise ValueError(f"reasoning-gym task {name!r} with options {options}: {exc}") from exc
+        except Exception as exc:  # an option the dataset lacks or refuses: say which
+            raise ValueError(f"task_options {options} of reasoning-gym task {name!r}: {exc}") from None
 
     def problems(self, split: str, size: int, seed: int) -> list[Problem]:
         import reasoning_gym as rg
@@ -122,7 +130,9 @@ class Gsm8kTask:
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
         rows = read_gsm8k(self.path / ("train.jsonl" if split == "train" else "test.jsonl"))
         if size > len(rows):
-            raise ValueError(f"asked for {size} GSM8K {split} problems; the file has {len(rows)}")
+            field = "train_size" if split == "train" else "eval_size"
+            raise ValueError(f"{field}={size}: more than the {len(rows)} problems of GSM8K's "
+                             f"{'train' if split == 'train' else 'test'}.jsonl in {self.path}")
         if split == "train":
             rows = random.Random(seed).sample(rows, size)
         else:
@@ -140,7 +150,7 @@ def load_task(name: str, *, data_path: str | None = None, compact: bool = False,
         if not data_path:
             raise ValueError("task gsm8k needs data_path=DIR (a directory with train.jsonl and test.jsonl)")
         if options:
-            raise ValueError(f"task gsm8k takes no options, got {options}")
+            raise ValueError(f"task_options {options}: task gsm8k takes no options")
         return Gsm8kTask(data_path)
     return ReasoningGymTask(name, compact=compact, **(options or {}))
 

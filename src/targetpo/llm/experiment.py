@@ -84,11 +84,18 @@ class Config(TrainerConfig, RunConfig):
     max_new_tokens = 5
     eval_every = 10
     eval_batch = 200
-    checkpoint_every = default(25, note="0 = never; a killed unit then restarts")
+    checkpoint_every = default(25, note="with 0, --resume restarts a killed unit from its first step")
 
     def check(self) -> None:
         for m in self.methods:
             trainer_config(self, m, 0).validate()
+        if self.model == "tiny":  # the shapes Qwen2 accepts, before the run builds it
+            if self.tiny_hidden % self.tiny_heads or (self.tiny_hidden // self.tiny_heads) % 2:
+                raise ValueError(f"tiny_heads={self.tiny_heads}: must divide tiny_hidden={self.tiny_hidden} into "
+                                 "heads of an even size (rotary embeddings rotate pairs of dimensions)")
+            if self.tiny_heads % self.tiny_kv_heads:
+                raise ValueError(f"tiny_kv_heads={self.tiny_kv_heads}: must divide tiny_heads={self.tiny_heads} "
+                                 "(grouped-query attention shares each key/value head among whole groups)")
 
 
 PRESETS = {
@@ -107,8 +114,9 @@ PRESETS = {
                     max_new_tokens=1024, eval_every=10, eval_batch=64, checkpoint_every=10),
 }
 REPRODUCE_PRESET = "cpu"
+CPU_TIME = "~3 min"  # 137 s measured on 2 shared cores (BENCHMARKS.md); `targetpo rlvr --help` quotes it too
 RUNTIME = ("tiny offline Qwen2 on two-digit addition: 600-step warm start (~0.3 accuracy), then TPO sum / TPO mean / "
-           "GRPO, ~3 min")
+           f"GRPO, {CPU_TIME}")
 
 
 # ----------------------------------------------------------------------------- units
@@ -159,8 +167,9 @@ def problems(cfg: Config):
 
 
 def check_data(cfg: Config) -> None:
-    """Before a run folder is written: the model is a local directory (never downloaded) and GSM8K's files
-    exist. (The runner calls this; errors are one line.)"""
+    """Before a run folder is written: the model is a local directory (never downloaded), GSM8K's files exist,
+    and the task, its options, train_size and eval_size give the problems asked for. (The runner calls this;
+    errors are one line.)"""
     from targetpo.llm.models import check_model_dir
 
     if cfg.model != "tiny":
@@ -175,6 +184,10 @@ def check_data(cfg: Config) -> None:
 
         for f in ("train.jsonl", "test.jsonl"):
             read_gsm8k(d / f)  # malformed lines are named before anything is written
+    # Build the task and draw its problems as every unit will (an unknown task, options it rejects, more
+    # problems than the files or the task's space hold): ~0.1 s for the cpu preset, so it is checked exactly
+    # rather than guessed; a held-out set the space cannot fill costs the draws it takes to find that out.
+    problems(cfg)
 
 
 def data_source(cfg: Config) -> str:

@@ -23,7 +23,7 @@ from targetpo.objectives import expected_baseline, tpo_loss
 from targetpo.objectives.tpo import projection_label, projection_setting
 from targetpo.runs import plots
 from targetpo.runs.config import config, default, param
-from targetpo.runs.stats import fmt, mean_se
+from targetpo.runs.stats import difference_read, fmt, mean_se, paired_interval
 
 NAME = "mnist-projections"
 TITLE = "Open question: other projections onto TPO's target, MNIST bandit"
@@ -126,9 +126,8 @@ def _first(c: dict, th: float) -> int | None:
     return base.first_at_or_below(c["step"], c["mean"], th)
 
 
-def _paired(a: np.ndarray, b: np.ndarray) -> tuple[float, float, int]:
-    m, se = mean_se(a - b)
-    return float(m), float(se), int((a < b).sum())
+def _seeds_lower(a: np.ndarray, b: np.ndarray) -> int:
+    return int((a < b).sum())
 
 
 def summary(run) -> str:
@@ -152,8 +151,9 @@ def report(run, section) -> None:
     for m, c in cur.items():
         diff = "–"
         if ref is not None and m != REFERENCE:
-            d, se, lower = _paired(c["values"].mean(0), ref["values"].mean(0))
-            diff = f"{100 * d:+.2f} ± {100 * se:.2f} ({lower}/{c['values'].shape[1]})"
+            lower = _seeds_lower(c["values"].mean(0), ref["values"].mean(0))
+            diff = (f"{paired_interval(c['values'].mean(0), ref['values'].mean(0)).show(2, 100)} "
+                    f"({lower}/{c['values'].shape[1]})")
         rows.append([labels[m], base.pct(c["mean"][-1], c["se"][-1]),
                      "{:.2f} ± {:.2f} %".format(*(100 * v for v in mean_se(c["values"].mean(0)))),
                      fmt(_first(c, th)), diff])
@@ -161,7 +161,7 @@ def report(run, section) -> None:
                    f"updates to ≤ {100 * th:g} % (seed mean)",
                    "Δ mean test error vs TPO (points, paired; seeds lower)"], rows,
                   "MNIST bandit test error by projection, seed mean ± s.e.; Δ = this setting's mean test error over "
-                  "all evaluations minus TPO's, paired over seeds")
+                  "all evaluations minus TPO's, paired over seeds: mean [95 % t-interval]")
     fig, (ax,) = plots.figure(1, width=6.5, height=4.2)
     colors = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d")
     for i, (m, c) in enumerate(cur.items()):
@@ -177,13 +177,16 @@ def report(run, section) -> None:
     for m, c in cur.items():
         if m == REFERENCE:
             continue
-        d, se, lower = _paired(c["values"][-1], ref["values"][-1])
-        da, sea, lower_a = _paired(c["values"].mean(0), ref["values"].mean(0))
+        # Paired 95 % t-intervals over seeds, read by the report's own rule (docs/verdicts.md): no ±2 s.e. shortcut,
+        # and nothing decisive on a smoke run.
+        final, area = (paired_interval(c["values"][-1], ref["values"][-1]),
+                       paired_interval(c["values"].mean(0), ref["values"].mean(0)))
+        lower_a = _seeds_lower(c["values"].mean(0), ref["values"].mean(0))
         hm, hr = _first(c, th), _first(ref, th)
         when = (f"never reaches {100 * th:g} %" if hm is None else f"reaches {100 * th:g} % at update {hm:,}") + \
             (f" (TPO: {hr:,})" if hr is not None else ", nor does TPO")
-        clear = lambda x, s: "a clear difference" if abs(x) > 2 * s else "within 2 s.e. of none"  # noqa: E731
-        parts.append(f"{labels[m]} {when}; final test error {100 * d:+.2f} ± {100 * se:.2f} points from TPO's "
-                     f"({clear(d, se)}), mean over all evaluations {100 * da:+.2f} ± {100 * sea:.2f} "
-                     f"(lower on {lower_a}/{len(c['values'][0])} seeds; {clear(da, sea)}).")
+        parts.append(f"{labels[m]} {when}; final test error {final.show(2, 100)} points from TPO's "
+                     f"({difference_read(final, section.gives_verdicts)}), mean over all evaluations "
+                     f"{area.show(2, 100)} (paired 95 % t-interval over {area.n} seeds, lower on {lower_a}/"
+                     f"{area.n}; {difference_read(area, section.gives_verdicts)}).")
     section.text("**What the data says.** " + " ".join(parts))

@@ -158,6 +158,16 @@ def _is_list(annotation: Any) -> bool:
     return typing.get_origin(annotation) is tuple and typing.get_args(annotation)[-1:] == (Ellipsis,)
 
 
+def _tuple_length(annotation: Any) -> int | None:
+    """n for a fixed-length tuple annotation (``tuple[float, float]`` -> 2); None for ``tuple[str, ...]``."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is not tuple or not args or Ellipsis in args:
+        return None
+    return len(args)
+
+
 def _is(value: Any, tp: Any) -> bool:
     if tp is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -214,6 +224,10 @@ def validate(cfg: Any) -> None:
         if meta.get("nonempty", True) and not value:
             items = f"; allowed items: {allowed(meta)}" if allowed(meta) else ""
             raise ValueError(f"{f.name}=(): must not be empty{items}")
+        length = _tuple_length(hints[f.name])
+        if length is not None and len(value) != length:  # e.g. tuple[float, float]: a pair, not any tuple
+            items = f", each {allowed(meta)}" if allowed(meta) else ""
+            raise ValueError(f"{f.name}={value!r}: must have exactly {length} items{items}")
         for x in value:
             _check_item(f.name, value, x, item, meta, f"item {x!r} ")
         unique = meta.get("unique")

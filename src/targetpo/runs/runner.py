@@ -356,11 +356,12 @@ def parse_device(device: str) -> torch.device:
     return dev
 
 
-def add_runner_arguments(parser, *, unit: str = "units") -> None:
-    """The command-line options of :func:`run_experiment` shared by `targetpo run` and `targetpo rlvr`."""
+def add_runner_arguments(parser, *, unit: str = "units",
+                         partial: str = "is replayed without rewriting the lines already on disk") -> None:
+    """The command-line options of :func:`run_experiment` shared by `targetpo run` and `targetpo rlvr`: `unit`
+    names what is resumed, `partial` what becomes of one a killed run left part-done."""
     parser.add_argument("--resume", action="store_true", help=f"continue the run stored in --out: finished {unit} "
-                        "(done or diverged) are skipped, a partial one is replayed without rewriting the lines "
-                        "already on disk")
+                        f"(done or diverged) are skipped, a partial one {partial}")
     parser.add_argument("--force", action="store_true", help="delete an existing run in --out and start over; "
                         f"with --resume, replay diverged {unit} instead")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")

@@ -322,6 +322,17 @@ def any_of(verdicts) -> Verdict | None:
     return Verdict.FAIL if all(v is Verdict.FAIL for v in vs) else Verdict.INCONCLUSIVE
 
 
+def difference_read(iv: Interval, decides: bool = True) -> str:
+    """How a report's prose reads a paired difference, by the rule its verdicts use (docs/verdicts.md): "a clear
+    difference" only when the 95 % interval excludes 0, and nothing decisive on a preset too short to test
+    anything (`decides` False: smoke) or with one seed (no interval)."""
+    if not decides:
+        return "not judged: the preset is too short to decide"
+    if not iv.has_interval:
+        return "not resolved: no interval"
+    return "a clear difference" if not iv.covers(0.0) else "not resolved: the interval includes 0"
+
+
 def final_interval(curve: Curve, level: float = LEVEL, bounds: tuple[float, float] | None = RATE) -> Interval:
     """Seed interval of a curve's last recorded value (the paper's "final", unsmoothed); by default of an error
     rate, cut to [0, 1]."""

@@ -135,7 +135,8 @@ def report(run, section) -> None:
               threshold=th, labels=LABELS, colors=colors, ylabel="exact-match error")
     lines = []
     for m, by_s in data.items():
-        parts = [oq.finding(by_s, s, REFERENCE, LABELS, th) for s in by_s if s != REFERENCE and REFERENCE in by_s]
+        parts = [oq.finding(by_s, s, REFERENCE, LABELS, th, section.gives_verdicts) for s in by_s
+                 if s != REFERENCE and REFERENCE in by_s]
         if parts:
             lines.append(f"*{tc.label(m)}:* " + " ".join(parts))
     if lines:

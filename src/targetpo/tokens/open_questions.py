@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from targetpo.runs.config import config, param
-from targetpo.runs.stats import RATE, Curve, Interval, fmt, paired_interval, seed_interval
+from targetpo.runs.stats import RATE, Curve, Interval, difference_read, fmt, paired_interval, seed_interval
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
 from targetpo.tokens.config import TokenConfig
@@ -104,9 +104,10 @@ def comparison_table(section, data: dict[str, Curve], ref: str, labels: dict[str
     section.table(head, rows, caption)
 
 
-def finding(data: dict[str, Curve], key: str, ref: str, labels: dict[str, str], threshold: float) -> str:
+def finding(data: dict[str, Curve], key: str, ref: str, labels: dict[str, str], threshold: float,
+            decides: bool = True) -> str:
     """One computed sentence: how `key` compares with `ref` (episodes to threshold on the seed mean, and the
-    paired difference in mean error over all episodes)."""
+    paired difference in mean error over all episodes); `decides` False (a smoke run) calls no difference clear."""
     a, b = data[key], data[ref]
     ha, hb = tc.steps_to(a, threshold), tc.steps_to(b, threshold)
     lvl = f"{100 * threshold:g}%"
@@ -122,8 +123,7 @@ def finding(data: dict[str, Curve], key: str, ref: str, labels: dict[str, str], 
         when = f"reaches {lvl} error at episode {ha} ({labels[ref]} does not)"
     lower, n = seeds_lower(seed_area(a), seed_area(b))
     area, tail = paired_rate_interval(seed_area(a), seed_area(b)), paired_rate_interval(seed_tail(a), seed_tail(b))
-    sig = "a clear difference" if area.has_interval and not area.covers(0.0) else "not resolved: the interval includes 0"
-    tsig = "a clear difference" if tail.has_interval and not tail.covers(0.0) else "not resolved"
+    sig, tsig = difference_read(area, decides), difference_read(tail, decides)
     return (f"{labels[key]} {when}; its mean error over all episodes differs from {labels[ref]}'s by "
             f"{area.show(2, 100)} points (paired 95 % t-interval over {n} seeds, lower on {lower}/{n}; {sig}), and "
             f"its final error (last 10% of episodes) by {tail.show(2, 100)} points ({tsig}).")

@@ -109,8 +109,8 @@ def report(run, section) -> None:
               threshold=th, labels=LABELS, colors=colors, ylabel="exact-match error")
     lines = []
     for m, by_s in data.items():
-        parts = [oq.finding(by_s, "partial", ref, LABELS, th) for ref in ("binary", "partial+zero")
-                 if "partial" in by_s and ref in by_s]
+        parts = [oq.finding(by_s, "partial", ref, LABELS, th, section.gives_verdicts)
+                 for ref in ("binary", "partial+zero") if "partial" in by_s and ref in by_s]
         if parts:
             lines.append(f"*{tc.label(m)}:* " + " ".join(parts))
     if lines:

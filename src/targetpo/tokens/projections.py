@@ -115,4 +115,4 @@ def report(run, section) -> None:
               f"line: {100 * th:g}%", threshold=th, labels=labels, colors=colors, ylabel="exact-match error")
     if REFERENCE in data:
         section.text("**What the data says.** " + " ".join(
-            oq.finding(data, s, REFERENCE, labels, th) for s in data if s != REFERENCE))
+            oq.finding(data, s, REFERENCE, labels, th, section.gives_verdicts) for s in data if s != REFERENCE))

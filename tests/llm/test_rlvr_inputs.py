@@ -1,0 +1,101 @@
+"""`targetpo rlvr` input checks: every value the run would trip on later is refused up front, in one line with
+exit 2, before the run directory exists; flags and the `key=value` fields they set never silently override each
+other."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from targetpo.cli import main
+
+pytest.importorskip("transformers", reason="needs the llm extra")
+pytest.importorskip("reasoning_gym", reason="needs the llm extra")
+
+
+def _refused(argv, out, capsys) -> str:
+    code = main(["rlvr", "--preset", "smoke", "--out", str(out), "--no-progress", *argv])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(err) == 1 and err[0].startswith("targetpo: error: "), (code, err)
+    assert not out.exists()
+    return err[0]
+
+
+# A two-operand one-digit sum has ~100 distinct questions: 500 held-out ones outside the pool cannot exist.
+ONE_DIGIT = ("task_options=operators=+,min_terms=2,max_terms=2,min_digits=1,max_digits=1,allow_negation=false,"
+             "allow_parentheses=false")
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["adam_betas=0.9"], "adam_betas=(0.9,): must have exactly 2 items, each >= 0 and < 1"),
+    (["adam_betas=0.9,0.99,0.999"], "must have exactly 2 items"),
+    (["--task", "nosuchtask"], "task='nosuchtask': neither gsm8k nor a reasoning-gym dataset"),
+    (["--task", "basic_arithmetc"], "did you mean 'basic_arithmetic'"),
+    (["task=nosuchtask"], "task='nosuchtask'"),
+    (["tiny_heads=3"], "tiny_heads=3: must divide tiny_hidden=32"),
+    (["tiny_heads=32"], "heads of an even size"),  # head size 1: rotary embeddings need pairs
+    (["tiny_kv_heads=3"], "tiny_kv_heads=3: must divide tiny_heads=2"),
+    (["task_options=foo=bar"], "task_options {'foo': 'bar'} of reasoning-gym task 'basic_arithmetic'"),
+    (["task=graph_color", "compact=true"], "compact=true: compact prompts exist for"),
+    (["eval_size=500", ONE_DIGIT], "could only find"),
+    (["--objective", ""], "--objective '': give at least one objective"),
+    (["--objective", ","], "give at least one objective"),
+    (["--task", "chain_sum", "task=basic_arithmetic"], "give either --task or task=..., not both"),
+    (["--model", "tiny", "model=/nonexistent"], "give either --model or model=..., not both"),
+    (["--data-path", "/x", "data_path=/y"], "give either --data-path or data_path=..., not both"),
+])
+def test_bad_rlvr_input_is_refused_before_the_run_directory_exists(tmp_path, capsys, argv, expected):
+    line = _refused(argv, tmp_path / "run", capsys)
+    assert expected in line, line
+
+
+def _gsm8k(tmp_path, n_train=3, n_test=2):
+    d = tmp_path / "gsm8k"
+    d.mkdir()
+    for name, n in (("train.jsonl", n_train), ("test.jsonl", n_test)):
+        (d / name).write_text("".join(f'{{"question": "{i}+1?", "answer": "#### {i + 1}"}}\n' for i in range(n)))
+    return d
+
+
+def test_gsm8k_sizes_are_checked_against_its_files(tmp_path, capsys):
+    d = _gsm8k(tmp_path)
+    line = _refused(["--task", "gsm8k", "--data-path", str(d)], tmp_path / "run", capsys)
+    assert "train_size=200: more than the 3 problems of GSM8K's train.jsonl" in line
+    line = _refused(["--task", "gsm8k", "--data-path", str(d), "train_size=3"], tmp_path / "run", capsys)
+    assert "eval_size=16: more than the 2 problems of GSM8K's test.jsonl" in line
+
+
+def test_task_given_as_key_value_resets_the_presets_task_options_like_the_flag(tmp_path, capsys):
+    """`task=gsm8k` used to keep the preset's arithmetic options and fail with "task gsm8k takes no options"."""
+    from targetpo.llm.cli import rlvr_overrides
+
+    d = _gsm8k(tmp_path)
+    line = _refused(["task=gsm8k", f"data_path={d}"], tmp_path / "run", capsys)
+    assert "takes no options" not in line and "train_size=200: more than the 3 problems" in line
+
+    def args(*overrides, task=None):
+        return argparse.Namespace(overrides=list(overrides), model=None, task=task, data_path=None, objective=None,
+                                  seq_logp=None)
+
+    assert rlvr_overrides(args("task=chain_sum")) == ["task=chain_sum", "task_options=", "compact=false"]
+    assert rlvr_overrides(args(task="chain_sum")) == ["task=chain_sum", "task_options=", "compact=false"]
+    kept = rlvr_overrides(args("task=chain_sum", "task_options=min_terms=3", "compact=true"))
+    assert kept == ["task=chain_sum", "task_options=min_terms=3", "compact=true"]
+    assert rlvr_overrides(args("steps=3")) == ["steps=3"]  # no task given: the preset's options stay
+
+
+def test_rlvr_help_reads_once_and_agrees_with_the_preset_and_readme(capsys):
+    from pathlib import Path
+
+    from targetpo.llm import experiment as rlvr
+
+    with pytest.raises(SystemExit):
+        main(["rlvr", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "finished methods (done or diverged) are skipped, a partial one continues from its last checkpoint" in text
+    assert "(0 = never) (0 = never" not in text and text.count("0 = never") == 1
+    assert f"cpu (tiny model on 2 CPU cores, {rlvr.CPU_TIME}; default)" in text and "~10 min" not in text
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    assert rlvr.CPU_TIME in rlvr.RUNTIME and f"GRPO, {rlvr.CPU_TIME})" in readme
+    assert f"warm-started by {rlvr.PRESETS['cpu'].warmstart_steps} supervised steps" in readme
