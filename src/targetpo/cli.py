@@ -394,8 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except (ValueError, OSError, KeyError) as exc:
-        # str() of a KeyError is the repr of its message; show the message itself.
-        print(f"targetpo: error: {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}", file=sys.stderr)
+        # A KeyError's str() is the repr of its argument; show the message itself.
+        message = exc.args[0] if isinstance(exc, KeyError) and len(exc.args) == 1 else exc
+        print(f"targetpo: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         again = {"run": "the same command with --resume", "rlvr": "the same command with --resume",

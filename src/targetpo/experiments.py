@@ -70,9 +70,17 @@ SUITES: dict[str, str] = {
 }
 
 
+class UnknownExperiment(KeyError):
+    """A name not in EXPERIMENTS. A KeyError for callers that catch one, whose str() is the message itself (a
+    plain KeyError's str() is the repr of its argument, quotes included)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 def load(name: str) -> ModuleType:
     if name not in EXPERIMENTS:
-        raise KeyError(f"unknown experiment {name!r}; available: {', '.join(EXPERIMENTS)}")
+        raise UnknownExperiment(f"unknown experiment {name!r}; available: {', '.join(EXPERIMENTS)}")
     return importlib.import_module(EXPERIMENTS[name])
 
 

@@ -10,21 +10,30 @@ preset or its data), *seed noise* (the interval covers the paper's value), or *d
 was checked). Only the presets in VERDICT_PRESETS get verdicts: a smoke run is far too short to test a claim,
 so its claims read "n/a (smoke preset)" and are counted apart. Units that diverged (NaN/inf, see
 runs/runner.py) are listed in their run's section with the step they stopped at.
+
+A run that has not finished every unit (killed, or still running) says so at the top of its section: which units
+are done, which partial (up to which step) and which not started. Table rows of a partial unit are marked as such,
+and its claims read "n/a (run incomplete)": a partial unit's last value is not its final one. In a report over a
+directory, a run whose files cannot be read (or whose report fails) gets a section saying why and the others are
+reported; a report of that run alone stops with the same one-line reason.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from targetpo.experiments import EXPERIMENTS, load  # noqa: E402
+from targetpo.experiments import EXPERIMENTS, UnknownExperiment, load  # noqa: E402
 from targetpo.runs import plots  # noqa: E402
+from targetpo.runs.runner import Progress, run_progress  # noqa: E402
 from targetpo.runs.stats import FAIL_CLASSES, NOT_REPRODUCED, SCALE, Failure, Verdict  # noqa: E402
-from targetpo.runs.store import Run, find_runs  # noqa: E402
+from targetpo.runs.store import METRICS_FILE, RUN_FILE, Run, RunFileError, find_runs  # noqa: E402
 
 
 # The presets long enough to test the paper's claims; every other preset (smoke) gets no verdict.
@@ -67,6 +76,8 @@ class Section:
     report_dir: Path
     blocks: list[str] = field(default_factory=list)
     claims: list[Claim] = field(default_factory=list)
+    progress: Progress | None = None  # None: not checked (a section built by hand), taken as complete
+    error: str | None = None  # why this run could not be read or reported; the section then says only that
 
     def text(self, markdown: str) -> None:
         self.blocks.append(markdown.strip() + "\n")
@@ -77,7 +88,14 @@ class Section:
             lines.append(f"**{caption}**\n")
         lines.append("| " + " | ".join(headers) + " |")
         lines.append("|" + "---|" * len(headers))
-        lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+        marked = [self._marked(row) for row in rows]
+        lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in marked]
+        if self.progress and self.progress.partial and marked == rows:
+            # No row label names a partial unit (its values sit in a column, say): say so under the table.
+            word = step_word(self.run)
+            lines.append("\n*Incomplete run: values of " + ", ".join(
+                f"`{u}` are from {word} {last} of {planned}" for u, (last, planned) in self.progress.partial.items())
+                + ", not final.*")
         self.blocks.append("\n".join(lines) + "\n")
 
     def figure(self, fig, name: str, caption: str) -> Path:
@@ -103,21 +121,35 @@ class Section:
         self.claims.append(Claim(text, _as_verdict(passed), evidence, interval,
                                  tuple(f for f in items if f is not None), key or text))
 
+    def _marked(self, row: list) -> list:
+        """`row` with its first cell marked when it shows a partial unit's numbers (see partial_mark)."""
+        mark = partial_mark(self.progress, str(row[0]), step_word(self.run)) if row and self.progress else None
+        return [f"{row[0]} *({mark})*", *row[1:]] if mark else row
+
     @property
     def gives_verdicts(self) -> bool:
         """Whether this run's preset can test the paper's claims (see VERDICT_PRESETS)."""
         return self.run.meta.get("preset") in VERDICT_PRESETS
 
+    @property
+    def complete(self) -> bool:
+        """Whether every unit of the run is finished; a partial unit's last values are not final ones."""
+        return self.progress is None or self.progress.complete
+
     def verdicts(self) -> list[Verdict | None]:
         """Each claim's verdict as the report shows it: None where the preset or the data cannot decide."""
-        return [c.verdict if self.gives_verdicts else None for c in self.claims]
+        return [c.verdict if self.gives_verdicts and self.complete else None for c in self.claims]
 
     def render(self) -> str:
+        if self.error is not None:
+            return f"## {self.title}\n\n{self.error}\n"
         meta = self.run.meta
         head = [f"## {self.title}", "",
                 f"Run `{self.run.path.name}` · preset **{meta.get('preset')}** · {len(meta.get('seeds', []))} seeds · "
                 f"wall time {meta.get('wall_time_s', 0):.1f} s · status {meta.get('status')} · "
                 f"data: {meta.get('data_source')} · torch {meta.get('versions', {}).get('torch')}", ""]
+        if not self.complete:
+            head += [incomplete_note(self.run, self.progress), ""]
         diverged = self.run.diverged_units()
         if diverged:
             listed = ", ".join(f"`{u}` at step {step} ({metric})" for u, (step, metric) in diverged.items())
@@ -125,12 +157,58 @@ class Section:
                      "value stopped the unit there, so its curves end before that step and its numbers below "
                      "cover only the steps before it.", ""]
         if self.claims:
-            na = "n/a" if self.gives_verdicts else f"n/a ({meta.get('preset')} preset)"
+            na = ("n/a (run incomplete)" if not self.complete else
+                  "n/a" if self.gives_verdicts else f"n/a ({meta.get('preset')} preset)")
             head += ["| paper claim | result | evidence (ours; [lo, hi] = 95 % seed interval) |", "|---|---|---|"]
             for c, verdict in zip(self.claims, self.verdicts()):
                 head.append(f"| {c.text} | {_result_cell(c, verdict, na)} | {_evidence_cell(c, verdict)} |")
             head.append("")
         return "\n".join(head) + "\n" + "\n".join(self.blocks)
+
+
+def step_word(run: Run) -> str:
+    """What a unit's steps are called in this run's config: episodes (token tasks) or steps."""
+    return "episode" if any(k.endswith("episodes") for k in run.meta.get("config", {})) else "step"
+
+
+def _units(names) -> str:
+    return ", ".join(f"`{u}`" for u in names)
+
+
+def incomplete_note(run: Run, progress: Progress) -> str:
+    """The banner atop an unfinished run's section: which units are done, partial (up to which step) and missing."""
+    word = step_word(run)
+    total = len(progress.finished) + len(progress.partial) + len(progress.missing)
+    parts = [f"{len(progress.finished)} of {total} units finished" + (f" ({_units(progress.finished)})"
+                                                                     if progress.finished else "")]
+    if progress.partial:
+        parts.append("partial: " + ", ".join(f"`{u}` (last logged {word} {last} of {planned})"
+                                             for u, (last, planned) in progress.partial.items()))
+    if progress.missing:
+        parts.append(f"not started: {_units(progress.missing)}")
+    caveats = ([f"a partial unit's numbers below are from its last logged {word}, not its final one (marked "
+                "*partial*)"] if progress.partial else []) + (["units not started are absent"] if progress.missing else [])
+    caveat = ", ".join(caveats)
+    lead = f"{caveat[0].upper()}{caveat[1:]}; the" if caveat else "The"
+    return (f"**Incomplete run** (killed, or still running): {'; '.join(parts)}. {lead} claims are n/a until "
+            "every unit is finished: resume it with "
+            f"`targetpo run {run.meta.get('experiment')} --out {run.path} --resume`.")
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def partial_mark(progress: Progress, label: str, word: str = "step") -> str | None:
+    """The mark for a table row labelled `label` that shows a partial unit: a unit whose name has a part equal to
+    the label up to case and punctuation ("TPO" for `h3/tpo`, "GRPO (no KL)" for `grpo_no_kl`, "TPO (sum)" for
+    `tpo_sum@seed0`), or any row when the run has a single unit (every row comes from it). None for other rows."""
+    single = len(progress.finished) + len(progress.partial) + len(progress.missing) == 1
+    hits = [(u, step) for u, step in progress.partial.items()
+            if single or _plain(label) in {_plain(part) for part in re.split(r"[/@]", u)}]
+    if not hits:
+        return None
+    return "partial: " + "; ".join(f"`{u}` at {word} {last} of {planned}" for u, (last, planned) in hits)
 
 
 def _result_cell(c: Claim, verdict: Verdict | None, na: str) -> str:
@@ -204,33 +282,92 @@ def resolve_failures(sections: list["Section"]) -> None:
 
 
 def build_section(run: Run, report_dir: Path) -> Section:
-    exp = load(run.experiment)
+    """One run's section. RunFileError (naming the file) when its run.json names no known experiment, or its
+    metrics are gone although run.json says it completed."""
+    try:
+        exp = load(run.experiment)
+    except UnknownExperiment as exc:
+        raise RunFileError(f"{run.path / RUN_FILE}: {exc}") from None
     section = Section(f"{exp.TITLE}", run, report_dir)
     if run.meta.get("status") == "not run":
         section.text(f"**NOT RUN.** {run.meta.get('reason', '')}")
         return section
+    if not run.records and str(run.meta.get("status", "")).startswith("complete"):
+        metrics = run.path / METRICS_FILE
+        raise RunFileError(f"{metrics}: {'holds no records' if metrics.exists() else 'missing'}, but "
+                           f"{RUN_FILE} says the run is {run.meta['status']}")
+    section.progress = run_progress(exp, run)
     if not run.units() and run.diverged_units():
         section.text("**No metrics to report:** every unit diverged before its first record (listed above).")
         return section
-    exp.report(run, section)
+    if not run.units():
+        section.text("**No metrics to report yet:** no unit has logged a step (listed above).")
+        return section
+    try:
+        exp.report(run, section)
+    except Exception as exc:  # noqa: BLE001
+        if section.complete:
+            raise
+        # Reports are written for finished units (e.g. methods of equal length); a partial one may not fit.
+        section.blocks, section.claims = [], []
+        section.text(f"**No tables yet:** the {run.experiment} report needs its units finished "
+                     f"({type(exc).__name__}: {exc}); the note above says how far each got.")
     return section
 
 
+def failure_reason(exc: Exception) -> tuple[str, str]:
+    """("read", the error naming the file) for a RunFileError or OSError; ("reported", the error named by its
+    type) for an experiment's report that failed."""
+    if isinstance(exc, (RunFileError, OSError)):
+        return "read", str(exc)
+    return "reported", f"its report failed: {type(exc).__name__}: {exc}"
+
+
+def unreadable_section(path: Path, report_dir: Path, what: str, reason: str) -> Section:
+    """The section of a run that could not be read or reported: why, and what to do."""
+    text = (f"**Could not be {what}:** {reason}. The other runs are reported without it; repair or remove it and "
+            "run `targetpo report` again (a partial last line of metrics.jsonl, as a kill leaves it, is no damage: "
+            "`targetpo run NAME --out DIR --resume` cuts it off).")
+    return Section(f"Run `{path.name}` (could not be {what})", Run(path, {}), report_dir, error=text)
+
+
+def _section_of(path: Path, report_dir: Path, alone: bool) -> Section:
+    """build_section of the run in `path`; in a report over several runs, one broken run gets a section saying
+    why (and a warning on stderr) instead of stopping the report."""
+    try:
+        return build_section(Run.load(path), report_dir)
+    except Exception as exc:  # noqa: BLE001  (any failure of one run must not hide the others)
+        if alone:
+            raise
+        what, reason = failure_reason(exc)
+        print(f"warning: {path} could not be {what}: {reason}", file=sys.stderr)
+        return unreadable_section(path, report_dir, what, reason)
+
+
 def write_report(root: str | Path, out: str | Path | None = None) -> Path:
-    """Write REPORT.md for every run under `root`; returns its path."""
+    """Write REPORT.md for every run under `root`; returns its path. A run that cannot be read or reported gets a
+    section saying why, unless `root` is that run itself: then the error is raised."""
     root = Path(root)
     runs = find_runs(root)
     if not runs:
         raise FileNotFoundError(f"no runs (directories with run.json) found in {root}")
     report_path = Path(out) if out else root / "REPORT.md"
-    loaded = [Run.load(p) for p in runs]
+    alone = runs == [root]
+    sections = [_section_of(p, report_path.parent, alone) for p in runs]
     order = {name: i for i, name in enumerate(EXPERIMENTS)}  # the paper's order, as `targetpo list` shows it
-    loaded.sort(key=lambda r: (order.get(r.experiment, len(order)), str(r.path)))
-    sections = [build_section(r, report_path.parent) for r in loaded]
+    sections.sort(key=lambda s: (order.get(s.run.meta.get("experiment"), len(order)), str(s.run.path)))
     resolve_failures(sections)
+    broken = sum(1 for s in sections if s.error is not None)
+    incomplete = sum(1 for s in sections if not s.complete)
     lines = ["# targetpo report", "",
              f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} from {len(runs)} run(s) in `{root}`. "
-             f"Paper claims checked from our data: {claim_count(sections)}. "
+             + (f"**{broken} run{'s' if broken != 1 else ''} could not be reported** "
+                f"({'their sections say' if broken != 1 else 'its section says'} why). "
+                if broken else "")
+             + (f"**{incomplete} run{'s' if incomplete != 1 else ''} incomplete** "
+                f"({'their sections say' if incomplete != 1 else 'its section says'} which units are missing). "
+                if incomplete else "")
+             + f"Paper claims checked from our data: {claim_count(sections)}. "
              "Paper numbers are the reference constants of `targetpo.paper` (the paper's tables, or runs of the "
              "authors' code where the paper gives none); every other number is measured from this run's metrics, and "
              "`mean [lo, hi]` is a seed mean with its 95 % interval over seeds (docs/verdicts.md).", ""]
@@ -241,9 +378,10 @@ def write_report(root: str | Path, out: str | Path | None = None) -> Path:
 
 def claim_count(sections: list[Section]) -> str:
     """The headline's tally, e.g. "**40 PASS, 11 FAIL (5 scale or data, 2 seed noise, 4 does not reproduce),
-    5 inconclusive** over the cpu and paper presets; 12 claims n/a on smoke runs": verdicts only from the presets
-    that can test a claim, the rest counted apart. Call resolve_failures first to class the FAILs."""
-    judged = [s for s in sections if s.gives_verdicts]
+    5 inconclusive** over the cpu and paper presets; 12 claims n/a on smoke runs": verdicts only from the complete
+    runs of the presets that can test a claim, the rest (other presets, incomplete runs) counted apart. Call
+    resolve_failures first to class the FAILs."""
+    judged = [s for s in sections if s.gives_verdicts and s.complete]
     verdicts = [v for s in judged for v in s.verdicts()]
     fails = [c for s in judged for c, v in zip(s.claims, s.verdicts()) if v is Verdict.FAIL]
     points = sum(1 for s in judged for c, v in zip(s.claims, s.verdicts()) if v is not None and not c.interval)
@@ -259,13 +397,15 @@ def claim_count(sections: list[Section]) -> str:
             parts.append(f"{points} of these decided on point estimates (no seed interval)")
         if None in verdicts:
             parts.append(f"{verdicts.count(None)} n/a (not decidable from the data)")
+    elif any(s.gives_verdicts for s in sections):
+        parts.append(f"no verdicts (no {' or '.join(VERDICT_PRESETS)} run is complete)")
     else:
         parts.append(f"no verdicts (only the {' and '.join(VERDICT_PRESETS)} presets can test a claim)")
     unjudged: dict[str, int] = {}
     for s in sections:
-        if not s.gives_verdicts and s.claims:
-            preset = str(s.run.meta.get("preset"))
-            unjudged[preset] = unjudged.get(preset, 0) + len(s.claims)
+        if s.claims and not (s.gives_verdicts and s.complete):
+            kind = "incomplete" if not s.complete else str(s.run.meta.get("preset"))
+            unjudged[kind] = unjudged.get(kind, 0) + len(s.claims)
     parts += [f"{n} claim{'s' if n != 1 else ''} n/a on {p} runs" for p, n in unjudged.items()]
     diverged = sum(len(s.run.diverged_units()) for s in sections)
     if diverged:

@@ -8,7 +8,6 @@ and a resume counts the unit as finished (its curve simply ends at N)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import sys
@@ -21,7 +20,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from targetpo.runs.store import METRICS_FILE, RUN_FILE, MetricsWriter, read_metrics, record_key, versions, write_run_json
+from targetpo.runs.store import (METRICS_FILE, RUN_FILE, MetricsWriter, RunFileError, read_metrics, read_run_json,
+                                 record_key, versions, write_run_json)
 from targetpo.runs.config import config_class, config_from_dict, make_config, validated
 
 
@@ -175,10 +175,43 @@ def steps_of(exp: ModuleType, cfg: Any, unit: str) -> int:
     return exp.unit_steps(cfg, unit) if hasattr(exp, "unit_steps") else cfg.steps
 
 
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """How far a stored run got, unit by unit: `finished` (a done or diverged line), `partial` ({unit: (last step
+    logged, steps planned)}: records but no done line, e.g. a killed run) and `missing` (no record yet)."""
+
+    finished: tuple[str, ...]
+    partial: dict[str, tuple[int, int]]
+    missing: tuple[str, ...]
+
+    @property
+    def complete(self) -> bool:
+        return not self.partial and not self.missing
+
+
+def run_progress(exp: ModuleType, run) -> Progress:
+    """The Progress of `run` (a store.Run of `exp`) against the units its stored config plans. The status in
+    run.json cannot tell: a killed run still says "running", and only the done/diverged lines say what ended."""
+    cfg = config_from_dict(exp, run.config)
+    ended = run.done_units() | set(run.diverged_units())
+    last: dict[str, int] = {}
+    for r in run.records:
+        if "event" not in r and isinstance(r.get("step"), int):
+            last[r.get("unit")] = max(last.get(r.get("unit"), r["step"]), r["step"])
+    planned = units_of(exp, cfg)
+    return Progress(finished=tuple(u for u in planned if u in ended),
+                    partial={u: (last[u], steps_of(exp, cfg, u)) for u in planned if u not in ended and u in last},
+                    missing=tuple(u for u in planned if u not in ended and u not in last))
+
+
 def is_not_run(run_dir: str | Path) -> bool:
     """Whether `run_dir` holds only the placeholder that :func:`mark_not_run` writes."""
-    path = Path(run_dir) / RUN_FILE
-    return path.exists() and json.loads(path.read_text()).get("status") == "not run"
+    if not (Path(run_dir) / RUN_FILE).exists():
+        return False
+    try:
+        return read_run_json(run_dir).get("status") == "not run"
+    except RunFileError:
+        return False  # a damaged run.json is no placeholder: never overwrite it
 
 
 def mark_not_run(run_dir: str | Path, exp: ModuleType, preset: str, reason: str) -> None:
@@ -225,7 +258,7 @@ def run_experiment(
     run_dir = Path(out) if out is not None else Path("results") / f"{name}-{preset or 'cpu'}"
     meta_path = run_dir / RUN_FILE
     if resume and meta_path.exists():
-        meta = json.loads(meta_path.read_text())
+        meta = read_run_json(run_dir)
         if meta["experiment"] != name:
             raise ValueError(f"{run_dir} holds a {meta['experiment']} run, not {name}")
         cfg = validated(config_from_dict(exp, meta["config"]))
@@ -267,7 +300,7 @@ def run_experiment(
     todo = [u for u in units if u not in done]
     t0 = time.time()
     meta["status"] = "running"
-    meta["runs"].append({"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumed": bool(done) or bool(existing),
+    meta.setdefault("runs", []).append({"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumed": bool(done) or bool(existing),
                          "units": todo, "torch_threads": torch.get_num_threads()})  # for reading wall times
     write_run_json(run_dir, meta)
 

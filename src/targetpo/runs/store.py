@@ -128,8 +128,13 @@ class MetricsWriter:
         self._fh.close()
 
 
+class RunFileError(ValueError):
+    """A run's run.json or metrics.jsonl cannot be read; the message is one line naming the file (and line)."""
+
+
 def read_metrics(path: Path, repair: bool = False) -> list[dict]:
-    """Read every complete line. A trailing partial line (a kill mid-write) is ignored, or cut off if `repair`."""
+    """Read every complete line. A trailing partial line (a kill mid-write) is ignored, or cut off if `repair`;
+    a complete line that is not a JSON object is damage no kill leaves, so it raises RunFileError naming it."""
     path = Path(path)
     if not path.exists():
         return []
@@ -138,7 +143,45 @@ def read_metrics(path: Path, repair: bool = False) -> list[dict]:
     if repair and end < len(data):
         with open(path, "r+b") as fh:
             fh.truncate(end)
-    return [json.loads(line) for line in data[:end].decode("utf-8").splitlines() if line.strip()]
+    return [_record(line, path, i) for i, line in enumerate(data[:end].split(b"\n"), 1) if line.strip()]
+
+
+def _record(line: bytes, path: Path, number: int) -> dict:
+    try:
+        rec = json.loads(line)
+    except ValueError:  # not JSON, or not UTF-8
+        raise RunFileError(f"{path} line {number}: not valid JSON") from None
+    if not isinstance(rec, dict):
+        raise RunFileError(f"{path} line {number}: must be a JSON object (a metrics record), got "
+                           f"{type(rec).__name__}")
+    return rec
+
+
+# What every reader of run.json relies on (targetpo run writes these, and a not-run placeholder too).
+RUN_FIELDS = {"experiment": str, "preset": str, "config": dict}
+
+
+def read_run_json(run_dir: str | Path) -> dict:
+    """A run folder's run.json, checked to be an object with RUN_FIELDS; RunFileError naming the file if not."""
+    path = Path(run_dir) / RUN_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no {RUN_FILE})")
+    try:
+        meta = json.loads(path.read_bytes())
+    except json.JSONDecodeError as exc:
+        raise RunFileError(f"{path}: not valid JSON at line {exc.lineno} column {exc.colno} ({exc.msg})") from None
+    except ValueError:
+        raise RunFileError(f"{path}: not UTF-8 text") from None
+    if not isinstance(meta, dict):
+        raise RunFileError(f"{path}: must be a JSON object as `targetpo run` writes it, got {type(meta).__name__}")
+    for name, kind in RUN_FIELDS.items():
+        if not isinstance(meta.get(name), kind):
+            got = "missing" if name not in meta else f"got {meta[name]!r:.60}"
+            raise RunFileError(f"{path}: {name!r} must be a JSON {_JSON_KIND[kind]} ({got})")
+    return meta
+
+
+_JSON_KIND = {str: "string", dict: "object"}
 
 
 def versions() -> dict[str, str]:
@@ -176,10 +219,7 @@ class Run:
     @classmethod
     def load(cls, path: str | Path) -> "Run":
         path = Path(path)
-        run_file = path / RUN_FILE
-        if not run_file.exists():
-            raise FileNotFoundError(f"{path} is not a run directory (no {RUN_FILE})")
-        return cls(path, json.loads(run_file.read_text()), read_metrics(path / METRICS_FILE))
+        return cls(path, read_run_json(path), read_metrics(path / METRICS_FILE))
 
     @property
     def config(self) -> dict:
