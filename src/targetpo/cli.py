@@ -18,7 +18,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from targetpo.experiments import EXPERIMENTS, SUITES, in_suite, load, suite_of
-from targetpo.runs.config import config_class, field_lines, make_config
+from targetpo.runs.config import config_class, field_lines, first_repeat, make_config, override_key
 from targetpo.runs.data import MissingDataError
 from targetpo.runs.runner import (add_runner_arguments, available_cores, computes_on, is_not_run, mark_not_run,
                                   parse_device, run_experiment)
@@ -54,8 +54,7 @@ def _data_overrides(args, exp, strict: bool) -> list[str]:
     With `strict` (targetpo run) a flag the experiment cannot use is an error; reproduce applies them where they fit."""
     given = {k: getattr(args, k, None) for k in DATA_FLAGS}
     given = {k: v for k, v in given.items() if v not in (None, False)}
-    both = [k for k in given if any(o.split("=", 1)[0].strip().replace("-", "_") == k
-                                    for o in getattr(args, "overrides", None) or [])]
+    both = [k for k in given if any(override_key(o) == k for o in getattr(args, "overrides", None) or [])]
     if both:
         raise ValueError(f"give either {DATA_FLAGS[both[0]]} or {both[0]}=..., not both")
     fields = _field_names(exp)
@@ -241,9 +240,8 @@ def cmd_reproduce(args) -> int:
     if args.only is not None and not args.only:
         raise ValueError("--only needs at least one experiment name (see `targetpo list`); leave it out to run "
                          f"the --suite ({args.suite})")
-    if args.only and len(set(args.only)) != len(args.only):
-        dup = next(n for i, n in enumerate(args.only) if n in args.only[:i])
-        raise ValueError(f"--only names {dup} twice; each experiment runs once")
+    if args.only and first_repeat(args.only) is not None:
+        raise ValueError(f"--only names {first_repeat(args.only)} twice; each experiment runs once")
     out = Path(args.out)
     dev = parse_device(args.device)
     # Every config is validated before the first run starts, so a refused one leaves nothing behind.

@@ -315,6 +315,14 @@ def build_section(run: Run, report_dir: Path) -> Section:
     return section
 
 
+def _runs_flagged(n: int, what: str, why: str) -> str:
+    """The report's headline phrase for `n` runs flagged `what` ("" for none)."""
+    if not n:
+        return ""
+    return (f"**{n} run{'s' if n != 1 else ''} {what}** ({'their sections say' if n != 1 else 'its section says'} "
+            f"{why}). ")
+
+
 def failure_reason(exc: Exception) -> tuple[str, str]:
     """("read", the error naming the file) for a RunFileError or OSError; ("reported", the error named by its
     type) for an experiment's report that failed."""
@@ -361,12 +369,8 @@ def write_report(root: str | Path, out: str | Path | None = None) -> Path:
     incomplete = sum(1 for s in sections if not s.complete)
     lines = ["# targetpo report", "",
              f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} from {len(runs)} run(s) in `{root}`. "
-             + (f"**{broken} run{'s' if broken != 1 else ''} could not be reported** "
-                f"({'their sections say' if broken != 1 else 'its section says'} why). "
-                if broken else "")
-             + (f"**{incomplete} run{'s' if incomplete != 1 else ''} incomplete** "
-                f"({'their sections say' if incomplete != 1 else 'its section says'} which units are missing). "
-                if incomplete else "")
+             + _runs_flagged(broken, "could not be reported", "why")
+             + _runs_flagged(incomplete, "incomplete", "which units are missing")
              + f"Paper claims checked from our data: {claim_count(sections)}. "
              "Paper numbers are the reference constants of `targetpo.paper` (the paper's tables, or runs of the "
              "authors' code where the paper gives none); every other number is measured from this run's metrics, and "

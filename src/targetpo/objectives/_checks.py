@@ -50,6 +50,11 @@ def check_finite(name: str, x: Tensor) -> None:
             raise ValueError(f"{name} contains {bad} NaN/inf value(s) (shape {tuple(x.shape)})")
 
 
+def is_integer_tensor(x) -> bool:
+    """Whether `x` is a tensor of integer ids (class labels, token ids): not float, complex or bool."""
+    return isinstance(x, Tensor) and not (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool)
+
+
 def check_same_shape(**tensors: Tensor | None) -> None:
     items = [(k, v) for k, v in tensors.items() if v is not None]
     for name, t in items:

@@ -65,6 +65,13 @@ def masked_log_ratio(logp: Tensor, old_logp: Tensor, valid: Tensor | None) -> Te
     return delta if valid is None else torch.where(valid, delta, torch.zeros_like(delta))
 
 
+def importance_ratio(logp: Tensor, old_logp: Tensor, valid: Tensor | None, log_ratio_clip: float | None) -> Tensor:
+    """ρ = exp(log π_θ − log π_old), with the log-ratio 0 where `valid` is False (:func:`masked_log_ratio`) and
+    clamped to ±`log_ratio_clip` when given."""
+    delta = masked_log_ratio(logp, old_logp, valid)
+    return torch.exp(delta if log_ratio_clip is None else delta.clamp(-log_ratio_clip, log_ratio_clip))
+
+
 def clipped_surrogate(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> Tensor:
     """PPO's pessimistic surrogate min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) (Schulman et al. 2017)."""
     return torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)
@@ -114,8 +121,7 @@ def ppo_loss(
     check_token_mask(token_mask, lp)
     hi = clip_eps if clip_eps_high is None else clip_eps_high
     valid = None if token_mask is None else token_mask.bool()
-    delta = masked_log_ratio(lp, old, valid)
-    ratio = torch.exp(delta if log_ratio_clip is None else delta.clamp(-log_ratio_clip, log_ratio_clip))
+    ratio = importance_ratio(lp, old, valid, log_ratio_clip)
     per = -dual_clip(clipped_surrogate(ratio, a, clip_eps, hi), a, dual_clip_c)
     agg = loss_agg if loss_agg is not None else ("mean" if lp.dim() == 1 else "sum-mean")
     per_token = token_mask is not None or (agg in TOKEN_MODES and lp.dim() >= 2)
@@ -210,8 +216,7 @@ def grpo_loss(
     else:
         tm, adv_b = valid, adv
     hi = clip_eps if clip_eps_high is None else clip_eps_high
-    delta = masked_log_ratio(lp, old, tm)
-    ratio = torch.exp(delta if log_ratio_clip is None else delta.clamp(-log_ratio_clip, log_ratio_clip))
+    ratio = importance_ratio(lp, old, tm, log_ratio_clip)
     per = -dual_clip(clipped_surrogate(ratio, adv_b, clip_eps, hi), adv_b, dual_clip_c)
     kl = None
     if beta != 0.0:
@@ -311,7 +316,7 @@ def gspo_loss(
     (20 here, None in verl and TRL) and above at `log_ratio_max` (10 in verl). docs/conventions.md."""
     lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps, std_ddof, singleton)
     n_tok = tm.sum(dim=-1).clamp_min(1).to(lp.dtype)
-    mean_delta = torch.where(tm, lp - old, torch.zeros_like(lp)).sum(dim=-1) / n_tok
+    mean_delta = masked_log_ratio(lp, old, tm).sum(dim=-1) / n_tok
     valid = tm.any(dim=-1)
     if loss_agg is None:
         log_s = mean_delta
@@ -357,8 +362,7 @@ def sapo_loss(
     verl and TRL aggregate by "seq-mean-token-mean"; TRL does not clamp log ρ (`log_ratio_clip=None`)."""
     lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps, std_ddof, singleton)
     adv = adv.unsqueeze(-1)
-    delta = masked_log_ratio(lp, old, tm)
-    ratio = torch.exp(delta if log_ratio_clip is None else delta.clamp(-log_ratio_clip, log_ratio_clip))
+    ratio = importance_ratio(lp, old, tm, log_ratio_clip)
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
     loss = aggregate(-gate * adv, loss_agg, token_mask=tm, per_token=True)
@@ -388,8 +392,7 @@ def cispo_loss(
     with ε_high = 5); verl bounds the weight to [1 − ε_low, 1 + ε_high] = [0.8, 1.2] by default."""
     lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps, std_ddof, singleton)
     adv = adv.unsqueeze(-1)
-    d = masked_log_ratio(lp.detach(), old, tm)
-    ratio = torch.exp(d if log_ratio_clip is None else d.clamp(-log_ratio_clip, log_ratio_clip))
+    ratio = importance_ratio(lp.detach(), old, tm, log_ratio_clip)
     w = ratio.clamp(ratio_min, ratio_max)
     loss = aggregate(-w * adv * lp, loss_agg, token_mask=tm, per_token=True)
     return LossOutput(loss, {"clip_frac": ((ratio > ratio_max) | (ratio < ratio_min))[tm].float().mean()})

@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from targetpo.objectives._checks import LossOutput, as_float
+from targetpo.objectives._checks import LossOutput, as_float, is_integer_tensor
 
 
 def ce_loss(logits: Tensor, labels: Tensor) -> LossOutput:
     r"""CE oracle: L = −mean log softmax(logits)_y. `logits` [..., C], `labels` [...] int."""
     lg = as_float("logits", logits)
-    if not isinstance(labels, Tensor) or labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+    if not is_integer_tensor(labels):
         got = labels.dtype if isinstance(labels, Tensor) else type(labels).__name__
         raise TypeError(f"labels must be an integer tensor of class ids, got {got}")
     if labels.shape != lg.shape[:-1]:

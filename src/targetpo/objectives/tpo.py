@@ -36,7 +36,7 @@ from torch import Tensor
 
 from targetpo.objectives._checks import (
     LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_same_shape,
-    checked, group_layout,
+    checked, group_layout, is_integer_tensor,
 )
 from targetpo.objectives.scores import ZERO_VARIANCE_STD, standardize_scores
 
@@ -383,8 +383,7 @@ def tpo_token_loss(
     :func:`tpo_loss`'s.
     """
     tl = as_float("token_logp", token_logp)
-    if not isinstance(candidates, torch.Tensor) or candidates.is_floating_point() or candidates.is_complex() \
-            or candidates.dtype == torch.bool:
+    if not is_integer_tensor(candidates):
         got = candidates.dtype if isinstance(candidates, torch.Tensor) else type(candidates).__name__
         raise ValueError(f"candidates must be an integer tensor of token ids, got {got}")
     if candidates.shape[:-1] != tl.shape[:-1]:

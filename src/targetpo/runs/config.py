@@ -151,13 +151,6 @@ def _base_type(annotation: Any) -> tuple[Any, bool, Any]:
     return annotation, optional, None
 
 
-def _is_list(annotation: Any) -> bool:
-    """Whether a field's annotation is a variable-length tuple, ``tuple[x, ...]`` (optionally ``| None``)."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
-    return typing.get_origin(annotation) is tuple and typing.get_args(annotation)[-1:] == (Ellipsis,)
-
-
 def _tuple_length(annotation: Any) -> int | None:
     """n for a fixed-length tuple annotation (``tuple[float, float]`` -> 2); None for ``tuple[str, ...]``."""
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
@@ -166,6 +159,11 @@ def _tuple_length(annotation: Any) -> int | None:
     if typing.get_origin(annotation) is not tuple or not args or Ellipsis in args:
         return None
     return len(args)
+
+
+def first_repeat(items) -> Any:
+    """The first item of `items` that an earlier one equals, or None."""
+    return next((x for i, x in enumerate(items) if x in items[:i]), None)
 
 
 def _is(value: Any, tp: Any) -> bool:
@@ -231,10 +229,10 @@ def validate(cfg: Any) -> None:
         for x in value:
             _check_item(f.name, value, x, item, meta, f"item {x!r} ")
         unique = meta.get("unique")
-        if unique is None:
-            unique = _is_list(hints[f.name])
-        if unique and len(set(value)) != len(value):
-            dup = next(x for i, x in enumerate(value) if x in value[:i])
+        if unique is None:  # the default: on for a list, tuple[x, ...], off for a fixed-length tuple
+            unique = length is None
+        dup = first_repeat(value) if unique else None
+        if dup is not None:
             raise ValueError(f"{f.name}={value!r}: items must be distinct ({dup!r} is given twice)")
 
 
@@ -270,6 +268,11 @@ def _parse_value(text: str, annotation: Any, name: str) -> Any:
     raise ValueError(f"{name}={text!r}: expected {_TYPE_NAMES[tp]}")
 
 
+def override_key(item: str) -> str:
+    """The field a `key=value` override sets (`lr-warmup=…` and `lr_warmup=…` are the same field)."""
+    return item.split("=", 1)[0].strip().replace("-", "_")
+
+
 def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
     """`key=value` strings → a new config. An unknown key is an error naming the nearest field and the valid ones."""
     hints = typing.get_type_hints(type(cfg))
@@ -278,8 +281,7 @@ def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"override {item!r} must look like key=value")
-        key, value = item.split("=", 1)
-        key = key.strip().replace("-", "_")
+        key, value = override_key(item), item.split("=", 1)[1]
         if key not in names:
             near = difflib.get_close_matches(key, names, n=1)
             hint = f"did you mean {near[0]!r}? " if near else ""
@@ -305,7 +307,7 @@ def make_config(exp: ModuleType, preset: str, seeds: int | None = None, override
         raise ValueError(f"experiment {exp.NAME} has no preset {preset!r}; presets: {', '.join(exp.PRESETS)}")
     cfg = exp.PRESETS[preset]
     if seeds is not None:
-        if any(o.split("=", 1)[0].strip() == "seeds" for o in overrides or []):
+        if any(override_key(o) == "seeds" for o in overrides or []):
             raise ValueError(f"give either --seeds {seeds} or seeds=..., not both")
         cfg = dataclasses.replace(cfg, seeds=seeds)
     return validated(apply_overrides(cfg, overrides or []))
