@@ -16,32 +16,79 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 METHODS = ("tpo", "grpo")
 
 
+def _number(kind, low: float, strict: bool):
+    """An argparse type: a `kind` number above `low` (at or above when not `strict`), named in the error."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+        if value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"{text} must be {'>' if strict else '>='} {low:g}")
+        return value
+    return parse
+
+
+POSITIVE_INT, COUNT, POSITIVE, NON_NEGATIVE = (_number(int, 0, True), _number(int, 0, False), _number(float, 0, True),
+                                               _number(float, 0, False))
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="local model directory, e.g. Qwen3-1.7B (never downloaded)")
-    p.add_argument("--gsm8k-dir", type=Path, required=True, help="directory holding GSM8K's train.jsonl")
-    p.add_argument("--out", type=Path, required=True, help="output directory (one subfolder per method)")
-    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
-    p.add_argument("--max-steps", type=int, default=300)
-    p.add_argument("--train-size", type=int, default=None, help="first N training problems (default: all)")
-    p.add_argument("--num-generations", type=int, default=16, help="K completions per prompt")
-    p.add_argument("--prompts-per-step", type=int, default=16)
-    p.add_argument("--per-device-batch", type=int, default=16, help="completions per micro-batch (multiple of K)")
-    p.add_argument("--max-completion-length", type=int, default=1024)
-    p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--beta", type=float, default=1e-3, help="KL coefficient to the reference model")
-    p.add_argument("--lora-rank", type=int, default=32, help="0 trains every weight")
-    p.add_argument("--eta", type=float, default=1.0, help="TPO's temperature η")
-    p.add_argument("--seq-logp", choices=("sum", "mean"), default="sum", help="TPO's sequence log-score")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-vllm", action="store_true", help="generate with transformers instead of vLLM")
-    p.add_argument("--cpu", action="store_true", help="float32 on the CPU (for smoke tests with a tiny model)")
-    return p.parse_args(argv)
+    add = p.add_argument
+    add("--model", required=True, help="local model directory, e.g. Qwen3-1.7B (never downloaded)")
+    add("--gsm8k-dir", type=Path, required=True, help="directory holding GSM8K's train.jsonl")
+    add("--out", type=Path, required=True, help="output directory (one subfolder per method)")
+    add("--methods", nargs="+", choices=METHODS, default=list(METHODS),
+        help="trainers to run one after the other, each from the same initial model (default: tpo grpo)")
+    add("--max-steps", type=POSITIVE_INT, default=300, help="optimizer steps per method (default: %(default)s)")
+    add("--train-size", type=POSITIVE_INT, default=None, help="first N training problems (default: all)")
+    add("--num-generations", type=_number(int, 2, False), default=16,
+        help="K completions per prompt, at least 2 (default: %(default)s)")
+    add("--prompts-per-step", type=POSITIVE_INT, default=16, help="prompts per optimizer step (default: %(default)s)")
+    add("--per-device-batch", type=POSITIVE_INT, default=16,
+        help="completions per micro-batch; must divide prompts-per-step x K (default: %(default)s)")
+    add("--max-completion-length", type=POSITIVE_INT, default=1024,
+        help="new tokens per completion, at most (default: %(default)s)")
+    add("--lr", type=POSITIVE, default=1e-5, help="AdamW learning rate (default: %(default)s)")
+    add("--beta", type=NON_NEGATIVE, default=1e-3, help="KL coefficient to the reference model (default: %(default)s)")
+    add("--lora-rank", type=COUNT, default=32,
+        help="LoRA rank, alpha = 2 x rank; 0 trains every weight (default: %(default)s)")
+    add("--eta", type=POSITIVE, default=1.0, help="TPO's temperature η (default: %(default)s)")
+    add("--seq-logp", choices=("sum", "mean"), default="sum", help="TPO's sequence log-score (default: %(default)s)")
+    add("--seed", type=COUNT, default=0, help="seed of both runs: data order, generation, init (default: %(default)s)")
+    add("--no-vllm", action="store_true", help="generate with transformers instead of vLLM")
+    add("--cpu", action="store_true", help="float32 on the CPU (for smoke tests with a tiny model)")
+    args = p.parse_args(argv)
+    if len(set(args.methods)) < len(args.methods):
+        p.error(f"--methods {' '.join(args.methods)}: each method once")
+    return args
+
+
+def check(args: argparse.Namespace) -> None:
+    """What the runs would trip on later, before a model is loaded or a file written: ValueError/FileNotFoundError
+    naming the flag."""
+    from targetpo.llm.models import check_model_dir
+
+    check_model_dir(args.model)
+    train = Path(args.gsm8k_dir).expanduser() / "train.jsonl"
+    if not train.is_file():
+        raise FileNotFoundError(f"--gsm8k-dir {args.gsm8k_dir} has no train.jsonl (fetch it: `targetpo data gsm8k DIR`)")
+    if args.train_size is not None:
+        with train.open(encoding="utf-8") as f:
+            have = sum(1 for line in f if line.strip())
+        if have < args.train_size:
+            raise ValueError(f"--train-size {args.train_size}: {train} holds only {have} problems")
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out} is a file; give a directory")
+    for method in args.methods:
+        config_kwargs(method, args)  # the batch arithmetic
 
 
 def gsm8k_dataset(gsm8k_dir: Path, limit: int | None):
@@ -80,8 +127,8 @@ def config_kwargs(method: str, args: argparse.Namespace) -> dict:
     k = args.num_generations
     generation_batch = args.prompts_per_step * k
     if generation_batch % args.per_device_batch:
-        raise ValueError(f"--per-device-batch={args.per_device_batch} must divide prompts-per-step x K = "
-                         f"{generation_batch}")
+        raise ValueError(f"--per-device-batch {args.per_device_batch} must divide --prompts-per-step x "
+                         f"--num-generations = {generation_batch}")
     common = dict(
         output_dir=str(args.out / method), seed=args.seed, max_steps=args.max_steps, learning_rate=args.lr,
         optim="adamw_torch", num_generations=k, per_device_train_batch_size=args.per_device_batch,
@@ -126,6 +173,11 @@ def build_trainer(method: str, args: argparse.Namespace, train_dataset=None, rew
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    try:
+        check(args)
+    except (ValueError, FileNotFoundError) as exc:  # one line and exit 2, as `targetpo` itself answers
+        print(f"train_gsm8k.py: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     dataset = gsm8k_dataset(args.gsm8k_dir, args.train_size)
     for method in args.methods:
         trainer = build_trainer(method, args, dataset)

@@ -22,6 +22,7 @@ from targetpo.runs.config import config_class, field_lines, first_repeat, make_c
 from targetpo.runs.data import MissingDataError
 from targetpo.runs.runner import (add_runner_arguments, available_cores, computes_on, is_not_run, mark_not_run,
                                   parse_device, run_experiment)
+from targetpo.runs.stats import count
 
 
 def _experiment_epilog() -> str:
@@ -37,7 +38,7 @@ def _experiment_epilog() -> str:
 def cmd_list(args) -> int:
     for name in EXPERIMENTS:
         exp = load(name)
-        presets = ", ".join(f"{p} ({c.seeds} seeds)" for p, c in exp.PRESETS.items())
+        presets = ", ".join(f"{p} ({count(c.seeds, 'seed')})" for p, c in exp.PRESETS.items())
         print(f"{name:<20} {exp.TITLE}\n{'':<20} suite: {suite_of(name)}; presets: {presets}")
     return 0
 
@@ -225,7 +226,7 @@ def _run_parallel(plans: list[_Plan], jobs: int, progress: bool) -> tuple[list[s
               "`targetpo reproduce` with the same --out resumes them", file=sys.stderr)
         raise
     bar.close()
-    print(f"reproduce: {len(plans)} experiments in {time.time() - start:.0f}s with {jobs} jobs")
+    print(f"reproduce: {count(len(plans), 'experiment')} in {time.time() - start:.0f}s with {count(jobs, 'job')}")
     return missing, failed
 
 
@@ -300,7 +301,7 @@ def cmd_data(args) -> int:
 
         remotes = mnist_remotes(args.dataset, args.base_url)
     paths = download_all(remotes, args.dir, progress=not args.no_progress)
-    print(f"{args.dataset}: {len(paths)} files verified in {args.dir}")
+    print(f"{args.dataset}: {count(len(paths), 'file')} verified in {args.dir}")
     return 0
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from targetpo.experiments import EXPERIMENTS, UnknownExperiment, load  # noqa: E402
 from targetpo.runs import plots  # noqa: E402
 from targetpo.runs.runner import Progress, run_progress  # noqa: E402
-from targetpo.runs.stats import FAIL_CLASSES, NOT_REPRODUCED, SCALE, Failure, Verdict  # noqa: E402
+from targetpo.runs.stats import FAIL_CLASSES, NOT_REPRODUCED, SCALE, Failure, Verdict, count  # noqa: E402
 from targetpo.runs.store import METRICS_FILE, RUN_FILE, Run, RunFileError, find_runs  # noqa: E402
 
 
@@ -145,7 +145,7 @@ class Section:
             return f"## {self.title}\n\n{self.error}\n"
         meta = self.run.meta
         head = [f"## {self.title}", "",
-                f"Run `{self.run.path.name}` · preset **{meta.get('preset')}** · {len(meta.get('seeds', []))} seeds · "
+                f"Run `{self.run.path.name}` · preset **{meta.get('preset')}** · {count(len(meta.get('seeds', [])), 'seed')} · "
                 f"wall time {meta.get('wall_time_s', 0):.1f} s · status {meta.get('status')} · "
                 f"data: {meta.get('data_source')} · torch {meta.get('versions', {}).get('torch')}", ""]
         if not self.complete:
@@ -247,7 +247,7 @@ def is_larger(a: Run, b: Run) -> bool:
 
 def _describe(run: Run) -> str:
     _, length, seeds = run_scale(run)
-    return f"run `{run.path.name}` (preset {run.meta.get('preset')}, {length:,} steps, {seeds} seeds)"
+    return f"run `{run.path.name}` (preset {run.meta.get('preset')}, {count(length, 'step')}, {count(seeds, 'seed')})"
 
 
 def resolve_failures(sections: list["Section"]) -> None:
@@ -273,7 +273,7 @@ def resolve_failures(sections: list["Section"]) -> None:
                 c.failure = explained[0]
             elif passing:
                 c.failure = Failure(SCALE, f"the same claim is PASS in the larger {_describe(passing[0])}; this run "
-                                           f"has {run_scale(s.run)[1]:,} steps and {run_scale(s.run)[2]} seeds")
+                                           f"has {count(run_scale(s.run)[1], 'step')} and {count(run_scale(s.run)[2], 'seed')}")
             else:
                 base = c.candidates[0] if c.candidates else Failure(
                     NOT_REPRODUCED, "no oracle floor, larger run or seed interval in this report explains it")

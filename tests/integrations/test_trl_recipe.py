@@ -3,6 +3,8 @@ trainers (TPO and GRPO) build and run one step on a tiny local model and real GS
 
 import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,10 +20,11 @@ from targetpo.integrations.trl import TargetPOConfig, TargetPOTrainer  # noqa: E
 from targetpo.llm.models import save_tiny_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "examples" / "trl" / "train_gsm8k.py"
 
 
 def recipe():
-    spec = importlib.util.spec_from_file_location("train_gsm8k", ROOT / "examples" / "trl" / "train_gsm8k.py")
+    spec = importlib.util.spec_from_file_location("train_gsm8k", RECIPE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -73,3 +76,26 @@ def test_one_step_of_each_trainer_on_a_tiny_model_with_lora(method, tmp_path, gs
     assert trainer.state.global_step == 1
     changed = [not torch.equal(p, dict(trainer.model.named_parameters())[n]) for n, p in lora.items()]
     assert any(changed)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lr", "0"], "argument --lr: 0 must be > 0"),
+    (["--num-generations", "1"], "argument --num-generations: 1 must be >= 2"),
+    (["--max-steps", "abc"], "argument --max-steps: 'abc' is not an integer"),
+    (["--methods", "tpo", "tpo"], "--methods tpo tpo: each method once"),
+    (["--model", "{tmp}/nowhere"], "no such directory; targetpo never downloads models"),
+    (["--gsm8k-dir", "{tmp}"], "has no train.jsonl"),
+    (["--train-size", "100000"], "holds only 7473 problems"),
+    (["--per-device-batch", "48"], "--per-device-batch 48 must divide --prompts-per-step x --num-generations = 256"),
+])
+def test_bad_arguments_exit_2_with_one_line_before_a_model_is_loaded(argv, message, tmp_path, gsm8k_dir):
+    model_dir = save_tiny_model(tmp_path / "tiny", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                                intermediate_size=64)
+    base = {"--model": str(model_dir), "--gsm8k-dir": str(gsm8k_dir), "--out": str(tmp_path / "out")}
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    flags = [x for k, v in base.items() if k not in argv for x in (k, v)]
+    proc = subprocess.run([sys.executable, str(RECIPE), *flags, *argv], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert message in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "out").exists()

@@ -283,6 +283,37 @@ def test_prepare_data_writes_verls_parquet_layout(task, tmp_path, request):
             assert compute_score(row["data_source"], f"<answer>{truth}</answer>", truth) == 1.0
 
 
+@pytest.mark.parametrize("args, message", [
+    (["gsm8k"], "gsm8k needs --gsm8k-dir DIR"),
+    (["gsm8k", "--gsm8k-dir", "{missing}"], "has no train.jsonl or test.jsonl"),
+    (["gsm8k", "--gsm8k-dir", "{gsm8k}", "--train", "100000"], "holds only 7473 problems"),
+    (["graph_color", "--train", "0"], "--train must be at least 1, got 0"),
+    (["knights_knaves", "--test", "-3"], "--test must be at least 1, got -3"),
+])
+def test_prepare_data_refuses_bad_arguments_before_writing(args, message, tmp_path, request):
+    if "{gsm8k}" in args:
+        args = [str(request.getfixturevalue("gsm8k_dir")) if a == "{gsm8k}" else a for a in args]
+    args = [str(tmp_path / "nowhere") if a == "{missing}" else a for a in args]
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, str(RECIPES / "prepare_data.py"), *args, "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"prepare_data.py: error: {proc.stderr.split('error: ', 1)[1].strip()}"]
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("call", [lambda f, d: f.gsm8k_rows(d, "train", limit=0),
+                                  lambda f, d: f.gsm8k_rows(d, "train", limit=2.0),
+                                  lambda f, d: f.reasoning_gym_rows("graph_color", 0, 0, "train")])
+def test_row_builders_refuse_counts_below_one(call, tmp_path):
+    from targetpo.integrations import verl_rewards
+
+    with pytest.raises(ValueError, match="must be"):
+        call(verl_rewards, tmp_path)  # checked before any file is read
+
+
 def script_runs(script):
     """The overrides of each verl run a launch script makes (its DRY_RUN output), one list per run."""
     proc = subprocess.run(["bash", str(RECIPES / script)], capture_output=True, text=True, timeout=60,

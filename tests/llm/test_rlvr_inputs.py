@@ -44,6 +44,10 @@ ONE_DIGIT = ("task_options=operators=+,min_terms=2,max_terms=2,min_digits=1,max_
     (["--task", "chain_sum", "task=basic_arithmetic"], "give either --task or task=..., not both"),
     (["--model", "tiny", "model=/nonexistent"], "give either --model or model=..., not both"),
     (["--data-path", "/x", "data_path=/y"], "give either --data-path or data_path=..., not both"),
+    # a GSM8K path beside a generated task would be silently unread
+    (["--data-path", "/x"], "data_path='/x': only task=gsm8k reads files; task=basic_arithmetic is generated"),
+    (["--task", "gsm8k"], "task gsm8k needs data_path=DIR (--data-path DIR) with train.jsonl and test.jsonl; "
+                          "none was given"),
 ])
 def test_bad_rlvr_input_is_refused_before_the_run_directory_exists(tmp_path, capsys, argv, expected):
     line = _refused(argv, tmp_path / "run", capsys)
@@ -99,3 +103,13 @@ def test_rlvr_help_reads_once_and_agrees_with_the_preset_and_readme(capsys):
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     assert rlvr.CPU_TIME in rlvr.RUNTIME and f"GRPO, {rlvr.CPU_TIME})" in readme
     assert f"warm-started by {rlvr.PRESETS['cpu'].warmstart_steps} supervised steps" in readme
+
+
+def test_the_paper_preset_reads_gsm8k_only_from_a_path_given_and_runs_generated_tasks_without_one():
+    from targetpo.experiments import load
+    from targetpo.runs.config import make_config
+
+    exp = load("rlvr")
+    assert exp.PRESETS["paper"].data_path == ""  # a user's clone has no default data folder
+    cfg = make_config(exp, "paper", overrides=["task=graph_color", "lora_r=0", "kl_coef=0"])  # README's recipe
+    assert cfg.task == "graph_color" and cfg.data_path == ""

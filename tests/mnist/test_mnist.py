@@ -102,6 +102,9 @@ def test_loader_missing_data_says_how_to_provide_it(tmp_path, monkeypatch):
         D.load(None)
     with pytest.raises(MissingDataError, match="does not exist"):
         D.load(tmp_path / "nope")
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(MissingDataError, match="afile is a file, not a directory"):
+        D.check_available(tmp_path / "afile", "mnist")
     with pytest.raises(MissingDataError, match="lacks t10k-images"):
         D.load(tmp_path)
     assert isinstance(MissingDataError("x"), FileNotFoundError)

@@ -3,6 +3,7 @@ written, and nothing a user typed is silently dropped, collapsed or ignored."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -116,4 +117,32 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_run_resumes(tmp_path):
     lines = [line for line in err.splitlines() if line.strip()]
     assert proc.returncode == 130, err
     assert "Traceback" not in err and lines[-1].startswith("targetpo: interrupted; every metrics line written is kept")
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "interrupted" and meta["runs"][0]["wall_time_s"] > 0  # the stopped segment's time
     assert subprocess.run([*cmd, "--resume"], capture_output=True).returncode == 0
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "complete" and len(meta["runs"]) == 2
+    assert meta["wall_time_s"] == pytest.approx(sum(r["wall_time_s"] for r in meta["runs"]))  # every segment counted
+
+
+def test_a_killed_run_keeps_the_wall_time_of_its_finished_units(tmp_path):
+    """SIGKILL cannot be caught: run.json holds the time up to the last unit that finished."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "targetpo", "run", "tabular-multi", "--out", str(out), *SMOKE, "steps=20000",
+           "--threads", "1", "methods=ce,pg"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and '"pg"' not in ((out / "metrics.jsonl").read_text() if (out / "metrics.jsonl").exists() else ""):
+        time.sleep(0.1)
+    proc.kill()
+    proc.wait(timeout=60)
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "running" and meta["runs"][0]["wall_time_s"] > 0 and meta["wall_time_s"] > 0
+
+
+def test_counts_of_one_read_in_the_singular(tmp_path, capsys):
+    from targetpo.runs.stats import count
+
+    assert [count(n, "seed") for n in (0, 1, 2, 1000)] == ["0 seeds", "1 seed", "2 seeds", "1,000 seeds"]
+    assert main(["run", "tabular-single", *SMOKE, "--seeds", "1", "methods=tpo", "--out", str(tmp_path / "r")]) == 0
+    assert "(1 seed, 1 unit)" in capsys.readouterr().out

@@ -105,6 +105,12 @@ def test_data_command_errors_are_one_line(server, tmp_path, capsys):
     assert main(["data", "mnist", str(tmp_path / "m"), "--base-url", url, "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "HTTP 404" in err[0] and "train-images-idx3-ubyte.gz" in err[0]
+    assert not (tmp_path / "m").exists()  # nothing written when no file could be had
+    for bad in ("mirror.example/mnist", "ftp://127.0.0.1/mnist"):
+        assert main(["data", "mnist", str(tmp_path / "n"), "--base-url", bad, "--no-progress"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "must start with http://, https:// or file://" in err[0]
+        assert not (tmp_path / "n").exists()
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert main(["data", "gsm8k", str(blocker / "sub"), "--base-url", url, "--no-progress"]) == 2

@@ -55,6 +55,8 @@ def _check_split(split: str) -> None:
 def gsm8k_rows(data_dir: str | Path, split: str, limit: int | None = None) -> list[dict]:
     """GSM8K's `split` file (``DIR/train.jsonl`` or ``DIR/test.jsonl``) as verl rows; the first `limit` lines."""
     _check_split(split)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be None (the whole file) or an int >= 1, got {limit!r}")
     path = Path(data_dir).expanduser() / f"{split}.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"GSM8K file {path} not found (data_dir must hold train.jsonl and test.jsonl)")
@@ -74,6 +76,8 @@ def reasoning_gym_rows(name: str, size: int, seed: int, split: str, **dataset_co
     import reasoning_gym as rg
 
     _check_split(split)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"size must be an int >= 1, got {size!r}")
     if f"reasoning_gym/{name}" not in DATA_SOURCES:
         raise ValueError(f"name must be graph_color or knights_knaves, got {name!r}")
     ds = rg.create_dataset(name, size=size, seed=seed, **dataset_config)

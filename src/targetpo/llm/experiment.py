@@ -89,6 +89,9 @@ class Config(TrainerConfig, RunConfig):
     def check(self) -> None:
         for m in self.methods:
             trainer_config(self, m, 0).validate()
+        if self.data_path and self.task != "gsm8k":  # a path no unit reads is refused, not ignored
+            raise ValueError(f"data_path={self.data_path!r}: only task=gsm8k reads files; task={self.task} is "
+                             "generated offline (drop data_path=, or set task=gsm8k)")
         if self.model == "tiny":  # the shapes Qwen2 accepts, before the run builds it
             if self.tiny_hidden % self.tiny_heads or (self.tiny_hidden // self.tiny_heads) % 2:
                 raise ValueError(f"tiny_heads={self.tiny_heads}: must divide tiny_hidden={self.tiny_hidden} into "
@@ -104,10 +107,10 @@ PRESETS = {
                     steps=4, k=4, batch_prompts=4, eval_every=2, eval_batch=16, checkpoint_every=2),
     "cpu": Config(),
     # Paper App. G (GSM8K row): Qwen3-1.7B, K = 16, batch 16 prompts, AdamW 1e-5, LoRA r = 32, KL 1e-3. Needs a GPU
-    # and a local copy of the model; not run by the project's tests. For graph coloring / Knights & Knaves use
-    # task=graph_color (or knights_knaves) data_path= lora_r=0 kl_coef=0.
+    # and a local copy of the model; not run by the project's tests. GSM8K needs --data-path DIR (`targetpo data
+    # gsm8k DIR`); for graph coloring / Knights & Knaves use task=graph_color (or knights_knaves) lora_r=0 kl_coef=0.
     "paper": Config(methods=("tpo_sum", "tpo_mean", "grpo"), seeds=1, model="Qwen/Qwen3-1.7B", dtype="bfloat16",
-                    task="gsm8k", task_options=(), compact=False, data_path="../shared/data/gsm8k", template="chat",
+                    task="gsm8k", task_options=(), compact=False, data_path="", template="chat",
                     train_size=7473, eval_size=1319, warmstart_steps=0, steps=300, k=16, batch_prompts=16,
                     micro_batch_tokens=32768, gradient_checkpointing=True, lr=1e-5, max_grad_norm=1.0,
                     kl_coef=1e-3, lora_r=32, lora_alpha=64.0,
@@ -178,8 +181,9 @@ def check_data(cfg: Config) -> None:
         d = Path(cfg.data_path).expanduser()
         missing = [f for f in ("train.jsonl", "test.jsonl") if not (d / f).is_file()]
         if not cfg.data_path or missing:
-            raise MissingDataError(f"task gsm8k needs data_path=DIR with train.jsonl and test.jsonl; {str(d)!r} "
-                                   f"lacks {', '.join(missing or ['both'])} (fetch them: `targetpo data gsm8k DIR`)")
+            where = f"{str(d)!r} lacks {', '.join(missing)}" if cfg.data_path else "none was given"
+            raise MissingDataError(f"task gsm8k needs data_path=DIR (--data-path DIR) with train.jsonl and "
+                                   f"test.jsonl; {where} (fetch them: `targetpo data gsm8k DIR`)")
         from targetpo.llm.data import read_gsm8k
 
         for f in ("train.jsonl", "test.jsonl"):

@@ -191,7 +191,8 @@ def check_available(data_dir: str | os.PathLike | None, dataset: str) -> Path:
     if directory is None:
         raise MissingDataError(f"no {dataset} data directory given: {how_to_provide(dataset)}")
     if not directory.is_dir():
-        raise MissingDataError(f"{dataset} data directory {directory} does not exist: {how_to_provide(dataset)}")
+        state = "is a file, not a directory" if directory.exists() else "does not exist"
+        raise MissingDataError(f"{dataset} data directory {directory} {state}: {how_to_provide(dataset)}")
     if _find(directory, FILES["test_images"]) is None or _find(directory, FILES["test_labels"]) is None:
         present = sorted(p.name for p in directory.iterdir())[:8]
         raise MissingDataError(f"{directory} lacks {FILES['test_images']}[.gz] and/or {FILES['test_labels']}[.gz] "

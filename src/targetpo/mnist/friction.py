@@ -37,7 +37,7 @@ from targetpo.mnist.replay import paired, pm
 from targetpo.mnist.train import LABELS, gather_batch, init_policies, load_data, seed_values, test_probs
 from targetpo.runs import plots
 from targetpo.runs.config import config, default, param
-from targetpo.runs.stats import fmt
+from targetpo.runs.stats import count, fmt
 
 NAME = "mnist-friction"
 TITLE = "MNIST bandit under distributed friction (open question, §6; docs/experiments.md §E18)"
@@ -261,7 +261,7 @@ def report(run, section) -> None:
     for m, v in e.items():
         plots.curve(ax2, steps, v[shown], LABELS[m], plots.COLORS.get(m))
     plots.finish(ax2, f"Test error during training: {desc[shown]}", "update", "test error", log=True)
-    section.figure(fig, "mnist_friction", f"MNIST friction: seed mean ± s.e. ({cfg['seeds']} seeds)")
+    section.figure(fig, "mnist_friction", f"MNIST friction: seed mean ± s.e. ({count(cfg['seeds'], 'seed')})")
 
     section.text("**What this run shows** (computed from the per-seed final errors; paired differences with 95 % "
                  "t intervals):\n\n" + "\n".join(f"- {line}" for line in findings(e, names, desc)))

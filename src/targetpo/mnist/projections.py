@@ -23,7 +23,7 @@ from targetpo.objectives import expected_baseline, tpo_loss
 from targetpo.objectives.tpo import projection_label, projection_setting
 from targetpo.runs import plots
 from targetpo.runs.config import config, default, param
-from targetpo.runs.stats import difference_read, fmt, mean_se, paired_interval
+from targetpo.runs.stats import count, difference_read, fmt, mean_se, paired_interval
 
 NAME = "mnist-projections"
 TITLE = "Open question: other projections onto TPO's target, MNIST bandit"
@@ -139,7 +139,7 @@ def report(run, section) -> None:
     cfg = run.config
     cur = _curves(run)
     section.text(__doc__.split("\n\n", 1)[1])
-    section.text(f"**Data:** {run.meta.get('data_source')}. Preset `{run.meta.get('preset')}`: {cfg['seeds']} seeds × "
+    section.text(f"**Data:** {run.meta.get('data_source')}. Preset `{run.meta.get('preset')}`: {count(cfg['seeds'], 'seed')} × "
                  f"{cfg['steps']:,} updates, η = {cfg['eta']:g} for the fixed-η settings.")
     if not cur:
         section.text("No evaluation points were recorded.")
@@ -169,7 +169,7 @@ def report(run, section) -> None:
     ax.axhline(th, color="k", lw=0.6, ls=":")
     plots.finish(ax, "MNIST bandit, TPO's target fitted by each projection", "updates", "test error (log scale)",
                  log=True)
-    section.figure(fig, "mnist_projections", f"Test error by update, seed mean ± s.e. ({cfg['seeds']} seeds); dotted "
+    section.figure(fig, "mnist_projections", f"Test error by update, seed mean ± s.e. ({count(cfg['seeds'], 'seed')}); dotted "
                    f"line: {100 * th:g} %")
     if ref is None:
         return

@@ -38,7 +38,7 @@ from targetpo.objectives import expected_baseline, tpo_loss
 from targetpo.objectives._checks import LossOutput
 from targetpo.runs import plots
 from targetpo.runs.config import config, default, param
-from targetpo.runs.stats import t_quantile
+from targetpo.runs.stats import count, t_quantile
 
 NAME = "mnist-replay"
 TITLE = "MNIST bandit with replayed rollouts (open question, §6; docs/experiments.md §E17)"
@@ -241,7 +241,7 @@ def report(run, section) -> None:
     section.table(["method"] + [f"R={r}" for r in reps],
                   [[label(k)] + [pm(v[r]) if r in v else "–" for r in reps] for k, v in f.items()]
                   + [["batches acted"] + [f"{-(-steps // r):,}" for r in reps]],
-                  f"Final test error (%) after {steps:,} updates: mean ± 95 % t interval over {cfg['seeds']} seeds "
+                  f"Final test error (%) after {steps:,} updates: mean ± 95 % t interval over {count(cfg['seeds'], 'seed')} "
                   "(paired: every method and ratio shares a seed's initial weights and streams)")
     trunc = {k: {r: rows_all[-1].get(f"{k}.truncated.R{r}") for r in reps} for k in f if k.startswith("tpo_is")}
     if trunc:
@@ -268,7 +268,7 @@ def report(run, section) -> None:
         if key in rows_all[-1]:
             plots.curve(ax2, st, np.array([row[key] for row in rows_all], dtype=float), label(k), color(k))
     plots.finish(ax2, f"Test error during training at R={worst}", "update", "test error", log=True)
-    section.figure(fig, "mnist_replay", f"MNIST replay: seed mean ({cfg['seeds']} seeds)")
+    section.figure(fig, "mnist_replay", f"MNIST replay: seed mean ({count(cfg['seeds'], 'seed')})")
 
     section.text("**What this run shows** (computed from the per-seed final errors above; paired differences "
                  "with 95 % t intervals):\n\n" + "\n".join(f"- {line}" for line in findings(f, reps)))

@@ -38,7 +38,7 @@ import torch
 from targetpo import paper
 from targetpo.mnist.mlp import bank_forward
 from targetpo.runs import plots
-from targetpo.runs.stats import (RATE, NOT_REPRODUCED, Verdict, all_of, at_least, at_most, below, failure, mean_se,
+from targetpo.runs.stats import (RATE, NOT_REPRODUCED, Verdict, all_of, at_least, at_most, below, count, failure, mean_se,
                                  not_reproduced, paired_interval, seed_interval, seed_noise, within)
 from targetpo.mnist.bandit import OFF_POLICY, BatchStream, bandit_loss, log_softmax, sample_actions
 from targetpo.mnist import train as base
@@ -224,7 +224,7 @@ def report(run, section) -> None:
             cells.append(f"{ours} ({paper_v if paper_v is not None else '–'})")
         rows.append([LABELS[m]] + cells)
     section.table(["method"] + [f"D={d}" for d in delays], rows,
-                  f"Final test error (%) after {steps:,} updates, {cfg['seeds']} seeds: ours, mean [95 % t-interval] "
+                  f"Final test error (%) after {steps:,} updates, {count(cfg['seeds'], 'seed')}: ours, mean [95 % t-interval] "
                   "(slides). The slides' "
                   "step count and data protocol are not stated")
 
@@ -248,7 +248,7 @@ def report(run, section) -> None:
             vals = np.array([r[f"{m}.error.D{worst}"] for r in rws], dtype=float)
             plots.curve(ax2, np.array([r["step"] for r in rws]), vals, LABELS[m], plots.COLORS.get(m))
     plots.finish(ax2, f"Test error during training at D={worst}", "update", "test error", log=True)
-    section.figure(fig, "mnist_staleness", f"MNIST staleness: seed mean ± s.e. ({cfg['seeds']} seeds)")
+    section.figure(fig, "mnist_staleness", f"MNIST staleness: seed mean ± s.e. ({count(cfg['seeds'], 'seed')})")
 
     lo, hi = min(delays), max(delays)
     if lo == hi:
@@ -274,7 +274,7 @@ def report(run, section) -> None:
     # numbers, and the share of this run acted by the initial policy θ_0 (batches 0 … D−1), which shrinks with
     # the number of updates: D/steps here vs 1000/10,000 at the paper preset.
     share = f"batches 0 … {hi - 1} ({100 * hi / steps:.0f} % of this run's {steps:,} updates) are acted by θ_0"
-    checked = (f"checked: paired over {cfg['seeds']} seeds; {share}; the slides do not state their step count or "
+    checked = (f"checked: paired over {count(cfg['seeds'], 'seed')}; {share}; the slides do not state their step count or "
                "data, and no larger run of this experiment is in this report")
 
     def drift_failure(m):

@@ -46,14 +46,17 @@ def _split_checksum(checksum: str) -> tuple[str, str]:
 
 
 def download(remote: Remote, dest_dir: str | os.PathLike, *, progress: bool = True, timeout: float = 60.0) -> Path:
-    """Fetch `remote` into `dest_dir` (created), resuming a partial download; returns the file's path.
+    """Fetch `remote` into `dest_dir` (created once the server answers), resuming a partial download; returns
+    the file's path.
 
     A file already in place with the right checksum is kept without any network access."""
     algorithm, digest = _split_checksum(remote.checksum)
     dest_dir = Path(dest_dir)
     if dest_dir.exists() and not dest_dir.is_dir():
         raise NotADirectoryError(f"{dest_dir} exists and is not a directory")
-    dest_dir.mkdir(parents=True, exist_ok=True)
+    scheme = remote.url.partition("://")[0] if "://" in remote.url else ""
+    if scheme not in ("http", "https", "file"):
+        raise ValueError(f"{remote.url}: the URL must start with http://, https:// or file:// (check --base-url)")
     target = dest_dir / remote.name
     if target.exists():
         if file_checksum(target, algorithm) == digest:
@@ -72,6 +75,8 @@ def download(remote: Remote, dest_dir: str | os.PathLike, *, progress: bool = Tr
             raise OSError(f"{remote.url}: HTTP {exc.code} {exc.reason}") from None
     except urllib.error.URLError as exc:
         raise OSError(f"{remote.url}: cannot connect ({exc.reason})") from None
+    # The folder is made only once a server answers, so a wrong URL leaves nothing behind.
+    dest_dir.mkdir(parents=True, exist_ok=True)
     if resp is not None:
         with resp:
             resumed = have and resp.status == 206

@@ -7,6 +7,7 @@ and a resume counts the unit as finished (its curve simply ends at N)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -23,6 +24,7 @@ from tqdm.auto import tqdm
 from targetpo.runs.store import (METRICS_FILE, RUN_FILE, MetricsWriter, RunFileError, read_metrics, read_run_json,
                                  record_key, versions, write_run_json)
 from targetpo.runs.config import config_class, config_from_dict, make_config, validated
+from targetpo.runs.stats import count
 
 
 class _Diverged(Exception):
@@ -204,6 +206,16 @@ def run_progress(exp: ModuleType, run) -> Progress:
                     missing=tuple(u for u in planned if u not in ended and u not in last))
 
 
+@contextlib.contextmanager
+def _on_interrupt(action):
+    """Run `action` when Ctrl-C, or SIGTERM (a `reproduce` worker exits on it), stops the block; then go on stopping."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit):
+        action()
+        raise
+
+
 def is_not_run(run_dir: str | Path) -> bool:
     """Whether `run_dir` holds only the placeholder that :func:`mark_not_run` writes."""
     if not (Path(run_dir) / RUN_FILE).exists():
@@ -298,7 +310,16 @@ def run_experiment(
     done = {k[0] for k in existing if k[2] == "done"} | (set() if force else diverged_before)
     units = units_of(exp, cfg)
     todo = [u for u in units if u not in done]
-    t0 = time.time()
+    t0, before = time.time(), meta.get("wall_time_s", 0.0)
+
+    def record_time(status: str = "running") -> float:
+        """This segment's wall time so far into run.json (a killed run keeps the time up to its last finished
+        unit, so the total after a resume counts every segment)."""
+        elapsed = time.time() - t0
+        meta["wall_time_s"], meta["runs"][-1]["wall_time_s"], meta["status"] = before + elapsed, elapsed, status
+        write_run_json(run_dir, meta)
+        return elapsed
+
     meta["status"] = "running"
     meta.setdefault("runs", []).append({"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumed": bool(done) or bool(existing),
                          "units": todo, "torch_threads": torch.get_num_threads()})  # for reading wall times
@@ -307,8 +328,9 @@ def run_experiment(
     total = sum(steps_of(exp, cfg, u) for u in todo)
     writer = MetricsWriter(run_dir / METRICS_FILE, existing)
     nan_ok = getattr(type(cfg), "NAN_MEANS_EMPTY", ())  # metrics that are NaN by design (a mean over nothing)
-    with tqdm(total=total, desc=f"{name} [{preset}]", unit="step", disable=not progress, mininterval=0.5,
-              file=sys.stderr, dynamic_ncols=True) as bar:
+    with _on_interrupt(lambda: record_time("interrupted")), \
+            tqdm(total=total, desc=f"{name} [{preset}]", unit="step", disable=not progress, mininterval=0.5,
+                 file=sys.stderr, dynamic_ncols=True) as bar:
         # Units computed together (`run_units`: methods batched like seeds) form one batch, others a batch each.
         # A diverged unit leaves its batch and the others replay from their start: the writer skips the records
         # already on disk, as on resume.
@@ -332,12 +354,12 @@ def run_experiment(
                 for unit in pending:
                     writer.write({"unit": unit, "event": "done"})
                 break
+            record_time()
     writer.close()
     diverged = sorted({k[0] for k in writer.existing if k[2] == "diverged"})
 
     elapsed = time.time() - t0
-    meta["wall_time_s"] = meta.get("wall_time_s", 0.0) + elapsed
-    meta["runs"][-1]["wall_time_s"] = elapsed
+    meta["wall_time_s"], meta["runs"][-1]["wall_time_s"] = before + elapsed, elapsed
     meta["status"] = "complete"
     if diverged:
         meta["status"] = f"complete ({len(diverged)} unit{'s' if len(diverged) != 1 else ''} diverged)"
@@ -348,7 +370,7 @@ def run_experiment(
               f"(non-deterministic replay); the original lines were kept", file=sys.stderr)
     write_run_json(run_dir, meta)
     if not quiet:
-        line = f"{name} [{preset}] done in {elapsed:.1f}s ({cfg.seeds} seeds, {len(units)} units) -> {run_dir}"
+        line = f"{name} [{preset}] done in {elapsed:.1f}s ({count(cfg.seeds, 'seed')}, {count(len(units), 'unit')}) -> {run_dir}"
         if hasattr(exp, "summary"):
             from targetpo.runs.store import Run
 

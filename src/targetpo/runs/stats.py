@@ -30,6 +30,11 @@ def value_at(steps: np.ndarray, curve: np.ndarray, step: int) -> float:
     return float(curve[i])
 
 
+def count(n: int, noun: str) -> str:
+    """'1 seed', '3 seeds': a count with its noun (English plural by an added s)."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def fmt(x: float | int | None, digits: int = 3) -> str:
     """Compact number for tables: '–' for missing, scientific below 1e-3."""
     if x is None:
