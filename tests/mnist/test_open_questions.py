@@ -45,6 +45,18 @@ def test_seed_interval_is_the_t_interval():
     assert np.isnan(RP.mean_ci95(np.array([0.3]))[1])
     assert RP.paired(np.array([0.1, 0.2, 0.3]), np.array([0.2, 0.3, 0.4]))[2] == "lower"
     assert RP.paired(np.array([0.1, 0.3, 0.2]), np.array([0.2, 0.2, 0.2]))[2] == "no detectable difference"
+    # one seed has no interval: said in words, never "± nan" or a difference called undetectable
+    assert RP.paired(np.array([0.1]), np.array([0.2]))[2] == "no interval"
+    assert RP.pm(np.array([0.3])) == "30.00 (1 seed, no interval)"
+    assert RP.pm_text(-1.5, 0.25, signed=True) == "-1.50 ± 0.25"
+
+
+@pytest.mark.parametrize("name", ["mnist-replay", "mnist-friction"])
+def test_a_one_seed_report_says_it_has_no_interval(name, tmp_path, mnist_dir):
+    run_dir = run_experiment(name, "smoke", seeds=1, out=tmp_path / "r", progress=False, quiet=True, threads=1,
+                             overrides=[f"data_dir={mnist_dir}", "steps=20"])
+    text = write_report(run_dir).read_text()
+    assert "nan" not in text.lower().replace("nan_", "") and "(1 seed, no interval)" in text
 
 
 def test_tpo_is_loss_is_bandit_tpo_on_policy_and_differs_off_policy():

@@ -33,7 +33,7 @@ from targetpo.mnist.bandit import (
 )
 from targetpo.mnist.config import MnistConfig
 from targetpo.mnist.mlp import bank_forward, init_bank
-from targetpo.mnist.replay import paired, pm
+from targetpo.mnist.replay import paired, pm, pm_text
 from targetpo.mnist.train import LABELS, gather_batch, init_policies, load_data, seed_values, test_probs
 from targetpo.runs import plots
 from targetpo.runs.config import config, default, param
@@ -233,7 +233,7 @@ def report(run, section) -> None:
     section.table(["method"] + [desc[n] for n in names],
                   [[LABELS[m]] + [pm(v[n][-1]) if n in v else "–" for n in names] for m, v in e.items()],
                   f"Final test error (%) after {int(steps[-1]):,} updates: mean ± 95 % t interval over "
-                  f"{cfg['seeds']} paired seeds")
+                  f"{count(cfg['seeds'], 'paired seed')}")
     for th in cfg["thresholds"]:
         cells = []
         for m, v in e.items():
@@ -278,10 +278,11 @@ def findings(e: dict[str, dict[str, np.ndarray]], names: list[str], desc: dict[s
             for m, v in e.items():
                 if n in v and "clean" in v:
                     d, h, word = paired(v[n][-1], v["clean"][-1])
-                    costs.append(f"{LABELS[m]} {100 * d:+.2f} ± {100 * h:.2f}")
+                    costs.append(f"{LABELS[m]} {pm_text(100 * d, 100 * h, signed=True)}")
             line += "; cost vs clean, points: " + ", ".join(costs)
         if {"tpo", "dg"} <= set(e) and n in e["tpo"] and n in e["dg"]:
             d, h, word = paired(e["tpo"][n][-1], e["dg"][n][-1])
-            line += f"; TPO − DG {100 * d:+.2f} ± {100 * h:.2f} ({'TPO ' + word if word != 'no detectable difference' else word})"
+            verdict = f"TPO {word}" if word in ("lower", "higher") else word
+            line += f"; TPO − DG {pm_text(100 * d, 100 * h, signed=True)} ({verdict})"
         out.append(line)
     return out

@@ -22,7 +22,7 @@ import torch
 
 from targetpo import paper
 from targetpo.runs import plots
-from targetpo.runs.stats import RATE, above, all_of, fmt, paired_interval, seed_interval, seed_noise, within
+from targetpo.runs.stats import RATE, above, all_of, count, fmt, paired_interval, seed_interval, seed_noise, within
 from targetpo.mnist.bandit import concentration, first_order_gains
 from targetpo.mnist import train as base
 from targetpo.mnist.config import MnistConfig
@@ -208,7 +208,7 @@ def report(run, section) -> None:
     ax2.axhline(0, color="k", lw=0.6)
     plots.finish(ax2, "Highest-concentration bin over training (circle: paper)", "step (paper's label, updates)",
                  "exact − scalar gain (Δπ_y, first order)")
-    section.figure(fig, "mnist_mechanism", f"Fig. 4b analogue ({cfg['seeds']} seeds, seed mean ± s.e.)")
+    section.figure(fig, "mnist_mechanism", f"Fig. 4b analogue ({count(cfg['seeds'], 'seed')}, seed mean ± s.e.)")
 
     # Each bin's surplus with its t-interval over the seeds whose bin is non-empty; bin-to-bin and TPO-vs-DG
     # comparisons paired over the seeds where both bins are non-empty (docs/verdicts.md).

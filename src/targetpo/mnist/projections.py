@@ -187,6 +187,6 @@ def report(run, section) -> None:
             (f" (TPO: {hr:,})" if hr is not None else ", nor does TPO")
         parts.append(f"{labels[m]} {when}; final test error {final.show(2, 100)} points from TPO's "
                      f"({difference_read(final, section.gives_verdicts)}), mean over all evaluations "
-                     f"{area.show(2, 100)} (paired 95 % t-interval over {area.n} seeds, lower on {lower_a}/"
+                     f"{area.show(2, 100)} (paired 95 % t-interval over {count(area.n, 'seed')}, lower on {lower_a}/"
                      f"{area.n}; {difference_read(area, section.gives_verdicts)}).")
     section.text("**What the data says.** " + " ".join(parts))

@@ -209,13 +209,20 @@ def mean_ci95(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def pm(values: np.ndarray, scale: float = 100.0) -> str:
     """'mean ± half-width of the 95 % t interval' of per-seed values, in percent."""
     mean, half = mean_ci95(values)
-    return f"{scale * mean:.2f} ± {scale * half:.2f}"
+    return pm_text(scale * mean, scale * half)
+
+
+def pm_text(mean: float, half: float, signed: bool = False) -> str:
+    """'mean ± half', or 'mean (1 seed, no interval)' where one seed gives no half-width (NaN)."""
+    text = f"{mean:+.2f}" if signed else f"{mean:.2f}"
+    return f"{text} ± {half:.2f}" if np.isfinite(half) else f"{text} (1 seed, no interval)"
 
 
 def paired(a: np.ndarray, b: np.ndarray) -> tuple[float, float, str]:
-    """Mean of a − b over paired seeds, its 95 % half-width, and 'lower' / 'higher' / 'no detectable difference'."""
+    """Mean of a − b over paired seeds, its 95 % half-width, and 'lower' / 'higher' / 'no detectable difference'
+    ('no interval' for one seed)."""
     mean, half = mean_ci95(np.asarray(a) - np.asarray(b))
-    word = "no detectable difference" if not np.isfinite(half) or abs(mean) <= half else (
+    word = "no interval" if not np.isfinite(half) else "no detectable difference" if abs(mean) <= half else (
         "lower" if mean < 0 else "higher")
     return float(mean), float(half), word
 
@@ -285,13 +292,13 @@ def findings(f: dict[str, dict[int, np.ndarray]], reps: list[int]) -> list[str]:
         for k, v in f.items():
             if lo in v and hi in v:
                 d, h, word = paired(v[hi], v[lo])
-                out.append(f"{label(k)}: R={hi} vs R={lo}: {100 * d:+.2f} ± {100 * h:.2f} points ({word})")
+                out.append(f"{label(k)}: R={hi} vs R={lo}: {pm_text(100 * d, 100 * h, signed=True)} points ({word})")
     for k, v in f.items():
         if k.startswith("tpo_is") and "tpo" in f:
             parts = []
             for r in reps:
                 if r in v and r in f["tpo"]:
                     d, h, word = paired(v[r], f["tpo"][r])
-                    parts.append(f"R={r} {100 * d:+.2f} ± {100 * h:.2f} ({word})")
+                    parts.append(f"R={r} {pm_text(100 * d, 100 * h, signed=True)} ({word})")
             out.append(f"{label(k)} minus TPO (anchor μ), points: " + "; ".join(parts))
     return out

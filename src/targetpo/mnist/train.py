@@ -19,8 +19,8 @@ import torch
 from targetpo import paper
 from targetpo.mnist.mlp import bank_forward, bank_forward_shared, init_bank
 from targetpo.runs import plots
-from targetpo.runs.stats import (RATE, above, all_of, at_least, below, bootstrap_interval, fmt, mean_se, oracle_floor,
-                                 paired_interval, seed_interval, seed_noise, within)
+from targetpo.runs.stats import (RATE, above, all_of, at_least, below, bootstrap_interval, count, fmt, mean_se,
+                                 oracle_floor, paired_interval, seed_interval, seed_noise, within)
 from targetpo.mnist import data as mnist_data
 from targetpo.mnist.bandit import (
     ON_POLICY,
@@ -214,7 +214,7 @@ def report(run, section) -> None:
                      f"{100 * np.median(v):.1f} [{100 * v.min():.1f}, {100 * v.max():.1f}]", pct(ref_final.get(m)),
                      label_interval(c, 0.05).show(-1), fmt(ref_hit.get(m)), fmt(upd)])
     at = "" if last == 10_000 else f" — ours after {last:,} updates, the paper's after 10,000, so not like for like"
-    section.table(["method", f"final error (ours, {cfg['seeds']} seeds, mean [95 % t-interval])",
+    section.table(["method", f"final error (ours, {count(cfg['seeds'], 'seed')}, mean [95 % t-interval])",
                    "above the CE oracle (points)", "seeds: median [min, max] %", "paper (20 seeds)",
                    "first label ≤ 5 % (ours [bootstrap])", "paper", "= updates performed (ours)"], rows,
                   f"Final test error and steps to 5 % error{at}. Labels follow the paper (point after "
@@ -242,7 +242,7 @@ def report(run, section) -> None:
     plots.finish(ax, "MNIST bandit test error" + (" (circles: paper)" if refs else ""),
                  "step (paper's label = updates − eval_every)", "test error (fraction, log scale)", log=True,
                  ylim=(0.8 * min(ys.min(), 0.05), min(1.0, 1.25 * ys.max())))
-    section.figure(fig, "mnist_error", f"MNIST contextual bandit: test error, seed mean ± s.e. ({cfg['seeds']} seeds)")
+    section.figure(fig, "mnist_error", f"MNIST contextual bandit: test error, seed mean ± s.e. ({count(cfg['seeds'], 'seed')})")
 
     final = {m: seed_interval(c["values"][-1], bounds=RATE) for m, c in cur.items()}
     ev = lambda ms: ", ".join(f"{LABELS[m]} {final[m].show(2, 100, ' %')}" for m in ms)  # noqa: E731

@@ -27,6 +27,8 @@ import typing
 from types import ModuleType
 from typing import Any
 
+from targetpo.runs.stats import count
+
 
 # ----------------------------------------------------------------------------- declaring fields
 
@@ -374,8 +376,8 @@ def steps_label(cfg: Any) -> str:
     fields = config_fields(type(cfg))
     for name in ("steps", "episodes"):
         if name in fields and not fields[name].metadata.get("fixed"):
-            return f"{cfg.seeds} seeds × {getattr(cfg, name):,} {name}"
-    return f"{cfg.seeds} seeds"
+            return f"{count(cfg.seeds, 'seed')} × {getattr(cfg, name):,} {name}"
+    return f"{count(cfg.seeds, 'seed')}"
 
 
 def paper_ref(exp: ModuleType) -> str:

@@ -117,7 +117,7 @@ class Interval(NamedTuple):
         for percent); 'mean (1 seed, no interval)' without an interval; +inf (a step never reached) reads 'never'."""
         e, lo, hi = (self.estimate * scale, self.lo * scale, self.hi * scale)
         if not self.has_interval:
-            return f"{_num(e, digits)}{unit} ({self.n} seed{'s' if self.n != 1 else ''}, no interval)"
+            return f"{_num(e, digits)}{unit} ({count(self.n, 'seed')}, no interval)"
         if e == lo == hi == np.inf:
             return "never"  # in every resample
         return f"{_num(e, digits)}{unit} [{_num(lo, digits)}, {_num(hi, digits)}]"

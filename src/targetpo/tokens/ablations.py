@@ -19,7 +19,7 @@ from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
 from targetpo.runs.config import config, default, param, swept, unused
-from targetpo.runs.stats import above, all_of, at_least, at_most
+from targetpo.runs.stats import above, all_of, at_least, at_most, count
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import trial_config
 
@@ -93,7 +93,7 @@ def report(run, section) -> None:
     data = _data(run)
     if not tc.intro(section, run, __doc__, data,
                     tr.horizon_note(run, "20 seeds × 2000 episodes, H ∈ {7, 8, 10}, B = 100, K = 8",
-                                    f"{cfg['seeds']} seeds × {cfg['episodes']} episodes, H ∈ "
+                                    f"{count(cfg['seeds'], 'seed')} × {cfg['episodes']} episodes, H ∈ "
                                     f"{{{', '.join(map(str, cfg['lengths']))}}}, B = {cfg['batch']}, K = {cfg['k']}")
                     + " Paper values appear only where the paper has the same H."):
         return

@@ -16,7 +16,7 @@ import numpy as np
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.runs.config import config, default, param, swept
-from targetpo.runs.stats import all_of, at_most, below, seed_noise
+from targetpo.runs.stats import all_of, at_most, below, count, seed_noise
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import run_trial, trial_config
 
@@ -95,7 +95,7 @@ def report(run, section) -> None:
     cfg = run.config
     data = _by_vocab(run)
     if not tc.intro(section, run, __doc__, data,
-                    f"Preset `{run.meta.get('preset')}`: {cfg['seeds']} seeds × {cfg['episodes']} episodes, "
+                    f"Preset `{run.meta.get('preset')}`: {count(cfg['seeds'], 'seed')} × {cfg['episodes']} episodes, "
                     f"V ∈ {{{', '.join(map(str, cfg['vocabs']))}}}, H = {cfg['length']}, B = {cfg['batch']} "
                     f"(the paper: 20 seeds × 1000 episodes, V ∈ {{2, 4, 8, 16}}, H = 10, B = 100). A method that "
                     f"reaches 1% after episode {cfg['episodes'] - 1} shows as '–' here."):

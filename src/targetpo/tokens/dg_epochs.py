@@ -24,7 +24,7 @@ from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
 from targetpo.runs.config import config, default, param, swept, unused
-from targetpo.runs.stats import NOT_REPRODUCED, Verdict, above, failure
+from targetpo.runs.stats import NOT_REPRODUCED, Verdict, above, count, failure
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import run_trial, trial_config
 from targetpo.tokens.variants import ALL_VARIANTS
@@ -148,9 +148,9 @@ def report(run, section) -> None:
     data = _data(run)
     note = tr.horizon_note(
         run, "(a) H = 5, 20 seeds × 2000 episodes; (b, c) H = 10, B = 100, 10 seeds × 1000 episodes",
-        f"(a) H = {cfg['terminal_length']}, B = {cfg['terminal_batch']}, {cfg['seeds']} seeds × "
+        f"(a) H = {cfg['terminal_length']}, B = {cfg['terminal_batch']}, {count(cfg['seeds'], 'seed')} × "
         f"{cfg['terminal_episodes']} episodes; (b, c) H = {cfg['length']}, B = {cfg['batch']}, "
-        f"{cfg['variant_seeds']} seeds × {cfg['variant_episodes']} episodes")
+        f"{count(cfg['variant_seeds'], 'seed')} × {cfg['variant_episodes']} episodes")
     if not tc.intro(section, run, __doc__, data, note):
         return
     counts = sorted({e for by_e in data.values() for e in by_e})
@@ -201,7 +201,7 @@ def report(run, section) -> None:
                   f"{many} ep − 1 ep, points, paired): " + "; ".join(ev),
                   failure=failure(NOT_REPRODUCED, "where not clearly worse, the paired gap vs the paper's gap "
                                   "(points): " + ("; ".join(noise) or "none of these is in the paper")
-                                  + f"; checked: {cfg['variant_seeds']} seeds × {cfg['variant_episodes']} episodes at "
+                                  + f"; checked: {count(cfg['variant_seeds'], 'seed')} × {cfg['variant_episodes']} episodes at "
                                   f"H = {cfg['length']} (the paper: 10 × 1000 at H = 10); no larger run of this "
                                   "experiment is in this report"))
     t = data.get("terminal", {})

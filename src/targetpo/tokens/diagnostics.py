@@ -25,8 +25,8 @@ from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
 from targetpo.runs.config import config, default
-from targetpo.runs.stats import (RATE, NOT_REPRODUCED, SCALE, Verdict, above, all_of, at_least, below, bootstrap_interval,
-                                 failure, paired_interval, seed_interval, within)
+from targetpo.runs.stats import (NOT_REPRODUCED, RATE, SCALE, Verdict, above, all_of, at_least, below,
+                                 bootstrap_interval, count, failure, paired_interval, seed_interval, within)
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import trial_config
 
@@ -99,7 +99,7 @@ def report(run, section) -> None:
     err = metrics["error"]
     if not tc.intro(section, run, __doc__, err,
                     tr.horizon_note(run, "10 seeds × 2000 episodes, H = 8, B = 256, K = 32",
-                                    f"{cfg['seeds']} seeds × {cfg['episodes']} episodes, H = {cfg['length']}, "
+                                    f"{count(cfg['seeds'], 'seed')} × {cfg['episodes']} episodes, H = {cfg['length']}, "
                                     f"B = {cfg['batch']}, K = {cfg['k']}")
                     + " Episode counts of the paper (e.g. 'by episode 250') are compared after scaling by "
                       "this run's horizon only where stated."):
@@ -165,7 +165,7 @@ def _claims(section, cfg, metrics, w) -> None:
     grouped = [m for m in af if tr.rollout(m) == "group"]
     ref = paper.SECTION4_DIAGNOSTICS.values
     paper_cfg = PRESETS["paper"]
-    setting = (f"checked: {cfg['seeds']} seeds at H = {cfg['length']}, K = {cfg['k']}, B = {cfg['batch']}, "
+    setting = (f"checked: {count(cfg['seeds'], 'seed')} at H = {cfg['length']}, K = {cfg['k']}, B = {cfg['batch']}, "
                f"{cfg['episodes']} episodes (the paper: H = {paper_cfg.length}, K = {paper_cfg.k}, "
                f"B = {paper_cfg.batch}, {paper_cfg.episodes} episodes); no larger run of this experiment is in "
                "this report")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from targetpo.runs.config import config, default, param, swept, unused
+from targetpo.runs.stats import count
 from targetpo.tokens import common as tc
 from targetpo.tokens import open_questions as oq
 from targetpo.tokens import report as tr
@@ -112,7 +113,7 @@ def report(run, section) -> None:
     cfg = run.config
     data = _data(run)
     if not tc.intro(section, run, __doc__, data,
-                    f"Preset `{run.meta.get('preset')}`: {cfg['seeds']} seeds × {cfg['episodes']} episodes, "
+                    f"Preset `{run.meta.get('preset')}`: {count(cfg['seeds'], 'seed')} × {cfg['episodes']} episodes, "
                     f"H = {cfg['length']}, B = {cfg['batch']}, K = {cfg['k']}; σ_noise = {cfg['noise']:g}, "
                     f"σ_min = {cfg['floor']:g}, c = {cfg['shrink']:g}."):
         return
@@ -131,7 +132,7 @@ def report(run, section) -> None:
                   "noisy settings every one of them is a noise-only group whose z-scores are pure noise")
     colors = {s: tr.SWEEP_COLORS[i % len(tr.SWEEP_COLORS)] for i, s in enumerate(SETTINGS)}
     tr.panels(section, {tc.label(m): by_s for m, by_s in data.items()}, "token_low_variance",
-              f"Exact-match error by episode, seed mean ± s.e. ({cfg['seeds']} seeds); dotted line: {100 * th:g}%",
+              f"Exact-match error by episode, seed mean ± s.e. ({count(cfg['seeds'], 'seed')}); dotted line: {100 * th:g}%",
               threshold=th, labels=LABELS, colors=colors, ylabel="exact-match error")
     lines = []
     for m, by_s in data.items():

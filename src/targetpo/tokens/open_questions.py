@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from targetpo.runs.config import config, param
-from targetpo.runs.stats import RATE, Curve, Interval, difference_read, fmt, paired_interval, seed_interval
+from targetpo.runs.stats import RATE, Curve, Interval, count, difference_read, fmt, paired_interval, seed_interval
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
 from targetpo.tokens.config import TokenConfig
@@ -125,5 +125,5 @@ def finding(data: dict[str, Curve], key: str, ref: str, labels: dict[str, str], 
     area, tail = paired_rate_interval(seed_area(a), seed_area(b)), paired_rate_interval(seed_tail(a), seed_tail(b))
     sig, tsig = difference_read(area, decides), difference_read(tail, decides)
     return (f"{labels[key]} {when}; its mean error over all episodes differs from {labels[ref]}'s by "
-            f"{area.show(2, 100)} points (paired 95 % t-interval over {n} seeds, lower on {lower}/{n}; {sig}), and "
+            f"{area.show(2, 100)} points (paired 95 % t-interval over {count(n, 'seed')}, lower on {lower}/{n}; {sig}), and "
             f"its final error (last 10% of episodes) by {tail.show(2, 100)} points ({tsig}).")

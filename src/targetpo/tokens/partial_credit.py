@@ -15,6 +15,7 @@ Not a paper experiment.
 from __future__ import annotations
 
 from targetpo.runs.config import config, default, param, swept, unused
+from targetpo.runs.stats import count
 from targetpo.tokens import common as tc
 from targetpo.tokens import open_questions as oq
 from targetpo.tokens import report as tr
@@ -94,7 +95,7 @@ def report(run, section) -> None:
     cfg = run.config
     data = _data(run)
     if not tc.intro(section, run, __doc__, data,
-                    f"Preset `{run.meta.get('preset')}`: {cfg['seeds']} seeds × {cfg['episodes']} episodes, "
+                    f"Preset `{run.meta.get('preset')}`: {count(cfg['seeds'], 'seed')} × {cfg['episodes']} episodes, "
                     f"H = {cfg['length']}, B = {cfg['batch']}, K = {cfg['k']}."):
         return
     th = cfg["threshold"]
@@ -105,7 +106,7 @@ def report(run, section) -> None:
                             f"over all episodes minus {LABELS[ref]}'s, paired over seeds")
     colors = {s: tr.SWEEP_COLORS[i % len(tr.SWEEP_COLORS)] for i, s in enumerate(SETTINGS)}
     tr.panels(section, {tc.label(m): by_s for m, by_s in data.items()}, "token_partial_credit",
-              f"Exact-match error by episode, seed mean ± s.e. ({cfg['seeds']} seeds); dotted line: {100 * th:g}%",
+              f"Exact-match error by episode, seed mean ± s.e. ({count(cfg['seeds'], 'seed')}); dotted line: {100 * th:g}%",
               threshold=th, labels=LABELS, colors=colors, ylabel="exact-match error")
     lines = []
     for m, by_s in data.items():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from targetpo.objectives.tpo import projection_label, projection_setting
 from targetpo.runs.config import config, default, param, swept
+from targetpo.runs.stats import count
 from targetpo.tokens import common as tc
 from targetpo.tokens import open_questions as oq
 from targetpo.tokens import report as tr
@@ -99,7 +100,7 @@ def report(run, section) -> None:
     cfg = run.config
     data = _data(run)
     if not tc.intro(section, run, __doc__, data,
-                    f"Preset `{run.meta.get('preset')}`: {cfg['seeds']} seeds × {cfg['episodes']} episodes, "
+                    f"Preset `{run.meta.get('preset')}`: {count(cfg['seeds'], 'seed')} × {cfg['episodes']} episodes, "
                     f"H = {cfg['length']}, B = {cfg['batch']}, K = {cfg['k']}, η = {cfg['tpo_eta']:g} for the fixed-η "
                     "settings."):
         return
@@ -111,7 +112,7 @@ def report(run, section) -> None:
                         "all episodes minus TPO's, paired over seeds")
     colors = {s: tr.SWEEP_COLORS[i % len(tr.SWEEP_COLORS)] for i, s in enumerate(data)}
     tr.panels(section, {f"terminal reward, H = {cfg['length']}": data}, "token_projections",
-              f"Exact-match error by episode for each projection, seed mean ± s.e. ({cfg['seeds']} seeds); dotted "
+              f"Exact-match error by episode for each projection, seed mean ± s.e. ({count(cfg['seeds'], 'seed')}); dotted "
               f"line: {100 * th:g}%", threshold=th, labels=labels, colors=colors, ylabel="exact-match error")
     if REFERENCE in data:
         section.text("**What the data says.** " + " ".join(

@@ -27,7 +27,7 @@ from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
 from targetpo.runs.config import config, default, param, unused
-from targetpo.runs.stats import above, all_of, below, bootstrap_interval
+from targetpo.runs.stats import above, all_of, below, bootstrap_interval, count
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import trial_config
 
@@ -138,7 +138,7 @@ def report(run, section) -> None:
     cur = _curves(run)
     if not tc.intro(section, run, __doc__, cur,
                     tr.horizon_note(run, "30 seeds × 2000 episodes, H = 8, B = 256, base K = 32, 4 epochs",
-                                    f"{cfg['seeds']} seeds × {cfg['episodes']} episodes, H = {cfg['length']}, "
+                                    f"{count(cfg['seeds'], 'seed')} × {cfg['episodes']} episodes, H = {cfg['length']}, "
                                     f"B = {cfg['batch']}, base K = {cfg['k']}, {cfg['epochs']} epochs")
                     + " Paper values are at H = 8 and 2000 episodes."):
         return

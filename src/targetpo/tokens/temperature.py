@@ -21,7 +21,7 @@ from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
 from targetpo.runs.config import config, default, param, swept
-from targetpo.runs.stats import above, all_of, at_most
+from targetpo.runs.stats import above, all_of, at_most, count
 from targetpo.tokens.config import TokenConfig, tpo_only
 from targetpo.tokens.engine import trial_config
 
@@ -100,7 +100,7 @@ def report(run, section) -> None:
     section.text(f"This run: `level={cfg['level']}` ({tr.label(LEVELS[cfg['level']])}).")
     if run.meta.get("preset") != "paper":
         section.text(tr.horizon_note(run, "10 seeds × 1000 episodes, H = 10, B = 100, K = 8",
-                                     f"{cfg['seeds']} seeds × {cfg['episodes']} episodes, H = {cfg['length']}, "
+                                     f"{count(cfg['seeds'], 'seed')} × {cfg['episodes']} episodes, H = {cfg['length']}, "
                                      f"B = {cfg['batch']}, K = {cfg['k']}")
                      + f" A run that reaches 1% after episode {cfg['episodes'] - 1} shows as '–'.")
     if not data:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.runs.config import config, default, param, swept
-from targetpo.runs.stats import NOT_REPRODUCED, Verdict, above, all_of, at_most, failure, seed_noise, within
+from targetpo.runs.stats import NOT_REPRODUCED, Verdict, above, all_of, at_most, count, failure, seed_noise, within
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import MATCHES, METHODS as ENGINE_METHODS, run_trial, trial_config
 
@@ -121,7 +121,7 @@ def report(run, section) -> None:
     cfg = run.config
     data = _table(run)
     if not tc.intro(section, run, __doc__, data,
-                    f"Preset `{run.meta.get('preset')}`: {cfg['seeds']} seeds × {cfg['episodes']} episodes, "
+                    f"Preset `{run.meta.get('preset')}`: {count(cfg['seeds'], 'seed')} × {cfg['episodes']} episodes, "
                     f"H ∈ {{{', '.join(map(str, cfg['lengths']))}}}, B = {cfg['batch']}, K = {cfg['k']} (the paper: "
                     "20 seeds × 2000 episodes, H ∈ {7, 8, 9, 10}, B = 100, K = 8). Paper cells are shown only "
                     "where the paper has the same H; claims compare methods within this run. At this horizon "
@@ -179,7 +179,7 @@ def report(run, section) -> None:
         section.claim(f"TPO ends with the lowest error of all methods at every H, {mt[:-1]}-matched (Table 3)",
                       all_of(verdicts), "; ".join(ev) or "needs tpo and another method",
                       failure=failure(NOT_REPRODUCED, "TPO − method, tail mean, wholly above 0 (points, paired over "
-                                      f"{cfg['seeds']} seeds): {'; '.join(worse)}; checked: the paper's Table 3 has "
+                                      f"{count(cfg['seeds'], 'seed')}): {'; '.join(worse)}; checked: the paper's Table 3 has "
                                       + (f"H = {', '.join(map(str, ref_h))} of ours" if ref_h else
                                          f"none of our H ({', '.join(map(str, hs))})")
                                       + f" and {paper_episodes} episodes (ours {cfg['episodes']}); no larger run of "

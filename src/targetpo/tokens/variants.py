@@ -32,7 +32,7 @@ from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
 from targetpo.runs.config import config, default, param, swept
-from targetpo.runs.stats import (NOT_REPRODUCED, Verdict, all_of, at_least, below, bootstrap_interval, failure,
+from targetpo.runs.stats import (NOT_REPRODUCED, Verdict, all_of, at_least, below, bootstrap_interval, count, failure,
                                  hit_step)
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import trial_config
@@ -129,7 +129,7 @@ def report(run, section) -> None:
                  + ".")
     if run.meta.get("preset") != "paper":
         section.text(tr.horizon_note(run, "10 seeds × 1000 episodes, H = 10, B = 100, K = 8",
-                                     f"{cfg['seeds']} seeds × {cfg['episodes']} episodes, H = {cfg['length']}, "
+                                     f"{count(cfg['seeds'], 'seed')} × {cfg['episodes']} episodes, H = {cfg['length']}, "
                                      f"B = {cfg['batch']}, K = {cfg['k']}")
                      + f" Paper cells are at H = 10; a method reaching 1% after episode {cfg['episodes'] - 1} "
                        "shows as '–'.")
