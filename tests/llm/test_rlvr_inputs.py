@@ -113,3 +113,36 @@ def test_the_paper_preset_reads_gsm8k_only_from_a_path_given_and_runs_generated_
     assert exp.PRESETS["paper"].data_path == ""  # a user's clone has no default data folder
     cfg = make_config(exp, "paper", overrides=["task=graph_color", "lora_r=0", "kl_coef=0"])  # README's recipe
     assert cfg.task == "graph_color" and cfg.data_path == ""
+
+
+def test_the_readmes_paper_recipe_and_its_graph_coloring_variant_are_valid_configs():
+    """README's `targetpo rlvr --preset paper …` command, and the same command with the graph-coloring / Knights &
+    Knaves arguments in place of `--data-path` (as the README says), give valid configs; the two together are
+    refused (a GSM8K path beside a generated task would be unread)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from targetpo.cli import build_parser
+    from targetpo.experiments import load
+    from targetpo.llm.cli import rlvr_overrides
+    from targetpo.runs.config import make_config
+
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    command = re.search(r"`(targetpo rlvr --preset paper [^`]*--data-path[^`]*)`", readme).group(1)
+    variant = re.search(r"give `(--task graph_color [^`]*)` \(`--task knights_knaves`\) instead of `--data-path`",
+                        readme).group(1)
+    argv = shlex.split(command)[1:]
+    i = argv.index("--data-path")
+    without_path = argv[:i] + argv[i + 2:]
+    parser, exp = build_parser(), load("rlvr")
+
+    def config(a):
+        return make_config(exp, "paper", overrides=rlvr_overrides(parser.parse_args(a)))
+
+    assert config(argv).task == "gsm8k"
+    for task in ("graph_color", "knights_knaves"):
+        cfg = config(without_path + shlex.split(variant.replace("graph_color", task)))
+        assert cfg.task == task and cfg.data_path == "" and cfg.lora_r == 0 and cfg.kl_coef == 0
+    with pytest.raises(ValueError, match="only task=gsm8k reads files"):
+        config(argv + shlex.split(variant))
