@@ -75,9 +75,9 @@ def test_every_docs_citation_in_src_names_an_existing_heading():
 
 
 @pytest.mark.parametrize("page,expected", [
-    ("method", {str(i) for i in range(1, 8)}),
-    ("experiments", {f"E{i}" for i in range(1, 14)} | {"E3b"}),
-    ("differences", {str(i) for i in range(1, 20)}),
+    ("method", {str(i) for i in range(1, 9)}),
+    ("experiments", {f"E{i}" for i in range(1, 20)} | {"E3b"}),
+    ("differences", {str(i) for i in range(1, 21)}),
 ])
 def test_docs_pages_have_their_numbered_sections(page, expected):
     assert expected <= headings(page), sorted(expected - headings(page))
@@ -87,3 +87,36 @@ def test_every_experiment_is_documented():
     text = (DOCS / "experiments.md").read_text(encoding="utf-8")
     missing = [name for name in EXPERIMENTS if f"targetpo run {name}`" not in text]
     assert not missing, f"experiments not described in docs/experiments.md: {missing}"
+
+
+def _last_numbered(page: str, prefix: str = "") -> int:
+    return max(int(label[len(prefix):]) for label in headings(page)
+               if label.startswith(prefix) and label[len(prefix):].isdigit())
+
+
+def test_the_docs_index_and_the_experiments_intro_name_every_numbered_section():
+    """docs/README.md and the opening of docs/experiments.md give section ranges; they end at the last heading."""
+    index = " ".join((DOCS / "README.md").read_text(encoding="utf-8").split())
+    assert f"§{_last_numbered('method')} " in index.split("[experiments.md]")[0]
+    assert f"(§1 … §{_last_numbered('differences')})" in index
+    last = f"E14 … E{_last_numbered('experiments', 'E')}"
+    intro = " ".join((DOCS / "experiments.md").read_text(encoding="utf-8").split("\n## ")[0].split())
+    assert last in index and last in intro, (last, index, intro)
+
+
+# A repository path in prose or code: tests/…, src/…, examples/…, tools/…, benchmarks/…, docs/….
+REPO_PATH = re.compile(r"\b(?:tests|src|examples|tools|benchmarks|docs)/[\w./-]*\w")
+
+
+def test_every_repository_path_the_docs_name_exists():
+    """README.md and docs/*.md name files as `tests/…`, `examples/…`, `targetpo/…`: each must exist."""
+    bad = []
+    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        for path in set(REPO_PATH.findall(text)):
+            if not (ROOT / path).exists():
+                bad.append(f"{page.relative_to(ROOT)}: {path}")
+        for path in set(re.findall(r"`targetpo/([\w./-]*\w)`", text)):
+            if not (ROOT / "src" / "targetpo" / path).exists():
+                bad.append(f"{page.relative_to(ROOT)}: targetpo/{path}")
+    assert not bad, "paths named in the docs that do not exist:\n" + "\n".join(sorted(bad))
