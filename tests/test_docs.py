@@ -120,3 +120,10 @@ def test_every_repository_path_the_docs_name_exists():
             if not (ROOT / "src" / "targetpo" / path).exists():
                 bad.append(f"{page.relative_to(ROOT)}: targetpo/{path}")
     assert not bad, "paths named in the docs that do not exist:\n" + "\n".join(sorted(bad))
+
+
+def test_verdicts_page_quotes_the_reports_own_words():
+    """docs/verdicts.md quotes the report's note for an unexplained FAIL: the quote is the report's text."""
+    page = " ".join((DOCS / "verdicts.md").read_text(encoding="utf-8").split())
+    quote = re.search(r'reproduce\* with "([^"]+)"', page).group(1)
+    assert quote in (ROOT / "src" / "targetpo" / "report.py").read_text(encoding="utf-8"), quote
