@@ -311,8 +311,8 @@ def _add_data_flags(p, reproduce: bool = False) -> None:
                    "images/labels, optionally .gz); with only the t10k files a fixed 8k/2k split of the 10k test "
                    f"digits is used. Default: $TARGETPO_MNIST_DIR{scope}")
     p.add_argument("--dataset", default=None, choices=["mnist", "fashion-mnist"], help="data set in --data-dir "
-                   "(fashion-mnist defaults to /usr/share/datasets/fashion-mnist, Debian package "
-                   f"dataset-fashion-mnist){scope}")
+                   "(fashion-mnist defaults to $TARGETPO_FASHION_MNIST_DIR, else /usr/share/datasets/fashion-mnist, "
+                   f"Debian package dataset-fashion-mnist){scope}")
     p.add_argument("--download", action="store_true", help="fetch the official IDX files (MD5-checked) into "
                    f"--data-dir or ~/.cache/targetpo/DATASET before running; nothing is downloaded otherwise{scope}")
 

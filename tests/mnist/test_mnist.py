@@ -115,6 +115,22 @@ def test_loader_missing_data_says_how_to_provide_it(tmp_path, monkeypatch):
         D.load(tmp_path, "cifar")
 
 
+def test_fashion_mnist_reads_its_own_environment_variable_as_the_help_says(tmp_path, monkeypatch, capsys):
+    from targetpo.cli import build_parser
+
+    monkeypatch.delenv("TARGETPO_FASHION_MNIST_DIR", raising=False)
+    hint = D.how_to_provide("fashion-mnist")
+    assert "TARGETPO_FASHION_MNIST_DIR=DIR" in hint and "shared/data/mnist" not in hint  # no MNIST folder offered
+    write_split(tmp_path, "test", 9001)
+    monkeypatch.setenv("TARGETPO_FASHION_MNIST_DIR", str(tmp_path))
+    assert D.check_available(None, "fashion-mnist") == tmp_path
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "fashion-mnist defaults to $TARGETPO_FASHION_MNIST_DIR" in text
+    assert "fashion-mnist: $TARGETPO_FASHION_MNIST_DIR" in text  # the data_dir field of every MNIST experiment
+
+
 def test_download_verifies_checksums_on_local_files(tmp_path):
     server = tmp_path / "server"
     server.mkdir()

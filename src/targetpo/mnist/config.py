@@ -19,7 +19,7 @@ class MnistConfig(RunConfig):
     hidden: int = param(50, "width of both hidden layers", ge=1)
     dataset: str = param("mnist", "mnist or fashion-mnist (same IDX format)", choices=DATASETS)
     data_dir: str | None = param(None, "directory with the IDX files (default: $TARGETPO_MNIST_DIR; fashion-mnist: "
-                                 "/usr/share/datasets/fashion-mnist)")
+                                 "$TARGETPO_FASHION_MNIST_DIR, else /usr/share/datasets/fashion-mnist)")
     download: bool = param(False, "fetch the official files (MD5-checked) into data_dir or ~/.cache/targetpo first")
 
     def check(self) -> None:
