@@ -61,11 +61,11 @@ EXPERIMENTS: dict[str, str] = {
 
 # `targetpo reproduce --suite`: the paper's experiments (the default, what `make reproduce` runs), the
 # experiments on its §6 open questions (docs/experiments.md §E14–§E18) and the LLM length study (§E19), which
-# alone needs ~40 min of CPU.
+# alone needs ~45 min of CPU.
 SUITES: dict[str, str] = {
     "paper": "the paper's experiments (the default)",
     "open-questions": "the experiments on the paper's §6 open questions",
-    "llm": "the LLM sequence-log-score length study (~40 min of CPU)",
+    "llm": "the LLM sequence-log-score length study (~45 min on one thread)",
     "all": "every suite",
 }
 

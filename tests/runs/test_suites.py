@@ -27,3 +27,12 @@ def test_unknown_suite_is_refused():
 def test_reproduce_defaults_to_the_paper_suite():
     args = cli.build_parser().parse_args(["reproduce"])
     assert args.suite == "paper"
+
+
+def test_the_llm_suites_time_in_reproduce_help_is_its_experiments_own():
+    import re
+
+    from targetpo.experiments import load
+
+    times = {re.search(r"~\d+ min[^,;)]*", load(n).RUNTIME).group(0) for n in in_suite("llm")}
+    assert times and all(t in SUITES["llm"] for t in times), (times, SUITES["llm"])
