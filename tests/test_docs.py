@@ -127,3 +127,25 @@ def test_verdicts_page_quotes_the_reports_own_words():
     page = " ".join((DOCS / "verdicts.md").read_text(encoding="utf-8").split())
     quote = re.search(r'reproduce\* with "([^"]+)"', page).group(1)
     assert quote in (ROOT / "src" / "targetpo" / "report.py").read_text(encoding="utf-8"), quote
+
+
+def _layout_block(text: str, heading: str) -> str:
+    return text.split(heading, 1)[1].split("```", 2)[1]
+
+
+def test_architecture_layout_names_every_module():
+    """docs/architecture.md's package layout names every module of every subpackage."""
+    block = _layout_block((DOCS / "architecture.md").read_text(encoding="utf-8"), "## Package layout")
+    pkg = ROOT / "src" / "targetpo"
+    missing = [str(p.relative_to(pkg)) for p in sorted(pkg.glob("*/*.py"))
+               if p.name != "__init__.py" and not re.search(rf"\b{re.escape(p.name)}\b", block)]
+    assert not missing, f"modules missing from docs/architecture.md's layout: {missing}"
+
+
+def test_readme_layout_names_every_experiment_and_example_folder():
+    block = _layout_block((ROOT / "README.md").read_text(encoding="utf-8"), "## Layout")
+    flat = " ".join(block.split())
+    missing = [n for n in EXPERIMENTS if n not in flat and not (n.startswith("token-") and "token-*" in flat)]
+    missing += [f"examples/{p.name}/" for p in sorted((ROOT / "examples").iterdir())
+                if p.is_dir() and f"examples/{p.name}/" not in flat]
+    assert not missing, f"missing from README.md's Layout: {missing}"
