@@ -149,3 +149,12 @@ def test_readme_layout_names_every_experiment_and_example_folder():
     missing += [f"examples/{p.name}/" for p in sorted((ROOT / "examples").iterdir())
                 if p.is_dir() and f"examples/{p.name}/" not in flat]
     assert not missing, f"missing from README.md's Layout: {missing}"
+
+
+def test_readme_and_the_docs_index_link_every_docs_page():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    index = (DOCS / "README.md").read_text(encoding="utf-8")
+    pages = [p.name for p in sorted(DOCS.glob("*.md")) if p.name != "README.md"]
+    missing = [f"README.md: {p}" for p in pages if f"(docs/{p})" not in readme]
+    missing += [f"docs/README.md: {p}" for p in pages if f"({p})" not in index]
+    assert not missing, missing
