@@ -204,6 +204,17 @@ def test_unscorable_and_empty_completions_leave_the_group_softmax():
     (dict(multi_objective_aggregation="normalize_then_sum"), "multi_objective_aggregation"),
     (dict(seq_logp="max"), "seq_logp"),
     (dict(tpo_eta=0.0), "tpo_eta"),
+    (dict(tpo_eta=float("inf")), "tpo_eta"),  # q = p_old: no signal; the loss would refuse it only at step 1
+    (dict(tpo_eta=True), "tpo_eta"),
+    (dict(tpo_eta="0.5"), "tpo_eta"),
+    (dict(tpo_eta="adaptive"), "tpo_eta"),  # the objective's adaptive η needs a KL budget this adapter has no field for
+    (dict(num_generations_eval=1, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=8),
+     "num_generations_eval"),  # TRL accepts it; TPO would fail at the first evaluation
+    (dict(reward_weights=[float("nan")]), "reward_weights"),  # nansum would silently drop that reward function
+    (dict(reward_weights=[float("inf")]), "reward_weights"),
+    (dict(reward_weights=["1"]), "reward_weights"),
+    (dict(beta=float("nan")), "beta"),
+    (dict(beta=-0.1), "beta"),
 ])
 def test_config_rejects_settings_that_break_or_are_ignored_by_tpo(tmp_path, override, setting):
     with pytest.raises(ValueError, match=setting):

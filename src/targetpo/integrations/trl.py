@@ -36,6 +36,8 @@ dropped from the loss (it counts as 0 in the mean over the micro-batch's groups)
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass, field
 
 import torch
@@ -73,9 +75,10 @@ class TargetPOConfig(GRPOConfig):
         scale_rewards (`str`, defaults to `"none"`):
             Must stay `"none"`: TPO standardises the raw rewards within each group itself (population std).
 
-    Validation (`ValueError` naming the setting): `per_device_train_batch_size` (and
-    `per_device_eval_batch_size` when evaluating) must be a multiple of `num_generations` so every micro-batch
-    holds whole groups; GRPO-only settings (`IGNORED_GRPO_SETTINGS`) must keep their defaults;
+    Validation (`ValueError` naming the setting): `tpo_eta` a finite number > 0, `beta` a finite number >= 0,
+    `reward_weights` finite; `per_device_train_batch_size` (and `per_device_eval_batch_size` when evaluating,
+    with `num_generations_eval` >= 2) must be a multiple of `num_generations` so every micro-batch holds whole
+    groups; GRPO-only settings (`IGNORED_GRPO_SETTINGS`) must keep their defaults;
     `multi_objective_aggregation` must be `"sum_then_normalize"`; the vLLM importance-sampling correction is not
     applied by TPO and must be switched off when `use_vllm=True`.
     """
@@ -102,8 +105,17 @@ def _grpo_default(name: str):
 
 def validate_tpo_config(args) -> None:
     """Raise ValueError for any setting that would silently break TPO (see :class:`TargetPOConfig`)."""
-    if not args.tpo_eta > 0:
-        raise ValueError(f"tpo_eta must be > 0, got {args.tpo_eta}")
+    eta = args.tpo_eta
+    if isinstance(eta, bool) or not isinstance(eta, numbers.Real) or not (math.isfinite(eta) and eta > 0):
+        raise ValueError(f"tpo_eta must be a finite number > 0 (TPO's temperature η), got {eta!r}")
+    if isinstance(args.beta, bool) or not isinstance(args.beta, numbers.Real) or not (
+            math.isfinite(args.beta) and args.beta >= 0):
+        raise ValueError(f"beta must be a finite number >= 0 (the KL coefficient TPO adds), got {args.beta!r}")
+    weights = args.reward_weights
+    if weights is not None and not all(
+            isinstance(w, numbers.Real) and not isinstance(w, bool) and math.isfinite(w) for w in weights):
+        raise ValueError(f"reward_weights must be finite numbers (TPO scores a completion by the weighted sum of its "
+                         f"rewards; a NaN weight would silently drop that reward function), got {weights!r}")
     if args.seq_logp not in ("sum", "mean"):
         raise ValueError(f"seq_logp must be 'sum' or 'mean', got {args.seq_logp!r}")
     k = args.num_generations
@@ -118,6 +130,9 @@ def validate_tpo_config(args) -> None:
         )
     if args.do_eval and args.eval_strategy != "no":
         k_eval = args.num_generations_eval or k
+        if k_eval < 2:
+            raise ValueError(f"num_generations_eval must be >= 2 (TPO's loss is a softmax over each prompt's K "
+                             f"completions), got {k_eval}")
         if args.per_device_eval_batch_size % k_eval:
             raise ValueError(
                 f"per_device_eval_batch_size ({args.per_device_eval_batch_size}) must be a multiple of "
