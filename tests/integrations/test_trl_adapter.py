@@ -215,6 +215,12 @@ def test_unscorable_and_empty_completions_leave_the_group_softmax():
     (dict(reward_weights=["1"]), "reward_weights"),
     (dict(beta=float("nan")), "beta"),
     (dict(beta=-0.1), "beta"),
+    # Read only by GRPO's SAPO/VESPO losses, its adaptive entropy bonus or its vLLM importance weights.
+    (dict(sapo_temperature_neg=2.0), "sapo_temperature_neg"),
+    (dict(vespo_k_pos=1.0), "vespo_k_pos"),
+    (dict(entropy_target=0.5), "entropy_target"),
+    (dict(vllm_importance_sampling_mode="token_truncate"), "vllm_importance_sampling_mode"),
+    (dict(vllm_importance_sampling_clip_max=5.0), "vllm_importance_sampling_clip_max"),
 ])
 def test_config_rejects_settings_that_break_or_are_ignored_by_tpo(tmp_path, override, setting):
     with pytest.raises(ValueError, match=setting):

@@ -51,11 +51,16 @@ __all__ = ["TargetPOConfig", "TargetPOTrainer", "shuffle_whole_groups", "tpo_gro
 
 TPO = get("tpo")  # the registry entry of the objective this adapter trains with
 
-# GRPO settings that only shape GRPO's clipped surrogate or its extras; TPO's loss does not read them, so a
-# non-default value would be silently ignored. Raise instead.
+# GRPO settings that only shape GRPO's surrogate loss (clipping, SAPO/VESPO, vLLM importance weights) or its
+# extras (entropy bonus); TPO's loss does not read them, so a non-default value would be silently ignored.
+# Raise instead.
 IGNORED_GRPO_SETTINGS = (
     "loss_type", "epsilon", "epsilon_high", "delta", "importance_sampling_level", "top_entropy_quantile",
     "off_policy_mask_threshold", "entropy_coef", "use_adaptive_entropy",
+    "sapo_temperature_neg", "sapo_temperature_pos", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
+    "vespo_lambda_neg", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target",
+    "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_cap",
 )
 
 
@@ -152,7 +157,7 @@ def validate_tpo_config(args) -> None:
         value, default = getattr(args, name), _grpo_default(name)
         if value != default:
             raise ValueError(
-                f"{name}={value!r} only affects GRPO's clipped surrogate and is ignored by TPO; leave it at its "
+                f"{name}={value!r} only affects GRPO's surrogate loss and is ignored by TPO; leave it at its "
                 f"default ({default!r})."
             )
     if args.use_vllm and args.vllm_importance_sampling_correction:
