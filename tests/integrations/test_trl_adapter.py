@@ -169,6 +169,33 @@ def test_loss_gradient_on_sequence_scores_is_p_minus_q(trainer, seq_logp):
     trainer.args.seq_logp = "sum"
 
 
+@pytest.mark.parametrize("bias_correction", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kl_term_is_grpos_in_float32_with_its_bias_correction(trainer, monkeypatch, bias_correction, dtype):
+    g, t, beta = 3, 5, 0.5
+    inputs = _fake_inputs(g, t, seed=3)
+    gen = torch.Generator().manual_seed(11)
+    logps = (-torch.rand(g * K, t, generator=gen) * 2).to(dtype)
+    inputs["ref_per_token_logps"] = (logps.float() + 0.3 * torch.randn(g * K, t, generator=gen)).to(dtype)
+    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logps, torch.zeros_like(logps), None)
+    monkeypatch.setattr(trainer.args, "use_bias_correction_kl", bias_correction)
+    monkeypatch.setattr(trainer, "current_gradient_accumulation_steps", 1, raising=False)
+    trainer.model.train()
+    monkeypatch.setattr(trainer, "beta", 0.0)
+    base = trainer._compute_loss(trainer.model, inputs)
+    monkeypatch.setattr(trainer, "beta", beta)
+    with_kl = trainer._compute_loss(trainer.model, inputs)
+
+    # GRPO's k3 with its importance weight π_θ/π_old when use_bias_correction_kl (TRL's default), float64.
+    lp, ref, old = logps.double(), inputs["ref_per_token_logps"].double(), inputs["old_per_token_logps"].double()
+    kl = torch.exp(ref - lp) - (ref - lp) - 1
+    if bias_correction:
+        kl = kl * torch.exp(lp - old)
+    m = inputs["completion_mask"].double()
+    expected = beta * ((kl * m).sum(-1) / m.sum(-1)).mean()
+    torch.testing.assert_close((with_kl - base).double(), expected, atol=1e-7, rtol=1e-4)
+
+
 def test_compute_loss_rejects_a_micro_batch_with_split_groups(trainer):
     inputs = _fake_inputs(2, 4)
     inputs["tpo_group"] = inputs["tpo_group"][torch.tensor([0, 1, 4, 5, 2, 3, 6, 7])]

@@ -25,7 +25,8 @@ with ℓ the sum (the paper) or mean of the completion's token log-probs (``seq_
    computes per-token log-probs, and calls ``tpo_sequence_loss`` on [G, K, T]. Old log-probs are
    ``old_per_token_logps`` when TRL computed them (``num_iterations > 1`` or misaligned accumulation),
    otherwise the detached current ones (first pass: p_θ = p_old). With ``beta > 0`` it adds GRPO's k3 KL to
-   the reference model, averaged per sequence over tokens, then over sequences. The loss is divided by
+   the reference model (in float32; weighted by the ratio π_θ/π_old when ``use_bias_correction_kl``, TRL's
+   default, as GRPO does), averaged per sequence over tokens, then over sequences. The loss is divided by
    ``current_gradient_accumulation_steps`` in training, as GRPO's is.
 
 Completions that no reward function could score (NaN reward) and completions with no valid token
@@ -287,8 +288,10 @@ class TargetPOTrainer(GRPOTrainer):
             seq_logp=self.args.seq_logp, eta=self.args.tpo_eta,
         )
         if self.beta != 0.0:
-            ref = inputs["ref_per_token_logps"]
-            per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
+            logps, ref = per_token_logps.float(), inputs["ref_per_token_logps"].float()  # fp32 for bf16/fp16 models
+            per_token_kl = torch.exp(ref - logps) - (ref - logps) - 1
+            if self.args.use_bias_correction_kl:  # as GRPO (TRL's default): weighted by the ratio π_θ/π_old
+                per_token_kl = per_token_kl * torch.exp(logps - old.float())
             m = mask.to(per_token_kl.dtype)
             seq_kl = (per_token_kl * m).sum(-1) / m.sum(-1).clamp(min=1.0)
             loss = loss + self.beta * seq_kl.mean()
