@@ -146,9 +146,12 @@ def test_tpo_section_composes_through_hydra_and_is_validated():
         verl_trainer.check_config(compose_verl(TPO_LAYOUT + ["+tpo.etta=0.5"]))
     with pytest.raises(ValueError, match=r"tpo_eta is not a verl or TPO setting.*did you mean tpo\.eta"):
         verl_trainer.check_config(compose_verl(TPO_LAYOUT + ["+tpo_eta=0.5"]))
-    for bad in ("0", "-1", "inf", "nan", "abc"):
+    for bad in ("0", "-1", "inf", "nan", "abc", "true"):
         with pytest.raises(ValueError, match="tpo.eta"):
             verl_trainer.check_config(compose_verl(TPO_LAYOUT + [f"+tpo.eta={bad}"]))
+    for bad in ("0.5", "abc", "[1,2]"):  # the section itself, not tpo.eta
+        with pytest.raises(ValueError, match=r"tpo=.*must be a section.*tpo\.eta"):
+            verl_trainer.check_config(compose_verl(TPO_LAYOUT + [f"+tpo={bad}"]))
     # Where verl's dataclasses would put it, a TPO key is rejected by verl itself: hence the own section.
     cfg = compose_verl(TPO_LAYOUT + ["+actor_rollout_ref.actor.policy_loss.tpo_eta=0.5"])
     with pytest.raises(Exception, match="tpo_eta"):
@@ -164,6 +167,18 @@ def test_tpo_section_composes_through_hydra_and_is_validated():
     ("actor_rollout_ref.actor.loss_agg_mode=token-mean", "loss_agg_mode"),
     ("algorithm.adv_estimator=grpo", "algorithm.adv_estimator=tpo"),
     ("algorithm.rollout_correction.rollout_is=token", "rollout_is"),
+    # Rollout log-probs as p_old (and, on the legacy trainer, verl's bypass loss in place of TPO's).
+    ("algorithm.rollout_correction.bypass_mode=True", "algorithm.rollout_correction.bypass_mode=True"),
+    ("algorithm.rollout_correction.rollout_rs=token_k1", "algorithm.rollout_correction.rollout_rs=token_k1"),
+    # Counts that are missing, fractional or zero (no ZeroDivisionError, no silent int() truncation).
+    ("actor_rollout_ref.rollout.n=null", "actor_rollout_ref.rollout.n=None"),
+    ("actor_rollout_ref.rollout.n=4.5", "actor_rollout_ref.rollout.n=4.5"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0", "ppo_micro_batch_size_per_gpu=0"),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size=0", "ppo_mini_batch_size=0"),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size=null", "ppo_mini_batch_size=None"),
+    ("data.train_batch_size=0", "data.train_batch_size=0"),
+    ("trainer.n_gpus_per_node=0", "trainer.n_gpus_per_node=0"),
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=3", "ulysses_sequence_parallel_size=3"),
 ])
 def test_every_setting_that_splits_a_group_is_refused_by_name(override, names):
     cfg = compose_verl(TPO_LAYOUT + [override])

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import difflib
 import math
+import numbers
+from collections.abc import Mapping
 
 from targetpo.integrations.verl_plugin import ETA_ENV, NAME, SEQ_LOGP_BY_LOSS_AGG
 
@@ -44,7 +46,11 @@ def tpo_settings(config) -> dict:
         near = difflib.get_close_matches(str(stray[0])[4:], list(TPO_DEFAULTS), n=1, cutoff=0.0)[0]
         raise ValueError(f"{stray[0]} is not a verl or TPO setting; TPO's settings live under tpo "
                          f"(did you mean tpo.{near}?)")
-    section = dict(config.get("tpo", None) or {})
+    raw = config.get("tpo", None)
+    if raw is not None and not isinstance(raw, Mapping):
+        raise ValueError(f"tpo={raw!r} must be a section of TPO settings (set η as +tpo.eta=0.5, not +tpo=0.5); "
+                         f"valid keys: {sorted(TPO_DEFAULTS)}")
+    section = dict(raw or {})
     for key in section:
         if key not in TPO_DEFAULTS:
             near = difflib.get_close_matches(key, list(TPO_DEFAULTS), n=1, cutoff=0.0)
@@ -52,6 +58,8 @@ def tpo_settings(config) -> dict:
                              f"Valid keys: {sorted(TPO_DEFAULTS)}")
     out = {**TPO_DEFAULTS, **section}
     try:
+        if isinstance(out["eta"], bool):  # float(True) would be η = 1
+            raise TypeError
         eta = float(out["eta"])
     except (TypeError, ValueError):
         raise ValueError(f"tpo.eta={out['eta']!r} is not a number; TPO's temperature η must be a float > 0") from None
@@ -70,18 +78,25 @@ def uses_tpo(config) -> bool:
 def layout_problems(config) -> list[str]:
     """Each verl setting that would run TPO on split groups, as ``"key=value: why; set key=..."`` (empty: fine)."""
     actor = config.actor_rollout_ref.actor
-    k = int(config.actor_rollout_ref.rollout.n)
     loss_mode = actor.policy_loss.get("loss_mode", "vanilla")
     problems = []
 
     def bad(msg):
         problems.append(msg)
 
+    def count(key, value, why, minimum=1):
+        """`value` as an int >= `minimum`, or None after reporting it (no int() truncation, no division by 0)."""
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+            bad(f"{key}={value}: {why}")
+            return None
+        return int(value)
+
+    k = count("actor_rollout_ref.rollout.n", config.actor_rollout_ref.rollout.n,
+              "TPO needs an integer K >= 2 responses per prompt", minimum=2)
+
     if loss_mode == NAME and config.algorithm.adv_estimator != NAME:
         bad(f"algorithm.adv_estimator={config.algorithm.adv_estimator}: the tpo loss needs the tpo estimator's "
             f"z-scores; set algorithm.adv_estimator=tpo")
-    if k < 2:
-        bad(f"actor_rollout_ref.rollout.n={k}: TPO needs K >= 2 responses per prompt")
     if loss_mode == NAME and actor.loss_agg_mode not in SEQ_LOGP_BY_LOSS_AGG:
         bad(f"actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode}: no TPO meaning; set it to one of "
             f"{sorted(SEQ_LOGP_BY_LOSS_AGG)}")
@@ -98,22 +113,40 @@ def layout_problems(config) -> list[str]:
         bad("actor_rollout_ref.actor.use_dynamic_bsz=True: token-packed micro-batches split groups; set it to False")
     if actor.get("shuffle", False):
         bad("actor_rollout_ref.actor.shuffle=True: shuffles single rows inside a mini-batch; set it to False")
-    mbs = actor.get("ppo_micro_batch_size_per_gpu", None)
-    if mbs is None or int(mbs) % k:
-        bad(f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={mbs}: must be a multiple of K = rollout.n = {k}")
-    dp = int(trainer.nnodes) * int(trainer.n_gpus_per_node) // int(actor.get("ulysses_sequence_parallel_size", 1) or 1)
-    mini = int(actor.ppo_mini_batch_size)
-    if mini % dp:
+    key = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+    mbs = count(key, actor.get("ppo_micro_batch_size_per_gpu", None), f"must be a positive multiple of K = rollout.n = {k}")
+    if mbs is not None and k is not None and mbs % k:
+        bad(f"{key}={mbs}: must be a multiple of K = rollout.n = {k}")
+    nodes = count("trainer.nnodes", trainer.nnodes, "must be an integer >= 1")
+    gpus = count("trainer.n_gpus_per_node", trainer.n_gpus_per_node, "must be an integer >= 1")
+    sp = count("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+               actor.get("ulysses_sequence_parallel_size", 1) or 1, "must be an integer >= 1")
+    dp = None
+    if None not in (nodes, gpus, sp):
+        if (nodes * gpus) % sp:
+            bad(f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp}: must divide the {nodes * gpus} GPUs")
+        else:
+            dp = nodes * gpus // sp
+    mini = count("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size,
+                 "must be an integer >= 1 (prompts per mini-batch)")
+    if mini is not None and dp is not None and mini % dp:
         bad(f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} prompts: must be a multiple of the {dp} "
             f"data-parallel ranks so each rank's share of a mini-batch is whole groups")
-    prompts = int(config.data.train_batch_size)
-    if prompts % mini:
+    prompts = count("data.train_batch_size", config.data.train_batch_size, "must be an integer >= 1 (prompts per step)")
+    if prompts is not None and mini is not None and prompts % mini:
         bad(f"data.train_batch_size={prompts}: must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size="
             f"{mini} (verl would pad the batch with filler rows that form no group)")
     rc = config.algorithm.get("rollout_correction", None) or {}
     if loss_mode == NAME and rc.get("rollout_is", None):
         bad(f"algorithm.rollout_correction.rollout_is={rc.get('rollout_is')}: importance weights are not part of "
             f"TPO; set it to null")
+    if loss_mode == NAME and rc.get("rollout_rs", None):
+        bad(f"algorithm.rollout_correction.rollout_rs={rc.get('rollout_rs')}: rejection sampling masks tokens or "
+            f"responses by the rollout/training mismatch, which changes TPO's sequence log-scores; set it to null")
+    if loss_mode == NAME and rc.get("bypass_mode", False):
+        bad(f"algorithm.rollout_correction.bypass_mode={rc.get('bypass_mode')}: takes p_old from the rollout engine "
+            f"(and verl's legacy trainer swaps in its own bypass loss); TPO's anchor is the training model's "
+            f"old_log_prob; set it to false")
     return problems
 
 
