@@ -198,6 +198,24 @@ def test_graph_color_reward_uses_reasoning_gyms_scorer():
         assert module.compute_score(DATA_SOURCE, "no answer tags", truth) == 0.0
 
 
+@pytest.mark.parametrize("data_source, solution, truth, message", [
+    ("openai/gsm8k", "<answer>5</answer>", None, "ground_truth"),  # scored 0 for every response before
+    ("openai/gsm8k", "<answer>5</answer>", 5, "ground_truth"),
+    ("reasoning_gym/knights_knaves", "<answer>x</answer>", "", "ground_truth"),  # scored 1.0 before
+    ("reasoning_gym/graph_color", "<answer>{}</answer>", "not json", "ground_truth"),  # JSONDecodeError before
+    ("reasoning_gym/graph_color", "<answer>{}</answer>", "{}", "vertices"),  # scored 0 for every response before
+    ("reasoning_gym/graph_color", "<answer>{}</answer>", "[1, 2]", "ground_truth"),
+    ("openai/gsm8k", None, "5", "solution_str"),
+    ("openai/gsm8k", b"<answer>5</answer>", "5", "solution_str"),
+    ("gsm8k", "<answer>5</answer>", "5", "data_source='gsm8k'"),
+])
+def test_reward_refuses_a_malformed_row_instead_of_scoring_it(data_source, solution, truth, message):
+    from targetpo.integrations.verl_rewards import compute_score
+
+    with pytest.raises(ValueError, match=message):
+        compute_score(data_source, solution, truth)
+
+
 def test_verls_worker_loss_ppo_loss_runs_tpo_end_to_end():
     """verl's own worker loss (`workers.utils.losses.ppo_loss`, the caller in the FSDP engine) with loss_mode=tpo."""
     from tensordict import TensorDict

@@ -102,13 +102,41 @@ def _scorer(name: str):
     return rg.create_dataset(name, size=1, seed=0)  # score_answer reads only the entry passed to it
 
 
+_PUZZLE_KEYS = ("vertices", "edges", "color_options")  # what reasoning-gym's graph_color scorer reads
+
+
+def _graph_color_puzzle(ground_truth: str) -> dict:
+    """The puzzle of a graph_color row; its scorer would silently score 0 for a puzzle it cannot read."""
+    try:
+        puzzle = json.loads(ground_truth)
+    except json.JSONDecodeError:
+        puzzle = None
+    if not isinstance(puzzle, dict):
+        raise ValueError(f"ground_truth of a {GRAPH_COLOR} row must be the puzzle as a JSON object, got "
+                         f"{ground_truth[:80]!r}")
+    missing = [k for k in _PUZZLE_KEYS if k not in puzzle]
+    if missing:
+        raise ValueError(f"ground_truth of a {GRAPH_COLOR} row lacks {missing} (a puzzle has {list(_PUZZLE_KEYS)})")
+    return puzzle
+
+
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
-    """verl custom reward: the task's score of the response's last ``<answer>`` block (0 without one)."""
+    """verl custom reward: the task's score of the response's last ``<answer>`` block (0 without one).
+
+    A malformed row (unknown data_source, a ground_truth that is not a non-empty string or, for graph_color, not
+    a puzzle) raises ValueError rather than giving every response the same score.
+    """
+    if data_source not in DATA_SOURCES:
+        raise ValueError(f"compute_score scores {DATA_SOURCES} rows only, got data_source={data_source!r}")
+    if not isinstance(solution_str, str):
+        raise ValueError(f"solution_str must be the decoded response (str), got {type(solution_str).__name__}")
+    if not isinstance(ground_truth, str) or not ground_truth.strip():
+        raise ValueError(f"ground_truth of a {data_source} row must be a non-empty string (reward_model.ground_truth), "
+                         f"got {ground_truth!r}")
     answer = extract_tagged_answer(solution_str)
     if data_source == GSM8K:
         return score_gsm8k(ground_truth, answer)
     if data_source == GRAPH_COLOR:
-        return score_reasoning_gym(_scorer("graph_color"), {"metadata": {"puzzle": json.loads(ground_truth)}}, answer)
-    if data_source == KNIGHTS_KNAVES:
-        return score_reasoning_gym(_scorer("knights_knaves"), {"answer": ground_truth}, answer)
-    raise ValueError(f"compute_score scores {DATA_SOURCES} rows only, got data_source={data_source!r}")
+        puzzle = _graph_color_puzzle(ground_truth)
+        return score_reasoning_gym(_scorer("graph_color"), {"metadata": {"puzzle": puzzle}}, answer)
+    return score_reasoning_gym(_scorer("knights_knaves"), {"answer": ground_truth}, answer)
