@@ -179,12 +179,27 @@ def test_tpo_section_composes_through_hydra_and_is_validated():
     ("data.train_batch_size=0", "data.train_batch_size=0"),
     ("trainer.n_gpus_per_node=0", "trainer.n_gpus_per_node=0"),
     ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=3", "ulysses_sequence_parallel_size=3"),
+    # Settings the tpo estimator or loss never reads: refused rather than silently ignored.
+    ("algorithm.norm_adv_by_std_in_grpo=False", "algorithm.norm_adv_by_std_in_grpo=False"),
+    ("actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.clip_ratio_high=0.28"),
+    ("actor_rollout_ref.actor.clip_ratio_c=10.0", "actor_rollout_ref.actor.clip_ratio_c=10.0"),
+    ("actor_rollout_ref.actor.tau_neg=2.0", "actor_rollout_ref.actor.tau_neg=2.0"),
+    ("actor_rollout_ref.actor.policy_loss.kl_cov_ratio=0.01", "policy_loss.kl_cov_ratio=0.01"),
 ])
 def test_every_setting_that_splits_a_group_is_refused_by_name(override, names):
     cfg = compose_verl(TPO_LAYOUT + [override])
     with pytest.raises(ValueError, match="split groups") as err:
         verl_trainer.check_config(cfg)
     assert names in str(err.value)
+
+
+def test_ignored_settings_table_holds_verls_own_defaults():
+    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+
+    fields = {f"{prefix}{f.name}": f.default for cls, prefix in ((ActorConfig, ""), (PolicyLossConfig, "policy_loss."))
+              for f in __import__("dataclasses").fields(cls)}
+    assert {name: fields[name] for name in verl_trainer.IGNORED_BY_TPO_LOSS} == verl_trainer.IGNORED_BY_TPO_LOSS
+    verl_trainer.check_config(compose_verl(TPO_LAYOUT + ["actor_rollout_ref.actor.clip_ratio=0.2"]))  # the default
 
 
 def test_legacy_trainer_needs_balance_batch_off_and_grpo_needs_no_tpo_layout():

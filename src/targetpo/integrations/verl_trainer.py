@@ -29,11 +29,19 @@ from collections.abc import Mapping
 
 from targetpo.integrations.verl_plugin import ETA_ENV, NAME, SEQ_LOGP_BY_LOSS_AGG
 
-__all__ = ["TRAINER_MODE", "TPO_DEFAULTS", "tpo_settings", "uses_tpo", "layout_problems", "check_config",
+__all__ = ["TRAINER_MODE", "TPO_DEFAULTS", "IGNORED_BY_TPO_LOSS", "tpo_settings", "uses_tpo", "layout_problems", "check_config",
            "whole_group_order", "balance_whole_groups", "register_tpo_trainer", "export_eta"]
 
 TRAINER_MODE = "tpo_sync"
 TPO_DEFAULTS = {"eta": 1.0}  # the `tpo` section of verl's config: key -> default
+# actor settings (relative to actor_rollout_ref.actor) that only shape verl's other policy losses, with verl
+# 0.9.1's defaults; loss_mode=tpo never reads them, so another value is refused rather than silently ignored.
+IGNORED_BY_TPO_LOSS = {
+    "clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0, "tau_pos": 1.0,
+    "tau_neg": 1.05, "policy_loss.clip_cov_ratio": 0.0002, "policy_loss.clip_cov_lb": 1.0,
+    "policy_loss.clip_cov_ub": 5.0, "policy_loss.kl_cov_ratio": 0.0002, "policy_loss.ppo_kl_coef": 0.1,
+    "policy_loss.dro_beta": None,
+}
 
 
 def tpo_settings(config) -> dict:
@@ -77,6 +85,8 @@ def uses_tpo(config) -> bool:
 
 def layout_problems(config) -> list[str]:
     """Each verl setting that would run TPO on split groups, as ``"key=value: why; set key=..."`` (empty: fine)."""
+    from omegaconf import OmegaConf
+
     actor = config.actor_rollout_ref.actor
     loss_mode = actor.policy_loss.get("loss_mode", "vanilla")
     problems = []
@@ -97,6 +107,15 @@ def layout_problems(config) -> list[str]:
     if loss_mode == NAME and config.algorithm.adv_estimator != NAME:
         bad(f"algorithm.adv_estimator={config.algorithm.adv_estimator}: the tpo loss needs the tpo estimator's "
             f"z-scores; set algorithm.adv_estimator=tpo")
+    if config.algorithm.adv_estimator == NAME and config.algorithm.get("norm_adv_by_std_in_grpo", True) is not True:
+        bad(f"algorithm.norm_adv_by_std_in_grpo={config.algorithm.norm_adv_by_std_in_grpo}: has no effect on the tpo "
+            f"estimator, which z-scores rewards within each group (population std); leave it True")
+    if loss_mode == NAME:
+        for name, default in IGNORED_BY_TPO_LOSS.items():
+            value = OmegaConf.select(actor, name, default=default)
+            if value != default:
+                bad(f"actor_rollout_ref.actor.{name}={value}: only shapes verl's other policy losses and is ignored "
+                    f"by policy_loss.loss_mode=tpo; leave it at verl's default ({default})")
     if loss_mode == NAME and actor.loss_agg_mode not in SEQ_LOGP_BY_LOSS_AGG:
         bad(f"actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode}: no TPO meaning; set it to one of "
             f"{sorted(SEQ_LOGP_BY_LOSS_AGG)}")
