@@ -89,6 +89,21 @@ def test_advantage_estimator_writes_population_z_scores_broadcast_over_tokens():
     assert torch.equal(adv[:4], torch.zeros(4, 6))  # zero-variance group
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_rewards_give_float32_advantages_the_loss_accepts(dtype):
+    b = batch()
+    rewards = torch.zeros(12, 6)
+    rewards[:, -1] = torch.tensor([1.0, 1, 1, 1, 1, 0, 2, 3, 0.7, 0.1, 0.2, 0.9])  # not exact in half precision
+    adv, _ = core_algos.get_adv_estimator_fn("tpo")(token_level_rewards=rewards.to(dtype), response_mask=b["mask"],
+                                                    index=b["uid"])
+    ref, _ = core_algos.get_adv_estimator_fn("tpo")(token_level_rewards=rewards.to(dtype).float(),
+                                                    response_mask=b["mask"], index=b["uid"])
+    assert adv.dtype == torch.float32
+    torch.testing.assert_close(adv, ref)
+    core_algos.get_policy_loss_fn("tpo")(old_log_prob=b["old"], log_prob=b["logp"], advantages=adv,
+                                         response_mask=b["mask"], config=actor_config(4))
+
+
 def test_advantage_estimator_refuses_a_reordered_batch():
     b = batch()
     perm = torch.tensor([0, 4, 1, 5, 2, 6, 3, 7, 8, 9, 10, 11])  # what balance_batch can do

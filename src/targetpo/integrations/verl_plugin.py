@@ -127,9 +127,10 @@ def compute_tpo_advantage(token_level_rewards: torch.Tensor, response_mask: torc
             f"Something reordered the batch: use trainer.v1.trainer_mode=tpo_sync (current trainer) or "
             f"trainer.balance_batch=False (legacy trainer)."
         )
-    with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1).view(-1, k)
-        u = standardize_scores(scores).reshape(-1).to(token_level_rewards.dtype)
+    with torch.no_grad():  # in float32 at least: half-precision z-scores fail the loss's whole-group check
+        dtype = torch.promote_types(token_level_rewards.dtype, torch.float32)
+        scores = token_level_rewards.to(dtype).sum(dim=-1).view(-1, k)
+        u = standardize_scores(scores).reshape(-1).to(dtype)
         adv = u[:, None] * response_mask.to(u.dtype)
     return adv, adv
 
