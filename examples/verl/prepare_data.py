@@ -68,7 +68,10 @@ def main(argv=None) -> None:
         args.train = 10_000 if args.train is None else args.train
         args.test = 200 if args.test is None else args.test
     check(args)
-    tables = {split: pd.DataFrame(rows(args.task, split, args)) for split in ("train", "test")}
+    try:
+        tables = {split: pd.DataFrame(rows(args.task, split, args)) for split in ("train", "test")}
+    except ValueError as exc:  # a malformed GSM8K file, named with its line
+        fail(str(exc))
     out = args.out.expanduser()
     out.mkdir(parents=True, exist_ok=True)
     for split, table in tables.items():

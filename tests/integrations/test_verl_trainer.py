@@ -334,6 +334,23 @@ def test_prepare_data_refuses_bad_arguments_before_writing(args, message, tmp_pa
     assert not out.exists()
 
 
+@pytest.mark.parametrize("line, why", [('{"q": 1}', "lacks 'question'"), ("not json", "not a JSON object"),
+                                       ('["q", "a"]', "not a JSON object"), ('{"question": "q", "answer": "5"}', "####")])
+def test_gsm8k_rows_name_the_file_and_line_of_a_malformed_row(line, why, tmp_path):
+    from targetpo.integrations import verl_rewards
+
+    (tmp_path / "train.jsonl").write_text('{"question": "q", "answer": "x #### 5"}\n\n' + line + "\n")
+    with pytest.raises(ValueError, match=rf"train\.jsonl:3: .*{why}"):
+        verl_rewards.gsm8k_rows(tmp_path, "train")
+    if why == "####":  # the data script says it in one line, before writing
+        (tmp_path / "test.jsonl").write_text('{"question": "q", "answer": "x #### 5"}\n')
+        proc = subprocess.run([sys.executable, str(RECIPES / "prepare_data.py"), "gsm8k", "--gsm8k-dir", str(tmp_path),
+                               "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert "train.jsonl:3:" in proc.stderr.strip().splitlines()[-1] and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("call", [lambda f, d: f.gsm8k_rows(d, "train", limit=0),
                                   lambda f, d: f.gsm8k_rows(d, "train", limit=2.0),
                                   lambda f, d: f.reasoning_gym_rows("graph_color", 0, 0, "train")])
