@@ -273,10 +273,10 @@ def cmd_reproduce(args) -> int:
             return 130
     print(f"report: {write_report(out)}")
     if missing:
-        print(f"WARNING: {len(missing)} experiment(s) NOT RUN for lack of data: {', '.join(missing)} "
+        print(f"WARNING: {count(len(missing), 'experiment')} NOT RUN for lack of data: {', '.join(missing)} "
               "(see the report)", file=sys.stderr)
     if failed:
-        print(f"ERROR: {len(failed)} experiment(s) FAILED: {', '.join(failed)} (tracebacks above; the report "
+        print(f"ERROR: {count(len(failed), 'experiment')} FAILED: {', '.join(failed)} (tracebacks above; the report "
               "shows what they wrote; run `targetpo reproduce` again with the same --out to resume them)",
               file=sys.stderr)
         return 1

@@ -368,14 +368,15 @@ def write_report(root: str | Path, out: str | Path | None = None) -> Path:
     broken = sum(1 for s in sections if s.error is not None)
     incomplete = sum(1 for s in sections if not s.complete)
     lines = ["# targetpo report", "",
-             f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} from {len(runs)} run(s) in `{root}`. "
+             f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} from {count(len(runs), 'run')} in `{root}`. "
              + _runs_flagged(broken, "could not be reported", "why")
              + _runs_flagged(incomplete, "incomplete", "which units are missing")
              + f"Paper claims checked from our data: {claim_count(sections)}. "
              "Paper numbers are the reference constants of `targetpo.paper` (the paper's tables, or runs of the "
              "authors' code where the paper gives none); every other number is measured from this run's metrics, and "
              "`mean [lo, hi]` is a seed mean with its 95 % interval over seeds (docs/verdicts.md).", ""]
-    lines += ["## Contents", ""] + [f"- [{s.title}](#{_anchor(s.title)})" for s in sections] + [""]
+    anchors = _anchors([s.title for s in sections])
+    lines += ["## Contents", ""] + [f"- [{s.title}](#{a})" for s, a in zip(sections, anchors)] + [""]
     report_path.write_text("\n".join(lines) + "\n" + "\n".join(s.render() for s in sections))
     return report_path
 
@@ -420,3 +421,16 @@ def claim_count(sections: list[Section]) -> str:
 def _anchor(title: str) -> str:
     keep = "".join(c for c in title.lower() if c.isalnum() or c in " -")
     return keep.replace(" ", "-")
+
+
+def _anchors(titles: list[str]) -> list[str]:
+    """The link target of each `## title` heading in order: a repeated title (two runs of one experiment) gets
+    -1, -2, ... as GitHub and most Markdown renderers number repeated headings."""
+    seen: dict[str, int] = {}
+    out = []
+    for title in titles:
+        base = _anchor(title)
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        out.append(base if n == 0 else f"{base}-{n}")
+    return out

@@ -196,6 +196,25 @@ def test_kl_term_is_grpos_in_float32_with_its_bias_correction(trainer, monkeypat
     torch.testing.assert_close((with_kl - base).double(), expected, atol=1e-7, rtol=1e-4)
 
 
+def test_kl_term_ignores_whatever_padding_holds(trainer, monkeypatch):
+    """Padding log-probs are garbage: a difference over 88 there made exp() inf and the gradient 0·∞ = NaN."""
+    g, t = 2, 6
+    inputs = _fake_inputs(g, t, seed=5)
+    pad = inputs["completion_mask"] == 0
+    assert pad.any()
+    logps = (-torch.rand(g * K, t, generator=torch.Generator().manual_seed(2)) * 2).requires_grad_()
+    inputs["ref_per_token_logps"] = torch.where(pad, torch.tensor(200.0), logps.detach() + 0.1)
+    inputs["old_per_token_logps"] = torch.where(pad, torch.tensor(-200.0), inputs["old_per_token_logps"])
+    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logps, torch.zeros_like(logps), None)
+    monkeypatch.setattr(trainer.args, "use_bias_correction_kl", True)
+    monkeypatch.setattr(trainer, "current_gradient_accumulation_steps", 1, raising=False)
+    monkeypatch.setattr(trainer, "beta", 0.5)
+    trainer.model.train()
+    loss = trainer._compute_loss(trainer.model, inputs)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logps.grad).all() and (logps.grad[pad] == 0).all()
+
+
 def test_compute_loss_rejects_a_micro_batch_with_split_groups(trainer):
     inputs = _fake_inputs(2, 4)
     inputs["tpo_group"] = inputs["tpo_group"][torch.tensor([0, 1, 4, 5, 2, 3, 6, 7])]

@@ -60,6 +60,10 @@ def test_rlvr_model_path_must_exist_and_is_never_downloaded(tmp_path, capsys):
                       "--no-progress"], capsys)
     assert code == 2 and len(err) == 1
     assert "no such directory" in err[0] and "never downloads models implicitly" in err[0]
+    assert f"hf download ORG/NAME --local-dir {tmp_path / 'nope'}" in err[0]  # a path is where to download to
+    code, err = _run(["rlvr", "--preset", "smoke", "--model", "Qwen/Qwen3-1.7B", "--out", str(out), "--no-progress"],
+                     capsys)
+    assert code == 2 and "hf download Qwen/Qwen3-1.7B --local-dir DIR" in err[0]  # a hub id is what to download
     (tmp_path / "notamodel").mkdir()
     code, err = _run(["rlvr", "--preset", "smoke", "--model", str(tmp_path / "notamodel"), "--out", str(out),
                       "--no-progress"], capsys)

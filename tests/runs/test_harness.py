@@ -182,3 +182,13 @@ def test_units_run_side_by_side_keep_per_unit_records_divergence_and_resume(tmp_
     assert calls == [["a", "bad", "c"], ["a", "c"]]
     after = read_metrics(out / "metrics.jsonl")
     assert {record_key(r): r for r in after} == {record_key(r): r for r in recs}
+
+
+def test_two_runs_of_one_experiment_get_distinct_contents_links(tmp_path):
+    for name in ("a", "b"):
+        run_experiment("tabular-single", "smoke", out=tmp_path / name, progress=False, quiet=True, threads=1)
+    text = write_report(tmp_path).read_text()
+    assert "from 2 runs in" in text
+    contents = text.split("## Contents", 1)[1].split("\n## ", 1)[0]
+    links = [line.rsplit("](#", 1)[1].rstrip(")") for line in contents.splitlines() if line.startswith("- [")]
+    assert len(links) == 2 and links[1] == links[0] + "-1"  # the numbering renderers give a repeated heading

@@ -58,5 +58,5 @@ def test_a_failing_experiment_is_reported_and_the_others_finish(tmp_path, capsys
     captured = capsys.readouterr()
     assert rc == 1
     assert json.loads((out / "tabular-single" / "run.json").read_text())["status"] == "complete"
-    assert "mnist [smoke] FAILED" in captured.err and "experiment(s) FAILED: mnist" in captured.err
+    assert "mnist [smoke] FAILED" in captured.err and "1 experiment FAILED: mnist" in captured.err
     assert (out / "REPORT.md").exists()

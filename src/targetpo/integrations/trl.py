@@ -46,6 +46,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
 from targetpo.objectives import get
+from targetpo.objectives.clipped import masked_log_ratio
 from targetpo.objectives.groups import check_whole_groups, tpo_group_loss
 
 __all__ = ["TargetPOConfig", "TargetPOTrainer", "shuffle_whole_groups", "tpo_group_loss", "IGNORED_GRPO_SETTINGS"]
@@ -289,9 +290,11 @@ class TargetPOTrainer(GRPOTrainer):
         )
         if self.beta != 0.0:
             logps, ref = per_token_logps.float(), inputs["ref_per_token_logps"].float()  # fp32 for bf16/fp16 models
-            per_token_kl = torch.exp(ref - logps) - (ref - logps) - 1
+            valid = mask.bool()  # padding may hold any log-prob: 0 there, so exp() cannot make 0·∞ = NaN
+            delta = masked_log_ratio(ref, logps, valid)
+            per_token_kl = torch.exp(delta) - delta - 1
             if self.args.use_bias_correction_kl:  # as GRPO (TRL's default): weighted by the ratio π_θ/π_old
-                per_token_kl = per_token_kl * torch.exp(logps - old.float())
+                per_token_kl = per_token_kl * torch.exp(masked_log_ratio(logps, old.float(), valid))
             m = mask.to(per_token_kl.dtype)
             seq_kl = (per_token_kl * m).sum(-1) / m.sum(-1).clamp(min=1.0)
             loss = loss + self.beta * seq_kl.mean()

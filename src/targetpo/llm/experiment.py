@@ -25,7 +25,8 @@ import numpy as np
 from targetpo import paper
 from targetpo.runs import plots
 from targetpo.runs.data import MissingDataError
-from targetpo.runs.stats import NOT_REPRODUCED, SCALE, above, at_least, failure, fmt, paired_interval, seed_interval
+from targetpo.runs.stats import (NOT_REPRODUCED, SCALE, above, at_least, count, failure, fmt, paired_interval,
+                                 seed_interval)
 from targetpo.llm.trainer import TrainerConfig
 from targetpo.runs.config import RunConfig, config, default, param, swept
 
@@ -328,7 +329,7 @@ def report(run, section) -> None:
                  + (f" ({cfg['tiny_hidden']} hidden, {cfg['tiny_layers']} layers)" if cfg["model"] == "tiny" else "")
                  + f"; task `{cfg['task']}`; K = {cfg['k']}, B = {cfg['batch_prompts']} prompts, {cfg['steps']} RL "
                  f"steps, μ = {cfg['epochs']}, AdamW lr {cfg['lr']}, KL β = {cfg['kl_coef']}, LoRA r = {cfg['lora_r']}, "
-                 f"warm start {cfg['warmstart_steps']} supervised steps; {cfg['seeds']} paired seed(s).")
+                 f"warm start {cfg['warmstart_steps']} supervised steps; {count(cfg['seeds'], 'paired seed')}.")
     reward, acc = method_series(run, "reward"), method_series(run, "heldout_accuracy")
     if not reward:
         section.text("No RL steps recorded yet.")
@@ -388,7 +389,7 @@ def report(run, section) -> None:
         headroom = ("" if start_acc is None or start_acc >= CEILING else
                     f"RL starts at {start_acc:.3f} held-out accuracy (warm start of {cfg['warmstart_steps']} steps), "
                     f"below the {CEILING} ceiling level; ")
-        checked = (f"{headroom}checked: {cfg['seeds']} paired seed(s), {cfg['steps']} RL steps, model "
+        checked = (f"{headroom}checked: {count(cfg['seeds'], 'paired seed')}, {cfg['steps']} RL steps, model "
                    f"`{cfg['model']}`, task `{cfg['task']}`; the paper's comparison is at 1.5–1.7B scale")
         ceiling = (start_acc is not None and start_acc >= CEILING and
                    failure(SCALE, f"the warm start already reaches {start_acc:.3f} held-out accuracy (≥ {CEILING}): "

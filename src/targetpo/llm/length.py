@@ -40,7 +40,7 @@ from targetpo.llm.data import Problem, train_and_heldout
 from targetpo.llm.trainer import TrainerConfig
 from targetpo.runs import plots
 from targetpo.runs.config import config, default, param, swept, unused
-from targetpo.runs.stats import Verdict, above, all_of, below, fmt, paired_interval
+from targetpo.runs.stats import Verdict, above, all_of, below, count, fmt, paired_interval
 
 NAME = "llm-length"
 TITLE = "LLM sequence log-score at 60–250-token completions: TPO sum vs mean vs length-scaled η"
@@ -491,7 +491,7 @@ def report(run, section) -> None:
                  f"with {cfg['min_terms']}–{cfg['max_terms']} one-digit terms; K = {cfg['k']}, B = "
                  f"{cfg['batch_prompts']} prompts, {cfg['steps']} RL steps, AdamW lr {cfg['lr']}, η = {cfg['eta']}, "
                  f"L_ref = {cfg['len_ref']}, warm start {cfg['warmstart_steps']} supervised steps; "
-                 f"{cfg['seeds']} paired seed(s); intervals are ± s.e. over seeds.")
+                 f"{count(cfg['seeds'], 'paired seed')}; intervals are ± s.e. over seeds.")
     acc = finished_series(run, "heldout_accuracy")
     if not acc:
         section.text("No RL unit finished yet.")
@@ -630,4 +630,4 @@ def verdict(label: str, pair) -> str | None:
     word = ("better than" if above(gap, 0) is Verdict.PASS else "worse than" if below(gap, 0) is Verdict.PASS else
             "not distinguishable from")
     return (f"{label} is {word} TPO (sum): {fmt(float(va.mean()))} vs {fmt(float(vb.mean()))}, paired difference "
-            f"{gap.show(4)} over {len(seeds)} seed(s).")
+            f"{gap.show(4)} over {count(len(seeds), 'seed')}.")

@@ -8,6 +8,7 @@ Face code paths (generation, TRL, PEFT) in seconds. `save_tiny_model(dir)` write
 from __future__ import annotations
 
 import json
+import re
 import string
 from pathlib import Path
 
@@ -123,8 +124,10 @@ def check_model_dir(path: str | Path) -> Path:
     """`path` as a local Hugging Face model directory (with config.json), or a FileNotFoundError that says what is
     wrong. targetpo never downloads a model implicitly: a hub name must be fetched first, by the user."""
     p = Path(path).expanduser()
-    fetch = (f"targetpo never downloads models implicitly: fetch it first (e.g. `hf download {path} --local-dir DIR`) "
-             f"and pass the directory")
+    # A hub id (org/name) is fetched by its id; a local path names where the download should go.
+    hub_id = re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", str(path)) is not None and not p.exists()
+    example = f"hf download {path} --local-dir DIR" if hub_id else f"hf download ORG/NAME --local-dir {path}"
+    fetch = f"targetpo never downloads models implicitly: fetch it first (e.g. `{example}`) and pass the directory"
     if not p.exists():
         raise FileNotFoundError(f"model {str(path)!r}: no such directory; {fetch}")
     if not p.is_dir() or not (p / "config.json").is_file():
