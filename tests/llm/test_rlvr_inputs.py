@@ -48,6 +48,9 @@ ONE_DIGIT = ("task_options=operators=+,min_terms=2,max_terms=2,min_digits=1,max_
     (["--data-path", "/x"], "data_path='/x': only task=gsm8k reads files; task=basic_arithmetic is generated"),
     (["--task", "gsm8k"], "task gsm8k needs data_path=DIR (--data-path DIR) with train.jsonl and test.jsonl; "
                           "none was given"),
+    # an alpha without an adapter was silently unused; a batch larger than the pool failed after the warm start
+    (["lora_alpha=16"], "lora_alpha=16.0: scales a LoRA adapter, but lora_r=0 (full fine-tuning)"),
+    (["batch_prompts=300"], "batch_prompts=300: more than the training pool's train_size=200 problems"),
 ])
 def test_bad_rlvr_input_is_refused_before_the_run_directory_exists(tmp_path, capsys, argv, expected):
     line = _refused(argv, tmp_path / "run", capsys)
@@ -66,8 +69,26 @@ def test_gsm8k_sizes_are_checked_against_its_files(tmp_path, capsys):
     d = _gsm8k(tmp_path)
     line = _refused(["--task", "gsm8k", "--data-path", str(d)], tmp_path / "run", capsys)
     assert "train_size=200: more than the 3 problems of GSM8K's train.jsonl" in line
-    line = _refused(["--task", "gsm8k", "--data-path", str(d), "train_size=3"], tmp_path / "run", capsys)
+    line = _refused(["--task", "gsm8k", "--data-path", str(d), "train_size=3", "batch_prompts=3"], tmp_path / "run",
+                    capsys)
     assert "eval_size=16: more than the 2 problems of GSM8K's test.jsonl" in line
+
+
+def test_gsm8k_refuses_compact_and_chat_needs_a_chat_template(tmp_path, capsys):
+    """compact=true was silently unused on GSM8K; template=chat with a tokenizer lacking a chat template failed
+    inside the first unit, after run.json was written."""
+    from targetpo.llm.models import save_tiny_model
+
+    d = _gsm8k(tmp_path)
+    line = _refused(["--task", "gsm8k", "--data-path", str(d), "train_size=3", "eval_size=2", "batch_prompts=3",
+                     "compact=true"], tmp_path / "run", capsys)
+    assert "compact=true: compact prompts exist for" in line and "not 'gsm8k'" in line
+    model = save_tiny_model(tmp_path / "model", hidden_size=8, num_layers=1, num_heads=2, num_kv_heads=1,
+                            intermediate_size=8)
+    (model / "chat_template.jinja").unlink()
+    capsys.readouterr()  # the save's progress bar
+    line = _refused(["--model", str(model), "template=chat"], tmp_path / "run", capsys)
+    assert f"template=chat: the tokenizer of model '{model}' has no chat template" in line
 
 
 def test_task_given_as_key_value_resets_the_presets_task_options_like_the_flag(tmp_path, capsys):

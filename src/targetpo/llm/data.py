@@ -151,6 +151,8 @@ def load_task(name: str, *, data_path: str | None = None, compact: bool = False,
             raise ValueError("task gsm8k needs data_path=DIR (a directory with train.jsonl and test.jsonl)")
         if options:
             raise ValueError(f"task_options {options}: task gsm8k takes no options")
+        if compact:
+            raise ValueError(f"compact=true: compact prompts exist for {', '.join(ARITHMETIC_TASKS)}, not 'gsm8k'")
         return Gsm8kTask(data_path)
     return ReasoningGymTask(name, compact=compact, **(options or {}))
 

@@ -93,6 +93,12 @@ class Config(TrainerConfig, RunConfig):
         if self.data_path and self.task != "gsm8k":  # a path no unit reads is refused, not ignored
             raise ValueError(f"data_path={self.data_path!r}: only task=gsm8k reads files; task={self.task} is "
                              "generated offline (drop data_path=, or set task=gsm8k)")
+        if self.lora_alpha and not self.lora_r:  # an alpha with no adapter would be silently unused
+            raise ValueError(f"lora_alpha={self.lora_alpha}: scales a LoRA adapter, but lora_r=0 (full fine-tuning); "
+                             "set lora_r >= 1 or drop lora_alpha")
+        if self.batch_prompts > self.train_size:  # each step draws batch_prompts distinct problems from the pool
+            raise ValueError(f"batch_prompts={self.batch_prompts}: more than the training pool's train_size="
+                             f"{self.train_size} problems; batch_prompts must be <= train_size")
         if self.model == "tiny":  # the shapes Qwen2 accepts, before the run builds it
             if self.tiny_hidden % self.tiny_heads or (self.tiny_hidden // self.tiny_heads) % 2:
                 raise ValueError(f"tiny_heads={self.tiny_heads}: must divide tiny_hidden={self.tiny_hidden} into "
@@ -114,7 +120,7 @@ PRESETS = {
                     task="gsm8k", task_options=(), compact=False, data_path="", template="chat",
                     train_size=7473, eval_size=1319, warmstart_steps=0, steps=300, k=16, batch_prompts=16,
                     micro_batch_tokens=32768, gradient_checkpointing=True, lr=1e-5, max_grad_norm=1.0,
-                    kl_coef=1e-3, lora_r=32, lora_alpha=64.0,
+                    kl_coef=1e-3, lora_r=32, lora_alpha=0.0,  # alpha 2·r = 64; 0 lets lora_r=0 drop LoRA
                     max_new_tokens=1024, eval_every=10, eval_batch=64, checkpoint_every=10),
 }
 REPRODUCE_PRESET = "cpu"
@@ -178,6 +184,12 @@ def check_data(cfg: Config) -> None:
 
     if cfg.model != "tiny":
         check_model_dir(cfg.model)
+        if cfg.template == "chat":  # the tiny tokenizer has one; a base model's often lacks it
+            from targetpo.llm.models import load_tokenizer
+
+            if not getattr(load_tokenizer(cfg.model), "chat_template", None):
+                raise ValueError(f"template=chat: the tokenizer of model {cfg.model!r} has no chat template; use "
+                                 "template=plain or a model directory whose tokenizer defines one")
     if cfg.task == "gsm8k":
         d = Path(cfg.data_path).expanduser()
         missing = [f for f in ("train.jsonl", "test.jsonl") if not (d / f).is_file()]
