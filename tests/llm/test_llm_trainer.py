@@ -156,6 +156,24 @@ def test_lora_with_kl_to_the_frozen_base_trains_only_the_adapter(setup):
     assert not torch.equal(after.ref_logp, after.old_logp)  # the adapter moved; the reference did not
 
 
+def test_lora_adapter_init_depends_on_its_seed_only(setup):
+    """The adapter's random A matrices came from torch's global generator, so paired units (and a unit rerun after
+    a kill) started from different adapters depending on what ran before them in the process."""
+    tok = setup[0]
+
+    def adapter(seed, before):
+        torch.manual_seed(before)
+        model = add_lora(build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                                          intermediate_size=64), r=4, seed=seed)
+        return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}, torch.rand(1)
+
+    (a, after_a), (b, after_b), (c, _) = adapter(0, 1), adapter(0, 2), adapter(1, 1)
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    assert not all(torch.equal(a[n], c[n]) for n in a)  # another seed, another adapter
+    torch.manual_seed(1)
+    assert torch.equal(after_a, torch.rand(1))  # the global generator is left as it was
+
+
 def _stable(path):
     return [{k: v for k, v in r.items() if not k.startswith("wall_")} for r in read_metrics(path)]
 

@@ -279,7 +279,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
     else:
         model, tok = base_model(cfg, ctx.device)
     if cfg.lora_r > 0:
-        model = add_lora(model, cfg.lora_r, cfg.lora_alpha or None)
+        model = add_lora(model, cfg.lora_r, cfg.lora_alpha or None, seed=cfg.seed + s)
     task, template, train, heldout = problems(cfg)
     trainer = RLVRTrainer(model, tok, task, template, train, heldout, trainer_config(cfg, method, s))
     ckpt = Path(ctx.run_dir) / "checkpoints" / f"{unit}.pt"

@@ -219,15 +219,22 @@ def micro_batch_loss(model, cfg: TrainerConfig, micro: Rollout, mini_rows: int |
 
 # ----------------------------------------------------------------------------- models
 
-def add_lora(model, r: int, alpha: float | None = None, dropout: float = 0.0, target_modules="all-linear"):
-    """Wrap `model` with a PEFT LoRA adapter of rank r (only the adapter is trained)."""
+def add_lora(model, r: int, alpha: float | None = None, dropout: float = 0.0, target_modules="all-linear",
+             seed: int | None = None):
+    """Wrap `model` with a PEFT LoRA adapter of rank r (only the adapter is trained). With `seed`, the adapter's
+    random A matrices are drawn from that seed alone (torch's global generator is left as it was), so paired
+    units start from the same adapter whatever ran before them in the process."""
     from peft import LoraConfig, get_peft_model
 
     if r < 1:
         raise ValueError(f"LoRA rank must be >= 1, got {r}")
     config = LoraConfig(r=r, lora_alpha=alpha if alpha is not None else 2 * r, lora_dropout=dropout,
                         target_modules=target_modules, task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    if seed is None:
+        return get_peft_model(model, config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_peft_model(model, config)
 
 
 def enable_gradient_checkpointing(model) -> None:
