@@ -251,3 +251,15 @@ def test_kv_loop_sampler_gives_the_trainer_the_same_rollouts_and_metrics_as_gene
         a.update(ra, step)
         b.update(rb, step)
     assert a.evaluate() == b.evaluate()
+
+
+def test_the_warm_starts_evaluations_use_the_configured_sampler(tmp_path, monkeypatch):
+    """sampler=kv_loop drew the RL units' evaluations with the KV loop but the warm start's with generate."""
+    from targetpo.llm import rollout
+
+    used = []
+    real = rollout.sample
+    monkeypatch.setattr(trainer_mod, "sample", lambda *a, **kw: used.append(kw["sampler"]) or real(*a, **kw))
+    run_experiment("rlvr", "smoke", out=tmp_path / "run", progress=False, quiet=True,
+                   overrides=["sampler=kv_loop", "warmstart_steps=1", "steps=1", "methods=grpo"])
+    assert used and set(used) == {"kv_loop"}

@@ -238,7 +238,7 @@ def _evaluator(cfg: Config, model, tok, task, template, heldout):
     from targetpo.llm.trainer import evaluate_greedy
 
     return partial(evaluate_greedy, model, tok, task, template, heldout, max_new_tokens=cfg.max_new_tokens,
-                   batch_size=cfg.eval_batch)
+                   batch_size=cfg.eval_batch, sampler=cfg.sampler)
 
 
 def warm_start(cfg: Config, run_dir: Path, device, ctx=None) -> Path:
