@@ -7,9 +7,11 @@ import dataclasses
 import math
 import multiprocessing
 import multiprocessing.connection
+import os
 import re
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -139,11 +141,26 @@ def _exit_on_signal(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
+def _stop_with_parent() -> None:
+    """SIGTERM this worker when the reproduce process dies (even by SIGKILL): an orphan would go on appending to
+    the run folder that the next reproduce resumes, and both would write the same records."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def _reproduce_worker(conn, plan: _Plan, threads: int) -> None:
     """One experiment in its own process with `threads` torch threads; sends ("done", summary), ("missing", reason) or
     ("failed", traceback) to the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
     signal.signal(signal.SIGTERM, _exit_on_signal)  # by SIGTERM, and the interpreter then shuts down cleanly
+    _stop_with_parent()
     try:
         _run_plan(plan, progress=False, threads=threads, quiet=True)
         exp = load(plan.name)

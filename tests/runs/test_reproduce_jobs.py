@@ -60,3 +60,34 @@ def test_a_failing_experiment_is_reported_and_the_others_finish(tmp_path, capsys
     assert json.loads((out / "tabular-single" / "run.json").read_text())["status"] == "complete"
     assert "mnist [smoke] FAILED" in captured.err and "1 experiment FAILED: mnist" in captured.err
     assert (out / "REPORT.md").exists()
+
+
+def test_workers_stop_when_the_reproduce_process_is_killed(tmp_path):
+    # An orphaned worker would go on appending to the run folder that the next reproduce resumes: both would
+    # write the same records.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    out = tmp_path / "par"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    proc = subprocess.Popen([sys.executable, "-m", "targetpo", "reproduce", "--out", str(out), "--only",
+                             "token-dense", "token-terminal", "--jobs", "2", "--no-progress"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    folders = [out / "token-dense", out / "token-terminal"]
+    deadline = time.time() + 60
+    while time.time() < deadline and not all((f / "metrics.jsonl").exists() for f in folders):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)  # the parent alone, as `kill -9 PID` does
+    proc.wait()
+    deadline = time.time() + 20
+    while time.time() < deadline and not all(json.loads((f / "run.json").read_text())["status"] == "interrupted"
+                                             for f in folders):
+        time.sleep(0.1)
+    assert [json.loads((f / "run.json").read_text())["status"] for f in folders] == ["interrupted"] * 2
+    sizes = [(f / "metrics.jsonl").stat().st_size for f in folders]
+    time.sleep(1)
+    assert [(f / "metrics.jsonl").stat().st_size for f in folders] == sizes
