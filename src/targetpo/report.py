@@ -377,7 +377,10 @@ def write_report(root: str | Path, out: str | Path | None = None) -> Path:
              "`mean [lo, hi]` is a seed mean with its 95 % interval over seeds (docs/verdicts.md).", ""]
     anchors = _anchors([s.title for s in sections])
     lines += ["## Contents", ""] + [f"- [{s.title}](#{a})" for s, a in zip(sections, anchors)] + [""]
-    report_path.write_text("\n".join(lines) + "\n" + "\n".join(s.render() for s in sections))
+    # Written beside and moved into place: a kill mid-write leaves the previous report, never half of one.
+    tmp = report_path.with_name(report_path.name + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n" + "\n".join(s.render() for s in sections))
+    os.replace(tmp, report_path)
     return report_path
 
 

@@ -192,3 +192,19 @@ def test_two_runs_of_one_experiment_get_distinct_contents_links(tmp_path):
     contents = text.split("## Contents", 1)[1].split("\n## ", 1)[0]
     links = [line.rsplit("](#", 1)[1].rstrip(")") for line in contents.splitlines() if line.startswith("- [")]
     assert len(links) == 2 and links[1] == links[0] + "-1"  # the numbering renderers give a repeated heading
+
+
+def test_a_report_killed_while_writing_leaves_the_previous_one_whole(tmp_path, monkeypatch):
+    run_experiment("tabular-single", "smoke", out=tmp_path / "a", progress=False, quiet=True, threads=1)
+    before = write_report(tmp_path).read_text()
+    real_write = Path.write_text
+
+    def killed_halfway(self, text, *args, **kwargs):
+        real_write(self, text[: len(text) // 2], *args, **kwargs)
+        raise KeyboardInterrupt  # the process dies with half the text written
+
+    monkeypatch.setattr(Path, "write_text", killed_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        write_report(tmp_path)
+    monkeypatch.undo()
+    assert (tmp_path / "REPORT.md").read_text() == before
