@@ -85,12 +85,16 @@ def test_one_step_of_each_trainer_on_a_tiny_model_with_lora(method, tmp_path, gs
     (["--methods", "tpo", "tpo"], "--methods tpo tpo: each method once"),
     (["--model", "{tmp}/nowhere"], "no such directory; targetpo never downloads models"),
     (["--gsm8k-dir", "{tmp}"], "has no train.jsonl"),
-    (["--train-size", "100000"], "holds only 7473 problems"),
+    (["--train-size", "4"], "holds only 3 problems"),
     (["--per-device-batch", "48"], "--per-device-batch 48 must divide --prompts-per-step x --num-generations = 256"),
 ])
-def test_bad_arguments_exit_2_with_one_line_before_a_model_is_loaded(argv, message, tmp_path, gsm8k_dir):
+def test_bad_arguments_exit_2_with_one_line_before_a_model_is_loaded(argv, message, tmp_path):
     model_dir = save_tiny_model(tmp_path / "tiny", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                                 intermediate_size=64)
+    gsm8k_dir = tmp_path / "gsm8k"  # three problems in GSM8K's format
+    gsm8k_dir.mkdir()
+    (gsm8k_dir / "train.jsonl").write_text("".join(f'{{"question": "{i}+1?", "answer": "#### {i + 1}"}}\n'
+                                                   for i in range(3)))
     base = {"--model": str(model_dir), "--gsm8k-dir": str(gsm8k_dir), "--out": str(tmp_path / "out")}
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     flags = [x for k, v in base.items() if k not in argv for x in (k, v)]
