@@ -146,3 +146,24 @@ def test_counts_of_one_read_in_the_singular(tmp_path, capsys):
     assert [count(n, "seed") for n in (0, 1, 2, 1000)] == ["0 seeds", "1 seed", "2 seeds", "1,000 seeds"]
     assert main(["run", "tabular-single", *SMOKE, "--seeds", "1", "methods=tpo", "--out", str(tmp_path / "r")]) == 0
     assert "(1 seed, 1 unit)" in capsys.readouterr().out
+
+
+def test_a_run_folder_in_use_is_refused_to_a_second_process(tmp_path, capsys):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "targetpo", "run", "tabular-multi", "--out", str(out), *SMOKE, "steps=20000",
+           "--threads", "1"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size):
+            time.sleep(0.1)
+        for flag in ("--resume", "--force"):  # neither interleaves records nor deletes the folder under the run
+            code, err = _run(["run", "tabular-multi", "--out", str(out), *SMOKE, "steps=20000", "--threads", "1",
+                              flag], capsys)
+            assert code == 2 and len(err) == 1 and "is in use by another targetpo process" in err[0], err
+            assert (out / "run.json").exists() and proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    # the lock dies with its process: the folder is free again
+    assert main(["run", "tabular-multi", "--out", str(out), *SMOKE, "steps=200", "--threads", "1", "--force"]) == 0

@@ -241,10 +241,42 @@ def mark_not_run(run_dir: str | Path, exp: ModuleType, preset: str, reason: str)
                              "reason": reason, "wall_time_s": 0.0, "runs": []})
 
 
-def run_experiment(
+@contextlib.contextmanager
+def _run_dir_lock(run_dir: Path):
+    """Hold an exclusive lock on the run folder while a run writes to it: a second `targetpo run` (or a resume, or
+    --force) on the same folder is refused instead of interleaving its records with this one's. The lock is
+    released when the run ends or its process dies. Platforms without flock (Windows) run unlocked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BlockingIOError(f"{run_dir} is in use by another targetpo process (a run, resume or reproduce "
+                                  "writing there); wait for it to end, or stop it, then --resume") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def run_experiment(exp: ModuleType, preset: str | None = None, **kwargs) -> Path:
+    """Run (or resume) one experiment (its module, see :mod:`targetpo.experiments`) and return its run
+    directory. `preset` None means the stored run's preset on resume and "cpu" otherwise; a resume that asks for
+    another preset, seed count or overrides than the stored run is refused, naming the fields that differ. The
+    run folder is locked while the run writes to it (:func:`_run_dir_lock`)."""
+    with contextlib.ExitStack() as held:
+        return _run_experiment(exp, preset, hold=lambda d: held.enter_context(_run_dir_lock(d)), **kwargs)
+
+
+def _run_experiment(
     exp: ModuleType,
     preset: str | None = None,
     *,
+    hold,
     out: str | Path | None = None,
     seeds: int | None = None,
     overrides: list[str] | None = None,
@@ -255,9 +287,6 @@ def run_experiment(
     quiet: bool = False,
     threads: int | None = None,
 ) -> Path:
-    """Run (or resume) one experiment (its module, see :mod:`targetpo.experiments`) and return its run
-    directory. `preset` None means the stored run's preset on resume and "cpu" otherwise; a resume that asks for
-    another preset, seed count or overrides than the stored run is refused, naming the fields that differ."""
     name = exp.NAME
     if out is not None and not str(out).strip():
         raise ValueError("--out is empty: give the run directory (default results/NAME-PRESET)")
@@ -269,6 +298,8 @@ def run_experiment(
     torch.set_num_threads(threads or getattr(exp, "TORCH_THREADS", None) or default_threads())
     run_dir = Path(out) if out is not None else Path("results") / f"{name}-{preset or 'cpu'}"
     meta_path = run_dir / RUN_FILE
+    if run_dir.is_dir():
+        hold(run_dir)  # before reading what is there, and before --force deletes it
     if resume and meta_path.exists():
         meta = read_run_json(run_dir)
         if meta["experiment"] != name:
@@ -302,7 +333,10 @@ def run_experiment(
                 "command": " ".join(sys.argv), "versions": versions(), "device": device,
                 "data_source": getattr(exp, "DATA_SOURCE", "generated (no external data)"),
                 "status": "running", "wall_time_s": 0.0, "runs": []}
+    fresh = not run_dir.is_dir()
     make_run_dir(run_dir)
+    if fresh:
+        hold(run_dir)
 
     existing = {record_key(r): r for r in read_metrics(run_dir / METRICS_FILE, repair=True)}
     diverged_before = {k[0] for k in existing if k[2] == "diverged"}
