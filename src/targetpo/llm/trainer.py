@@ -10,7 +10,11 @@ One step t:
   2. update: μ epochs over the batch. Each epoch shuffles whole groups, splits them into `updates_per_epoch`
      mini-batches (one AdamW step each) and each mini-batch into micro-batches of `micro_batch_size` rows
      (a multiple of K: groups are never split, and every micro-batch is checked). Micro-batch losses are
-     weighted so their gradients add up to the mini-batch loss's gradient exactly (see :func:`micro_weight`).
+     weighted so their gradients add up to the mini-batch loss's gradient exactly (see :func:`micro_weight`),
+     for every objective whose loss is a sum over sequences or tokens. Clip-Cov and KL-Cov pick the tokens they
+     treat specially by a covariance rank within the batch they see, so with micro-batches they pick per
+     micro-batch (as verl, which computes the policy loss per micro-batch, does) and the update depends on the
+     micro-batching.
   3. metrics: mean reward, accuracy (reward = 1), fraction of zero-variance groups, the objective's metrics
      (TPO: target entropy, KL(q‖p_θ)) from the first epoch, loss, completion length, grad norm, wall time;
      greedy held-out accuracy every `eval_every` steps.
@@ -419,9 +423,10 @@ class RLVRTrainer:
         r = batch.rewards.reshape(-1, batch.k)
         no_signal = int(zero_variance_groups(r).sum())
         if no_signal == r.shape[0]:
-            # Every group scored all-equal: TPO's target is p_old and GRPO's advantages are 0, so the policy loss
-            # carries no signal this step (only a KL term moves the weights). Say so rather than look like training.
-            logger.warning("step %d: all %d groups have zero-variance rewards; the policy loss has no signal this "
+            # Every group scored all-equal: TPO's target is p_old and GRPO's advantages are 0, so only a KL term
+            # (or an objective without TPO's anchor, whose target is then uniform) moves the weights. Say so rather
+            # than look like training.
+            logger.warning("step %d: all %d groups have zero-variance rewards; the rewards carry no signal this "
                            "step", step, no_signal)
         return {"reward": float(r.mean()), "accuracy": float((r >= 1.0).float().mean()),
                 "frac_zero_var": no_signal / r.shape[0], "groups_without_signal": no_signal,
