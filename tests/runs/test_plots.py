@@ -44,3 +44,37 @@ def test_panels_with_different_series_get_their_own_legend_below():
         # Entirely below the panel: it covers no data.
         assert legend.get_window_extent().y1 <= ax.get_window_extent().y0
     plots.pyplot().close(fig)
+
+
+def test_a_mean_clipped_at_the_log_floor_is_marked_and_named_on_the_y_label():
+    fig, axes = plots.figure(2)
+    steps = np.arange(4)
+    plots.curve(axes[0], steps, np.array([[0.5], [0.1], [0.0], [-1e-9]]) * np.ones((1, 2)), "TPO", floor=1e-6)
+    plots.curve(axes[1], steps, np.array([[0.5], [0.1], [0.05], [0.01]]) * np.ones((1, 2)), "TPO", floor=1e-6)
+    for ax in axes:
+        plots.finish(ax, "t", "step", "1 − cos", log=True)
+    floors = [[line for line in ax.get_lines() if line.get_gid() == plots.FLOOR] for ax in axes]
+    assert len(floors[0]) == 1 and list(floors[0][0].get_ydata()) == [1e-6, 1e-6] and not floors[1]
+    assert axes[0].get_ylabel() == "1 − cos\n(values < 1e-06 drawn at 1e-06, dotted)"
+    assert axes[1].get_ylabel() == "1 − cos"
+    plots.pyplot().close(fig)
+
+
+def test_reference_markers_are_named_by_their_source():
+    fig, axes = plots.figure(2)
+    for ax in axes:
+        _panel(ax, ["TPO"])
+        plots.paper_points(ax, [2], [0.3], color="r", source="authors' code")
+        plots.finish(ax, "t", "step", "error", log=True)
+    plots.finish_figure(fig)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["TPO", "authors' code (hollow circles)"]
+    plots.pyplot().close(fig)
+
+
+def test_figure_rows_give_every_panel_in_reading_order():
+    fig, axes = plots.figure(3, nrows=2)
+    assert len(axes) == 6 and axes[0].get_position().y0 > axes[3].get_position().y0
+    assert axes[0].get_position().x0 < axes[1].get_position().x0 < axes[2].get_position().x0
+    w, h = fig.get_size_inches()
+    assert (w, h) == (15.0, 7.2)
+    plots.pyplot().close(fig)

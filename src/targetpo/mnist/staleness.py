@@ -238,7 +238,7 @@ def report(run, section) -> None:
         ax1.fill_between(x, ys - se, ys + se, color=color, alpha=0.2, lw=0)
         if m in ref:
             pv = [ref[m][ref["delays"].index(d)] / 100 if d in ref["delays"] else None for d in delays]
-            plots.paper_points(ax1, x, pv, color)
+            plots.paper_points(ax1, x, pv, color, source="slides")
     ax1.set_xticks(x, [str(d) for d in delays])
     plots.finish(ax1, "Final test error vs actor delay (circles: slides)", "delay D (updates)", "test error", log=True)
     worst = max(delays)

@@ -25,9 +25,10 @@ COLORS = {
 }
 
 
-def figure(ncols: int = 1, width: float = 5.0, height: float = 3.6):
-    fig, axes = pyplot().subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
-    return fig, list(axes[0])
+def figure(ncols: int = 1, width: float = 5.0, height: float = 3.6, nrows: int = 1):
+    """A figure of nrows × ncols panels of width × height inches each; the axes as one list, row by row."""
+    fig, axes = pyplot().subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    return fig, list(axes.ravel())
 
 
 def curve(ax, steps: np.ndarray, values: np.ndarray, label: str, color: str | None = None, floor: float | None = None):
@@ -35,23 +36,28 @@ def curve(ax, steps: np.ndarray, values: np.ndarray, label: str, color: str | No
     m, se = mean_se(values)
     lo, hi = m - se, m + se
     if floor is not None:
+        if np.any(m < floor) and not any(line.get_gid() == FLOOR for line in ax.get_lines()):
+            # A mean drawn at the floor is not its value: a dotted line there, and finish names it on the y label.
+            ax.axhline(floor, color="0.5", lw=0.8, ls=(0, (1, 3)), gid=FLOOR)
         m, lo, hi = (np.maximum(x, floor) for x in (m, lo, hi))
     color = color or COLORS.get(label.lower().replace(" ", "_"))
     ax.plot(steps, m, label=label, color=color, lw=1.6)
     ax.fill_between(steps, lo, hi, color=color, alpha=0.2, lw=0)
 
 
-PAPER = "paper"  # gid of the hollow reference markers: finish_figure gives them one legend entry
-PAPER_ENTRY = "paper (hollow circles)"
+FLOOR = "floor"  # gid of the line at a log axis's floor, drawn by curve when a mean is clipped to it
+PAPER = "paper"  # gid prefix of the hollow reference markers ("paper:SOURCE"): finish_figure gives them one entry
+HOLLOW = " (hollow circles)"
 
 
-def paper_points(ax, steps, values, color: str | None = None, label: str | None = None):
-    """The paper's reference numbers as hollow markers over our curves."""
+def paper_points(ax, steps, values, color: str | None = None, label: str | None = None, source: str = "paper"):
+    """The reference numbers as hollow markers over our curves; `source` names them in the legend ("paper",
+    "authors' code", "slides")."""
     pts = [(s, v) for s, v in zip(steps, values) if v is not None]
     if pts:
         xs, ys = zip(*pts)
         ax.scatter(xs, ys, marker="o", facecolors="none", edgecolors=color or "k", s=28, zorder=5, label=label,
-                   gid=PAPER)
+                   gid=f"{PAPER}:{source}")
 
 
 def finish(ax, title: str, xlabel: str, ylabel: str, log: bool = False, ylim: tuple[float, float] | None = None):
@@ -74,6 +80,9 @@ def finish(ax, title: str, xlabel: str, ylabel: str, log: bool = False, ylim: tu
         ax.yaxis.set_minor_formatter(ticker.FuncFormatter(_plain) if decades < 1 else ticker.NullFormatter())
     if ax.get_xscale() == "linear" and _integer_x(ax):
         ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))  # steps and episodes: no 0.5 ticks
+    floors = [line.get_ydata()[0] for line in ax.get_lines() if line.get_gid() == FLOOR]
+    if floors:
+        ylabel = f"{ylabel}\n(values < {floors[0]:g} drawn at {floors[0]:g}, dotted)"
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -90,9 +99,9 @@ def finish_figure(fig) -> None:
     for ax in fig.axes:
         if ax.get_legend() is not None:
             ax.get_legend().remove()
-    series = [[k for k in e if k != PAPER_ENTRY] for _, e in panels]
+    series = [[k for k in e if not k.endswith(HOLLOW)] for _, e in panels]
     if panels and all(s == series[0] for s in series):
-        entries = {k: h for _, e in panels for k, h in e.items()}  # the paper entry if any panel has one
+        entries = {k: h for _, e in panels for k, h in e.items()}  # the reference entry if any panel has one
         fig.tight_layout()
         if len(fig.axes) == 1:
             fig.legend(entries.values(), entries.keys(), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
@@ -114,9 +123,9 @@ def _legend_entries(ax) -> dict[str, object]:
     for h, lab in zip(*ax.get_legend_handles_labels()):
         if not lab.startswith("_"):
             entries.setdefault(lab, h)
-    if any(c.get_gid() == PAPER for c in ax.collections):
-        entries[PAPER_ENTRY] = Line2D([], [], ls="none", marker="o", markerfacecolor="none",
-                                                   markeredgecolor="k")
+    sources = [gid.split(":", 1)[1] for c in ax.collections if (gid := c.get_gid() or "").startswith(PAPER + ":")]
+    for source in dict.fromkeys(sources):
+        entries[source + HOLLOW] = Line2D([], [], ls="none", marker="o", markerfacecolor="none", markeredgecolor="k")
     return entries
 
 

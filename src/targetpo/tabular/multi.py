@@ -155,7 +155,8 @@ def report(run, section) -> None:
     fig, (ax1, ax2) = plots.figure(2)
     for m, (steps, mean, se, vals) in err.items():
         plots.curve(ax1, steps, vals, LABELS[m], plots.COLORS[m], floor=1e-6)
-        plots.paper_points(ax1, steps_e, [v for s, v in zip(ref_e["steps"], ref_e[m]["error"]) if s <= last], plots.COLORS[m])
+        plots.paper_points(ax1, steps_e, [v for s, v in zip(ref_e["steps"], ref_e[m]["error"]) if s <= last], plots.COLORS[m],
+                           source="authors' code")
     plots.finish(ax1, "Average error (circles: reference)", "step", "1 − mean π(y)", log=True)
     for m, (steps, mean, se, vals) in mis.items():
         if m != "ce":

@@ -120,8 +120,7 @@ def report(run, section) -> None:
     last = int(max(s[-1] for s, *_ in err.values()))
     steps_e, rows = error_rows(err, ref_e, LABELS)
     section.table(["method"] + [f"ε@{s}" for s in steps_e] + ["first ε<1%", "first ε<0.1%"], rows,
-                  "Error 1 − π(y*): ours (reference from the authors' code, "
-                  f"{paper.TABULAR_SINGLE_ERROR.source})")
+                  f"Error 1 − π(y*): ours (reference: {paper.TABULAR_SINGLE_ERROR.source})")
 
     steps_m = [s for s in ref_m["steps"] if s <= last]
     rows = [[LABELS[m]] + ours_vs_paper(mis[m], ref_m["steps"], ref_m[m]) for m in mis]
@@ -131,7 +130,7 @@ def report(run, section) -> None:
     for m, (steps, mean, se, vals) in err.items():
         plots.curve(ax1, steps, vals, LABELS[m], plots.COLORS[m], floor=1e-6)
         plots.paper_points(ax1, steps_e, [v for s, v in zip(ref_e["steps"], ref_e[m]["error"]) if s <= last],
-                           plots.COLORS[m])
+                           plots.COLORS[m], source="authors' code")
     plots.finish(ax1, "Error (circles: reference)", "step", "1 − π(y*)", log=True)
     for m, (steps, mean, se, vals) in mis.items():
         plots.curve(ax2, steps, vals, LABELS[m], plots.COLORS[m], floor=1e-6)
