@@ -180,6 +180,9 @@ def test_smoke_run_logs_the_diagnostics_and_writes_the_report(tmp_path):
     assert any("heldout_accuracy_long" in r for r in rows if r["unit"] == "grpo")
     report = write_report(out, tmp_path / "REPORT.md").read_text()
     assert "‖p − q‖₁ (sum)" in report and "length drift" in report and (out / "llm_length_curves.png").exists()
+    assert "over seed 0;" in report and "over seeds [" not in report and "1 steps" not in report
+    lengths = [line.split(" | ")[-2:] for line in report.splitlines() if line.startswith("| TPO (sum) |")]
+    assert lengths and all(re.fullmatch(r"-?\d+\.\d", c.strip(" |")) for c in lengths[0])  # tokens: 1 decimal
 
 
 def test_units_run_arm_by_arm_after_the_warm_start():

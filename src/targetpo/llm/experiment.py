@@ -338,7 +338,7 @@ def report(run, section) -> None:
     cfg = run.config
     section.text(__doc__.split("\n\n", 1)[1])
     section.text(f"Model `{cfg['model']}`"
-                 + (f" ({cfg['tiny_hidden']} hidden, {cfg['tiny_layers']} layers)" if cfg["model"] == "tiny" else "")
+                 + (f" ({cfg['tiny_hidden']} hidden, {count(cfg['tiny_layers'], 'layer')})" if cfg["model"] == "tiny" else "")
                  + f"; task `{cfg['task']}`; K = {cfg['k']}, B = {cfg['batch_prompts']} prompts, {cfg['steps']} RL "
                  f"steps, μ = {cfg['epochs']}, AdamW lr {cfg['lr']}, KL β = {cfg['kl_coef']}, LoRA r = {cfg['lora_r']}, "
                  f"warm start {cfg['warmstart_steps']} supervised steps; {count(cfg['seeds'], 'paired seed')}.")
@@ -386,7 +386,7 @@ def report(run, section) -> None:
     section.figure(fig, "rlvr_curves", "RLVR: training reward and held-out accuracy per method (mean ± s.e. over seeds)")
 
     ref = paper.LLM_RLVR
-    section.text(f"Paper ({ref.source}, at LLM scale on GPUs): GSM8K — {ref.values['gsm8k_qwen3_1.7b']}; graph "
+    section.text(f"Reference ({ref.source}, at LLM scale on GPUs): GSM8K — {ref.values['gsm8k_qwen3_1.7b']}; graph "
                  f"coloring Qwen3-1.7B TPO {ref.values['graph_color_qwen3_1.7b']['tpo']} vs GRPO "
                  f"{ref.values['graph_color_qwen3_1.7b']['grpo']}. The run above is a small-model check of the same "
                  "pipeline, not a reproduction of those numbers.")

@@ -426,11 +426,11 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
 
 # ----------------------------------------------------------------------------- report
 
-def _mean_se(per_seed) -> str:
+def _mean_se(per_seed, digits: int = 3) -> str:
     v = np.asarray(per_seed, dtype=float)
     if v.size < 2:
-        return f"{v.mean():.3f}"
-    return f"{v.mean():.3f} ± {v.std(ddof=1) / np.sqrt(v.size):.3f}"
+        return f"{v.mean():.{digits}f}"
+    return f"{v.mean():.{digits}f} ± {v.std(ddof=1) / np.sqrt(v.size):.{digits}f}"
 
 
 def finished_series(run, metric: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -487,7 +487,7 @@ def summary(run) -> str:
 def report(run, section) -> None:
     cfg = run.config
     section.text(__doc__.split("\n\n", 1)[1])
-    section.text(f"Tiny character-level Qwen2 ({cfg['tiny_hidden']} hidden, {cfg['tiny_layers']} layers); chain_sum "
+    section.text(f"Tiny character-level Qwen2 ({cfg['tiny_hidden']} hidden, {count(cfg['tiny_layers'], 'layer')}); chain_sum "
                  f"with {cfg['min_terms']}–{cfg['max_terms']} one-digit terms; K = {cfg['k']}, B = "
                  f"{cfg['batch_prompts']} prompts, {cfg['steps']} RL steps, AdamW lr {cfg['lr']}, η = {cfg['eta']}, "
                  f"L_ref = {cfg['len_ref']}, warm start {cfg['warmstart_steps']} supervised steps; "
@@ -513,10 +513,10 @@ def report(run, section) -> None:
         rows.append([LABELS[m], _mean_se(a[0]), _mean_se(a[-1]), _mean_se(a[-1] - a[0]),
                      _mean_se(short[m][1][-1]) if m in short else "–", _mean_se(long_[m][1][-1]) if m in long_ else "–",
                      _mean_se(reward[m][1].mean(axis=0)) if m in reward else "–",
-                     _mean_se(drift_start[m]) if m in drift_start else "–",
-                     _mean_se(drift_end[m] - drift_start[m]) if m in drift_end else "–"])
+                     _mean_se(drift_start[m], 1) if m in drift_start else "–",  # tokens: one decimal
+                     _mean_se(drift_end[m] - drift_start[m], 1) if m in drift_end else "–"])
     section.table(["method", "held-out acc (start)", "held-out acc (end)", "Δ acc", "end: short half", "end: long half",
-                   "train reward (all steps)", f"completion length (first {n} steps)", f"length drift (last {n} − first {n})"],
+                   "train reward (all steps)", f"completion length, tokens (first {count(n, 'step')})", f"length drift (last {n} − first {n})"],
                   rows, "Per arm from the shared warm start (seed means ± s.e.; held-out halves split at the median "
                   "gold scratchpad length)")
 
@@ -551,24 +551,34 @@ def report(run, section) -> None:
                   f"(all arms' rollouts pooled; η = {cfg['eta']}, K = {cfg['k']}, log K = {np.log(cfg['k']):.2f}; the plot and the "
                   f"claims use buckets with ≥ {MIN_BUCKET_GROUPS} groups)")
 
-    fig, axes = plots.figure(5 if len(ws[0]) else 4)
+    fig, axes = plots.figure(3, nrows=2)  # five panels in one row would be too wide to read
+    axes[5].set_visible(False)
+    if not len(ws[0]):
+        axes[4].set_visible(False)
     for m, (steps, vals) in acc.items():
         plots.curve(axes[0], steps, vals, LABELS.get(m, m), COLORS.get(m))
     plots.finish(axes[0], "Held-out accuracy (greedy)", "RL step (updates)", "accuracy (fraction correct)",
                  ylim=rlvr.ACCURACY_AXIS)
     for m, (steps, vals) in reward.items():
         plots.curve(axes[1], steps, rlvr._smooth(vals, n), LABELS.get(m, m), COLORS.get(m))
-    plots.finish(axes[1], f"Training reward ({cfg.get('reward', 'answer')}; moving average, {n} steps)",
-                 "RL step (updates)", "mean reward per completion")
+    # Rewards are in [0, 1]: the axis as rlvr's (no negative values, stops just above the data).
+    top = min(1.0, max(0.05, 1.15 * max((float(rlvr._smooth(v, n).max()) for _, v in reward.values()), default=0)))
+    plots.finish(axes[1], f"Training reward ({cfg.get('reward', 'answer')}; moving average, {count(n, 'step')})",
+                 "RL step (updates)", "mean reward per completion", ylim=(-0.02 * top, top))
     for m, (steps, vals) in lens.items():
         plots.curve(axes[2], steps, rlvr._smooth(vals, n), LABELS.get(m, m), COLORS.get(m))
-    plots.finish(axes[2], f"Completion length (moving average, {n} steps)", "RL step (updates)",
+    plots.finish(axes[2], f"Completion length (moving average, {count(n, 'step')})", "RL step (updates)",
                  "mean sampled completion length (tokens)")
     centers = [edges[0] / 2] + [(a + b) / 2 for a, b in zip(edges, edges[1:])] + [edges[-1] + 25]
     for red, color in zip(REDUCTIONS, ("#d62728", "#ff7f0e", "#8c564b")):
         xs = [c for c, b in zip(centers, names) if (b, red) in l1_by]
+        if not xs:  # an arm not run, or no bucket with enough groups: no empty legend entry
+            continue
         axes[3].plot(xs, [l1_by[(b, red)] for b in names if (b, red) in l1_by], "o-", color=color,
                      label=f"TPO {REDUCTION_LABELS[red]}")
+    if not l1_by:
+        axes[3].text(0.5, 0.5, f"no length bucket with ≥ {MIN_BUCKET_GROUPS} groups", transform=axes[3].transAxes,
+                     ha="center", va="center", fontsize=9, color="0.4")
     plots.finish(axes[3], "‖p − q‖₁ by completion length", "group mean completion length (tokens; bucket centre)",
                  "‖p − q‖₁ (gradient size on the group logits)", ylim=(0.0, 2.0))
     if len(ws[0]):
@@ -589,8 +599,8 @@ def report(run, section) -> None:
         gap = paired_interval(va, vb)
         section.claim(f"{LABELS[m]} is more accurate on held-out problems than TPO (sum) (paired over seeds, at step "
                       f"{step})", above(gap, 0),
-                      f"{LABELS[m]} {_mean_se(va)} vs {_mean_se(vb)}; paired difference {gap.show(3)} over seeds "
-                      f"{seeds_}; training reward (mean over common steps) difference "
+                      f"{LABELS[m]} {_mean_se(va)} vs {_mean_se(vb)}; paired difference {gap.show(3)} over "
+                      f"seed{'s' if len(seeds_) != 1 else ''} {', '.join(map(str, seeds_))}; training reward (mean over common steps) difference "
                       f"{paired_interval(rew[2], rew[3]).show(4) if rew else '–'}")
     filled = [b for b in names if (b, "sum") in l1_by and (b, "mean") in l1_by]
     if filled:
