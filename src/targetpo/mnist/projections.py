@@ -163,9 +163,11 @@ def report(run, section) -> None:
                   "MNIST bandit test error by projection, seed mean ± s.e.; Δ = this setting's mean test error over "
                   "all evaluations minus TPO's, paired over seeds: mean [95 % t-interval]")
     fig, (ax,) = plots.figure(1, width=6.5, height=4.2)
-    colors = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d")
-    for i, (m, c) in enumerate(cur.items()):
-        plots.curve(ax, c["step"], c["values"], labels[m], colors[i % len(colors)])
+    # TPO (forward KL) in TPO's colour of every other figure; the other projections from a sweep palette.
+    palette = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d")
+    colors = dict(zip((m for m in cur if m != REFERENCE), palette * len(cur)), **{REFERENCE: plots.COLORS["tpo"]})
+    for m, c in cur.items():
+        plots.curve(ax, c["step"], c["values"], labels[m], colors[m])
     ax.axhline(th, color="k", lw=0.6, ls=":")
     plots.finish(ax, "MNIST bandit, TPO's target fitted by each projection", "updates", "test error (log scale)",
                  log=True)

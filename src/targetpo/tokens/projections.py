@@ -14,6 +14,7 @@ episode's sampled answers with a mistake, before the update. Not a paper experim
 from __future__ import annotations
 
 from targetpo.objectives.tpo import projection_label, projection_setting
+from targetpo.runs import plots
 from targetpo.runs.config import config, default, param, swept
 from targetpo.runs.stats import count
 from targetpo.tokens import common as tc
@@ -110,7 +111,9 @@ def report(run, section) -> None:
                         "Exact-match error by projection: seed mean [95 % t-interval]; episodes to the threshold on the seed-mean "
                         f"curve and per seed ({oq.SMOOTH}-episode trailing mean); Δ = this setting's mean error over "
                         "all episodes minus TPO's, paired over seeds")
-    colors = {s: tr.SWEEP_COLORS[i % len(tr.SWEEP_COLORS)] for i, s in enumerate(data)}
+    # TPO (forward KL) in TPO's colour of every other figure; the other projections from the sweep palette.
+    colors = {s: tr.SWEEP_COLORS[i % len(tr.SWEEP_COLORS)] for i, s in enumerate(s for s in data if s != REFERENCE)}
+    colors[REFERENCE] = plots.COLORS["tpo"]
     tr.panels(section, {f"terminal reward, H = {cfg['length']}": data}, "token_projections",
               f"Exact-match error by episode for each projection, seed mean ± s.e. ({count(cfg['seeds'], 'seed')}); dotted "
               f"line: {100 * th:g}%", threshold=th, labels=labels, colors=colors, ylabel="exact-match error")
