@@ -351,6 +351,9 @@ def test_mnist_smoke_run_report_and_determinism(tmp_path, mnist_dir):
     text = write_report(run_dir).read_text()
     assert "TEST SPLIT ONLY" in text and "mnist_error.png" in text and (run_dir / "mnist_error.png").exists()
     assert "TPO reaches 5 % test error before DG" in text
+    # Neither reaches 5 % in 100 updates: the evidence says so instead of a lead of "0 [0, 0]" or nothing.
+    assert "neither reaches it in this run" in text and "no level reached by both in this run" in text
+    assert "(bootstrap):  |" not in text
     # Same seed + config -> identical metrics; a seed's results do not depend on the seeds beside it.
     short = [f"data_dir={mnist_dir}", "steps=40"]
     b, c, d = (run_experiment("mnist", "smoke", out=tmp_path / n, progress=False, quiet=True, threads=1, overrides=o)
@@ -396,6 +399,8 @@ def test_mnist_mechanism_smoke(tmp_path, mnist_dir):
     assert tpo[-1] > tpo[0] and tpo[-1] > 0  # TPO gains most where the wrong mass is concentrated
     text = write_report(run_dir).read_text()
     assert "label 20 (measured after 40 updates)" in text and "mnist_mechanism.png" in text
+    assert "| [0.75, 1] |" in text and "[0.75, 1.01]" not in text  # the concentration c is at most 1
+    assert "above the CE oracle" not in text  # CE is not among this experiment's methods
 
 
 def test_mnist_staleness_smoke(tmp_path, mnist_dir):

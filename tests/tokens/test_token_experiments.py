@@ -49,6 +49,8 @@ def test_token_terminal_smoke_run_resume_and_report(tmp_path):
     assert len(read_metrics(out / "metrics.jsonl")) == len(lines)
     text = write_report(out).read_text()
     assert "Table 3" in text and "P H=3" in text and "I H=3" in text
+    # The authors' curves are at H = 10 only: no caption promises circles the figure does not draw.
+    assert "circles" not in text.split("token_terminal.png")[1].split("\n\n")[1]
 
 
 def test_token_configs_reject_bad_values():

@@ -58,6 +58,7 @@ def test_token_diagnostics_smoke(tmp_path):
         assert run.series("tpo_1ep", metric)[1].shape == (3, 2)
     assert run.series("tpo", "frac_zero_var")[1].shape == (3, 2)
     assert "all-fail fraction at initialisation" in text and "0.586" in text     # (7/8)^4 at H = 3, K = 4
+    assert "trailing mean over 1 episode," in text
     assert (out / "token_diagnostics.png").exists()
 
 

@@ -164,8 +164,7 @@ def report(run, section) -> None:
         rows.append(row)
     section.table(["task"] + [f"DG {e} ep" for e in counts], rows,
                   "Fig. 17 — final error %: last episode / last-10% mean, each seed mean [95 % t-interval], ours "
-                  "(paper: "
-                  f"{paper.DG_EPOCHS_TERMINAL.source}, {paper.DG_EPOCHS_VARIANTS_PCT.source})")
+                  f"({paper.DG_EPOCHS_TERMINAL.source}, {paper.DG_EPOCHS_VARIANTS_PCT.source})")
     labels = {e: f"DG ({e} ep)" for e in counts}
     colors = {e: tr.SWEEP_COLORS[i % len(tr.SWEEP_COLORS)] for i, e in enumerate(counts)}
     tr.panels(section, {_name(w): by_e for w, by_e in data.items()}, "dg_epochs",

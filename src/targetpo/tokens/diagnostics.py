@@ -107,7 +107,7 @@ def report(run, section) -> None:
     w = _window(cfg)
     grid = {title: metrics[k] for k, title in PANELS.items() if metrics[k]}
     tr.panels(section, grid, "token_diagnostics",
-              f"Diagnostics by episode (per-seed trailing mean over {w} episodes, then seed mean ± s.e.). "
+              f"Diagnostics by episode (per-seed trailing mean over {count(w, 'episode')}, then seed mean ± s.e.). "
               "Zero-variance fraction: grouped methods only.", ncols=3,
               log={"error": True, "first-epoch gradient norm": True, "all-fail fraction": False,
                    "zero-variance fraction": False, "weight on winners": True, "weight on losers": True},
@@ -233,7 +233,7 @@ def _claims(section, cfg, metrics, w) -> None:
                               None if prev is None else at_least(paired_interval(d, 0.8 * prev), 0)]),
                       f"DG final-10% {d_iv.show(1, 100, '%')} (previous 10%: "
                       f"{'–' if prev is None else f'{100 * prev.mean():.1f}%'}), TPO "
-                      f"{seed_interval(t, bounds=RATE).show(2, 100, '%')}",
+                      f"{seed_interval(t, bounds=RATE).show(1, 100, '%')}",
                       failure=[failure(SCALE, f"DG's final-10% error {d_iv.show(1, 100, '%')} is still wholly above "
                                               f"the paper's plateau {100 * ref['dg_plateau']:.0f}% and falling: this "
                                               f"run's {cfg['episodes']} episodes end before DG reaches any plateau "

@@ -157,8 +157,10 @@ def report(run, section) -> None:
     ref_curve = paper.TERMINAL_H10_CURVE_PCT.values
     refs = {"prompt-matched, H = 10": {m: [(e, v / 100) for e, v in ref_curve[m].items()] for m in ref_curve}}
     panels = {(f"{'prompt' if mt == 'prompts' else 'interaction'}-matched, H = {h}"): data[(mt, h)] for mt, h in cols}
+    drawn = any(t in panels for t in refs)  # the authors' curves are at H = 10, prompt-matched only
     tc.curve_grid(section, panels, "token_terminal",
-                  "Exact-match error by episode, seed mean ± s.e. (circles: the authors' H = 10 curves, Fig. 1b)",
+                  "Exact-match error by episode, seed mean ± s.e."
+                  + (" (circles: the authors' H = 10 curves, Fig. 1b)" if drawn else ""),
                   ylabel="exact-match error (fraction)", refs=refs, threshold=None)
 
     paper_episodes = PRESETS["paper"].episodes
