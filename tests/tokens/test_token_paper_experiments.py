@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from targetpo.experiments import load
+from targetpo.tokens import engine as te
 from targetpo.tokens import report as tr
 from targetpo.experiments import run_experiment
 from targetpo.runs.config import make_config
@@ -209,3 +210,33 @@ def test_resolve():  # claim parts are joined by runs.stats.all_of (tests/runs/t
     trial, method = tr.resolve(cfg, "dg_4ep", length=5)
     assert (method, trial.dg_epochs, trial.epochs, trial.length) == ("dg", 4, 4, 5)
     assert tr.label("tpo_1ep") == "TPO (1 ep)" and tr.label("grpo") == "GRPO"
+
+
+@pytest.mark.parametrize("name,overrides,match", [
+    # what run_trial refuses for a unit's method is refused by the config, before a run folder exists
+    ("token-dense", ["reward=terminal"], "tpo_token needs a dense reward"),
+    ("token-dense", ["tpo_projection=js"], "not read by method 'ppo'"),
+    ("token-dense", ["score_noise=0.1"], "score_noise=0.1: fixed"),
+    ("token-terminal", ["zero_all_fail=true"], "not read by method 'ppo'"),
+    ("token-variants", ["score_noise=0.1"], "not read by method 'tpo_token'"),
+    ("token-ablations", ["tpo_projection=js"], "not read by method 'grpo'"),
+    ("token-diagnostics", ["score_noise=0.1"], "not read by method 'ppo'"),
+    ("token-diagnostics", ["methods=tpo,tpo_1ep", "epochs=1"], "same trial as tpo"),
+    ("token-sweeps", ["methods=tpo", "tpo_projection=js"], "not read by method 'grpo'"),
+    ("token-temperature", ["score_noise=0.1"], "not read by method 'tpo_token'"),
+    ("token-temperature", ["tpo_kl_budget=0.5"], "tpo_kl_budget=0.5: fixed"),
+    ("token-temperature", ["etas=0.1,0.10000000001"], "at most 6 significant digits"),
+    ("dg-epochs", ["tpo_projection=js"], "tpo_projection='js': fixed"),
+    ("dg-epochs", ["k=4"], "match=interactions"),
+])
+def test_a_unit_the_engine_would_refuse_is_refused_by_the_config(name, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        make_config(load(name), "smoke", overrides=overrides)
+
+
+def test_an_adaptive_eta_refuses_a_tpo_eta_it_would_not_read():
+    with pytest.raises(ValueError, match="tpo_eta=2.0 with tpo_kl_budget=0.5"):
+        te.TrialConfig(tpo_kl_budget=0.5, tpo_eta=2.0).validate()
+    te.TrialConfig(tpo_kl_budget=0.5).validate()
+    with pytest.raises(ValueError, match="not read by method 'ppo'"):
+        te.trial_config(te.TrialConfig(), methods=("tpo", "ppo"), tpo_projection="js")

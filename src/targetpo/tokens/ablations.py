@@ -45,7 +45,7 @@ class Config(TokenConfig):
 
     def check(self) -> None:
         for h in self.lengths:
-            trial_config(self, length=h)
+            trial_config(self, length=h, methods=self.methods)
 
 
 PRESETS = {

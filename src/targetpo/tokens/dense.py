@@ -15,7 +15,7 @@ import numpy as np
 
 from targetpo import paper
 from targetpo.tokens import common as tc
-from targetpo.runs.config import config, default, param, swept
+from targetpo.runs.config import config, default, param, swept, unused
 from targetpo.runs.stats import all_of, at_most, below, count, seed_noise
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import run_trial, trial_config
@@ -30,11 +30,13 @@ METHODS = ("ppo", "dg", "tpo_token", "grpo_token")
 class Config(TokenConfig):
     vocabs: tuple[int, ...] = param((2, 4, 8, 16), "vocabulary sizes V to sweep", ge=2)
     vocab = swept("vocabs")
+    score_noise = unused("no sequence-level group method here")
+    zero_all_fail = unused("no sequence-level group method here")
     methods = default(METHODS, choices=("reinforce", "ppo", "dg", "tpo_token", "grpo_token", "grpo_token_no_kl"))
 
     def check(self) -> None:
         for v in self.vocabs:
-            trial_config(self, vocab=v)
+            trial_config(self, vocab=v, methods=self.methods)
 
 
 PRESETS = {

@@ -62,16 +62,26 @@ class Config(TokenConfig):
     clip_eps = unused("DG only")
     grpo_beta = unused("DG only")
     tpo_eta = unused("DG only")
+    tpo_projection = unused("DG only")
+    tpo_alpha = unused("DG only")
+    tpo_kl_budget = unused("DG only")
+    std_floor = unused("DG only")
+    std_shrink = unused("DG only")
+    score_noise = unused("DG only")
+    zero_all_fail = unused("DG only")
 
     def check(self) -> None:
+        k = Config.__dataclass_fields__["k"].default
+        if self.k != k and self.match == "prompts":
+            raise ValueError(f"k={self.k}: DG reads K only with match=interactions (B·K prompts), got match=prompts")
         if "variants" in self.parts and self.variant_seeds > self.seeds:
             raise ValueError(f"variant_seeds ({self.variant_seeds}) must be <= seeds ({self.seeds}): the "
                              "variants run the first variant_seeds of the run's seeds")
         trial_config(self, task="reverse_copy", reward="terminal", length=self.terminal_length,
-                     batch=self.terminal_batch)
+                     batch=self.terminal_batch, methods=self.methods)
         for v in self.variants:
             reward, task = v.split("/")
-            trial_config(self, task=task, reward=reward)
+            trial_config(self, task=task, reward=reward, methods=self.methods)
 
 
 PRESETS = {

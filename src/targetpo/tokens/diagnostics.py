@@ -28,7 +28,6 @@ from targetpo.runs.config import config, default
 from targetpo.runs.stats import (NOT_REPRODUCED, RATE, SCALE, Verdict, above, all_of, at_least, below,
                                  bootstrap_interval, count, failure, paired_interval, seed_interval, within)
 from targetpo.tokens.config import TokenConfig
-from targetpo.tokens.engine import trial_config
 
 NAME = "token-diagnostics"
 TITLE = "Section-4 diagnostics: all-fail groups, gradient norms, update weights (paper §4, Figs. 10, 11, 14)"
@@ -52,7 +51,7 @@ class Config(TokenConfig):
                       "(Fig. 14)")
 
     def check(self) -> None:
-        trial_config(self)
+        tr.check_methods(self, self.methods)
 
 
 PRESETS = {

@@ -8,7 +8,8 @@ API
 ---
 ``TrialConfig``
     Every knob of one trial (fields below). Build it with ``TrialConfig(...)`` or, from an experiment's
-    config, ``trial_config(cfg, **overrides)`` (copies the fields the two share by name).
+    config, ``trial_config(cfg, **overrides)`` (copies the fields the two share by name; ``methods=[...]`` also
+    checks it for those methods, as ``check_trial(cfg, method)`` and run_trial do).
 
 ``run_trial(cfg, method, seeds, device="cpu", log=None, advance=None, check=None) -> dict[str, np.ndarray]``
     Trains ``method`` (a key of :data:`METHODS`) for ``cfg.episodes`` episodes on seeds ``seeds`` (a list of
@@ -208,6 +209,10 @@ class TrialConfig:
         if (self.tpo_projection == "alpha") != (self.tpo_alpha is not None):
             raise ValueError(f"tpo_alpha={self.tpo_alpha!r} with tpo_projection={self.tpo_projection!r}: tpo_alpha "
                              "is required by, and only read with, tpo_projection='alpha'")
+        eta = TrialConfig.__dataclass_fields__["tpo_eta"].default
+        if self.tpo_kl_budget > 0 and self.tpo_eta != eta:
+            raise ValueError(f"tpo_eta={self.tpo_eta!r} with tpo_kl_budget={self.tpo_kl_budget!r}: a KL budget "
+                             f"chooses η per group, so tpo_eta is not read; leave it at {eta} or drop the budget")
 
 
 # TrialConfig fields each group option is read by (run_trial refuses a non-default one for any other method).
@@ -247,8 +252,21 @@ def check_method_options(cfg: "TrialConfig", method: str) -> None:
                          f"it reads {', '.join(sorted(reads)) or 'none of the group options'}")
 
 
-def trial_config(cfg: Any, **overrides) -> TrialConfig:
-    """A TrialConfig from any config object carrying some of its fields by name, plus explicit overrides."""
+def check_trial(cfg: "TrialConfig", method: str) -> None:
+    """ValueError for what run_trial(cfg, method, ...) refuses: an unknown method, a field out of bounds, a
+    token-level method on a reward without per-state credit, a group option the method does not read."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
+    cfg.validate()
+    if METHODS[method].rollout == "token" and cfg.reward in ("terminal", "partial"):
+        raise ValueError(f"{method} needs a dense reward (bag or sequential); {cfg.reward} reward has no per-state "
+                         "credit: use the sequence-level methods (tpo, grpo, ...)")
+    check_method_options(cfg, method)
+
+
+def trial_config(cfg: Any, *, methods: Sequence[str] = (), **overrides) -> TrialConfig:
+    """A TrialConfig from any config object carrying some of its fields by name, plus explicit overrides;
+    checked for each engine method of `methods` as run_trial will (so a config's `check` refuses before a run)."""
     names = {f.name for f in dataclasses.fields(TrialConfig)}
     given = {n: getattr(cfg, n) for n in names if hasattr(cfg, n)}
     bad = set(overrides) - names
@@ -256,6 +274,8 @@ def trial_config(cfg: Any, **overrides) -> TrialConfig:
         raise ValueError(f"unknown TrialConfig fields {sorted(bad)}")
     tc = TrialConfig(**(given | overrides))
     tc.validate()
+    for method in methods:
+        check_trial(tc, method)
     return tc
 
 
@@ -614,13 +634,7 @@ def run_trial(cfg: TrialConfig, method: str, seeds: Sequence[int], device: str |
     """Train `method` on `cfg`'s task for seeds `seeds` (vectorised) and return {metric: [episodes, S]}.
     `check(episode, values)` (the runner's divergence check) sees the rollout and update log-probs and the
     parameters after each update."""
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
-    cfg.validate()
-    if METHODS[method].rollout == "token" and cfg.reward in ("terminal", "partial"):
-        raise ValueError(f"{method} needs a dense reward (bag or sequential); {cfg.reward} reward has no per-state "
-                         "credit: use the sequence-level methods (tpo, grpo, ...)")
-    check_method_options(cfg, method)
+    check_trial(cfg, method)
     seeds = [int(x) for x in seeds]
     if not seeds:
         raise ValueError("run_trial needs at least one seed")

@@ -58,7 +58,7 @@ class Config(oq.OpenQuestionConfig):
 
     def check(self) -> None:
         for s in self.settings:
-            trial_config(self, **setting_options(self, s))
+            trial_config(self, **setting_options(self, s), methods=self.methods)
 
 
 def setting_options(cfg, setting: str) -> dict:

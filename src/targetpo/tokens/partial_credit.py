@@ -50,7 +50,7 @@ class Config(oq.OpenQuestionConfig):
 
     def check(self) -> None:
         for s in self.settings:
-            trial_config(self, **SETTINGS[s])
+            trial_config(self, **SETTINGS[s], methods=self.methods)
 
 
 PRESETS = {

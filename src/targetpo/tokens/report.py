@@ -12,7 +12,7 @@ import numpy as np
 from targetpo.runs import plots
 from targetpo.runs.stats import Curve, fmt
 from targetpo.tokens import common as tc
-from targetpo.tokens.engine import METHODS as ENGINE_METHODS, TrialConfig, run_trial, trial_config
+from targetpo.tokens.engine import METHODS as ENGINE_METHODS, TrialConfig, check_trial, run_trial, trial_config
 
 # Methods that are an engine method run with a different epoch count (docs/experiments.md §E8 "tpo_1ep", App. E "dg_4ep").
 VARIANTS: dict[str, tuple[str, dict]] = {
@@ -29,6 +29,21 @@ def resolve(cfg, method: str, **overrides) -> tuple[TrialConfig, str]:
     """(TrialConfig, engine method) for `method`, a METHODS key or a VARIANTS name, with extra overrides."""
     base, fixed = VARIANTS.get(method, (method, {}))
     return trial_config(cfg, **(overrides | fixed)), base
+
+
+def check_methods(cfg, methods, **overrides) -> None:
+    """ValueError unless run_method would run each of `methods` (variants included) with `overrides`, each as its
+    own trial: two that resolve to the same run (tpo and tpo_1ep at epochs=1) are refused."""
+    seen: dict[tuple[TrialConfig, str], str] = {}
+    for m in methods:
+        trial, base = resolve(cfg, m, **overrides)
+        check_trial(trial, base)
+        if (trial, base) in seen:
+            a, b = sorted((seen[trial, base], m), key=lambda x: x in VARIANTS)  # b: the named variant
+            fixed = ", ".join(f"{k}={v}" for k, v in VARIANTS.get(b, (b, {}))[1].items())
+            raise ValueError(f"methods={tuple(methods)!r}: {b} ({base} at {fixed}) would run the same trial as {a} "
+                             "here; drop one")
+        seen[trial, base] = m
 
 
 def run_method(cfg, method: str, ctx, **overrides) -> dict[str, np.ndarray]:

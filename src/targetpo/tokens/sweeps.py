@@ -61,7 +61,9 @@ class Config(TokenConfig):
     interaction_lr_scale = unused("group methods only")
 
     def check(self) -> None:
-        trial_config(self)
+        for runs in configs(self).values():
+            for k, e, m in runs:
+                trial_config(self, k=k, epochs=e, methods=(m,))
 
 
 PRESETS = {

@@ -20,7 +20,7 @@ from __future__ import annotations
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
-from targetpo.runs.config import config, default, param, swept
+from targetpo.runs.config import config, default, param, swept, unused
 from targetpo.runs.stats import above, all_of, at_most, count
 from targetpo.tokens.config import TokenConfig, tpo_only
 from targetpo.tokens.engine import trial_config
@@ -39,6 +39,7 @@ class Config(TokenConfig):
                        "closest command) or sequence (TPO over K full answers scored by fraction correct); the "
                        "paper does not say which (docs/differences.md §9)", choices=tuple(LEVELS))
     tpo_eta = swept("etas")
+    tpo_kl_budget = unused("a KL budget chooses η per group, in place of the swept η")
     methods = default(tuple(LEVELS.values()), fixed="set by level")
     seeds = 10
 
@@ -46,7 +47,9 @@ class Config(TokenConfig):
         if self.level == "token" and self.reward == "terminal":
             raise ValueError("level=token needs a dense reward (bag or sequential), got reward=terminal")
         for eta in self.etas:
-            trial_config(self, tpo_eta=eta)
+            if float(f"{eta:g}") != eta:  # the unit name eta<η:g> is what run_unit reads back
+                raise ValueError(f"etas={self.etas!r}: item {eta!r} must be written with at most 6 significant digits")
+            trial_config(self, tpo_eta=eta, methods=(LEVELS[self.level],))
 
 
 PRESETS = {

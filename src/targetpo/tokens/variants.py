@@ -63,7 +63,7 @@ class Config(TokenConfig):
     def check(self) -> None:
         for v in self.variants:
             reward, task = v.split("/")
-            trial_config(self, task=task, reward=reward)
+            trial_config(self, task=task, reward=reward, methods=self.methods)
 
 
 PRESETS = {
