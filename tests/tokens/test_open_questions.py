@@ -265,3 +265,14 @@ def test_a_finding_calls_a_difference_clear_only_by_its_interval_and_never_on_sm
     assert oq.finding(data, "a", "ref", labels, 0.01).count("a clear difference") == 2
     smoke = oq.finding(data, "a", "ref", labels, 0.01, decides=False)
     assert "clear difference" not in smoke and smoke.count("too short to decide") == 2
+
+
+def test_projection_settings_are_distinct_and_forward_kl_is_optional(tmp_path):
+    exp = load("token-projections")
+    with pytest.raises(ValueError, match="'alpha0.50' is the same setting as 'alpha0.5'"):
+        make_config(exp, "smoke", overrides=["settings=alpha0.5,alpha0.50"])
+    with pytest.raises(ValueError, match="tpo_eta=2.0 with tpo_kl_budget=1.0"):
+        make_config(exp, "smoke", overrides=["settings=forward_kl,kl1", "tpo_eta=2"])
+    out = run_experiment(exp.NAME, "smoke", out=tmp_path / "p", progress=False, quiet=True, threads=1,
+                         overrides=["settings=reverse_kl,js", "episodes=2"])
+    assert "vs reverse KL" in write_report(out).read_text()

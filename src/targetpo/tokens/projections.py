@@ -21,7 +21,7 @@ from targetpo.tokens import common as tc
 from targetpo.tokens import open_questions as oq
 from targetpo.tokens import report as tr
 from targetpo.tokens.config import tpo_only
-from targetpo.tokens.engine import trial_config
+from targetpo.tokens.engine import TrialConfig, trial_config
 
 NAME = "token-projections"
 TITLE = "Open question: other projections onto TPO's target, terminal-reward token reversal"
@@ -56,8 +56,12 @@ class Config(oq.OpenQuestionConfig):
     seeds = 5
 
     def check(self) -> None:
+        seen: dict[TrialConfig, str] = {}
         for s in self.settings:
-            trial_config(self, **setting_options(s))
+            trial = trial_config(self, **setting_options(s), methods=self.methods)
+            if trial in seen:
+                raise ValueError(f"settings={self.settings!r}: {s!r} is the same setting as {seen[trial]!r}")
+            seen[trial] = s
 
 
 PRESETS = {
@@ -107,13 +111,15 @@ def report(run, section) -> None:
         return
     labels = {s: setting_label(s) for s in data}
     th = cfg["threshold"]
-    oq.comparison_table(section, data, REFERENCE, labels, th,
+    ref = REFERENCE if REFERENCE in data else next(iter(data))  # forward KL, unless the run left it out
+    oq.comparison_table(section, data, ref, labels, th,
                         "Exact-match error by projection: seed mean [95 % t-interval]; episodes to the threshold on the seed-mean "
                         f"curve and per seed ({oq.SMOOTH}-episode trailing mean); Δ = this setting's mean error over "
-                        "all episodes minus TPO's, paired over seeds")
+                        f"all episodes minus {'TPO' if ref == REFERENCE else labels[ref]}'s, paired over seeds")
     # TPO (forward KL) in TPO's colour of every other figure; the other projections from the sweep palette.
     colors = {s: tr.SWEEP_COLORS[i % len(tr.SWEEP_COLORS)] for i, s in enumerate(s for s in data if s != REFERENCE)}
-    colors[REFERENCE] = plots.COLORS["tpo"]
+    if REFERENCE in data:
+        colors[REFERENCE] = plots.COLORS["tpo"]
     tr.panels(section, {f"terminal reward, H = {cfg['length']}": data}, "token_projections",
               f"Exact-match error by episode for each projection, seed mean ± s.e. ({count(cfg['seeds'], 'seed')}); dotted "
               f"line: {100 * th:g}%", threshold=th, labels=labels, colors=colors, ylabel="exact-match error")
