@@ -267,6 +267,9 @@ def check_trial(cfg: "TrialConfig", method: str) -> None:
 def trial_config(cfg: Any, *, methods: Sequence[str] = (), **overrides) -> TrialConfig:
     """A TrialConfig from any config object carrying some of its fields by name, plus explicit overrides;
     checked for each engine method of `methods` as run_trial will (so a config's `check` refuses before a run)."""
+    if isinstance(methods, str):  # a lone name would be read letter by letter
+        raise ValueError(f"methods must be a sequence of method names, got the string {methods!r}; "
+                         f"write methods=({methods!r},)")
     names = {f.name for f in dataclasses.fields(TrialConfig)}
     given = {n: getattr(cfg, n) for n in names if hasattr(cfg, n)}
     bad = set(overrides) - names
@@ -635,6 +638,9 @@ def run_trial(cfg: TrialConfig, method: str, seeds: Sequence[int], device: str |
     `check(episode, values)` (the runner's divergence check) sees the rollout and update log-probs and the
     parameters after each update."""
     check_trial(cfg, method)
+    if isinstance(seeds, (str, bytes)) or not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+                                                    and x >= 0 for x in seeds):
+        raise ValueError(f"seeds must be a sequence of integers >= 0 (one per vectorised seed), got {seeds!r}")
     seeds = [int(x) for x in seeds]
     if not seeds:
         raise ValueError("run_trial needs at least one seed")
