@@ -401,6 +401,8 @@ def test_mnist_mechanism_smoke(tmp_path, mnist_dir):
     assert "label 20 (measured after 40 updates)" in text and "mnist_mechanism.png" in text
     assert "| [0.75, 1] |" in text and "[0.75, 1.01]" not in text  # the concentration c is at most 1
     assert "above the CE oracle" not in text  # CE is not among this experiment's methods
+    table = text.split("| concentration bin |", 1)[1].split("\n\n", 1)[0]
+    assert "nan" not in table.lower()  # an empty bin reads '– (n=0)' in every column
 
 
 def test_mnist_staleness_smoke(tmp_path, mnist_dir):

@@ -164,8 +164,8 @@ def report(run, section) -> None:
                 mean, se, n = tab[m]
                 row += [f"{_bin_cell(rec[f'{m}.surplus'], b)} (n={int(n[b])})", fmt(ref[m][b]), fmt(counts[m][b])]
         for m in ("pg", "group_pg"):
-            if m in tab:
-                row.append(fmt(tab[m][0][b]))
+            if m in tab:  # NaN: no example fell in the bin (a mean over nothing), shown as the other cells show it
+                row.append(fmt(tab[m][0][b]) if np.isfinite(tab[m][0][b]) else "– (n=0)")
         table_rows.append(row)
     headers = ["concentration bin"]
     for m in ("tpo", "dg"):
