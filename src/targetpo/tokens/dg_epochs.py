@@ -23,7 +23,7 @@ from __future__ import annotations
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
-from targetpo.runs.config import config, default, param, swept, unused
+from targetpo.runs.config import config, config_fields, default, param, swept, unused
 from targetpo.runs.stats import NOT_REPRODUCED, Verdict, above, count, failure
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import run_trial, trial_config
@@ -71,7 +71,7 @@ class Config(TokenConfig):
     zero_all_fail = unused("DG only")
 
     def check(self) -> None:
-        k = Config.__dataclass_fields__["k"].default
+        k = config_fields(Config)["k"].default
         if self.k != k and self.match == "prompts":
             raise ValueError(f"k={self.k}: DG reads K only with match=interactions (B·K prompts), got match=prompts")
         if "variants" in self.parts and self.variant_seeds > self.seeds:

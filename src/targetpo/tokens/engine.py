@@ -98,7 +98,7 @@ from targetpo import objectives as obj
 from targetpo.tokens import transformer as tfm
 from targetpo.optim import OPTIMIZERS, make_optimizer
 from targetpo.tokens import tasks
-from targetpo.runs.config import param, validate
+from targetpo.runs.config import config_fields, param, validate
 
 
 @dataclass(frozen=True)
@@ -209,7 +209,7 @@ class TrialConfig:
         if (self.tpo_projection == "alpha") != (self.tpo_alpha is not None):
             raise ValueError(f"tpo_alpha={self.tpo_alpha!r} with tpo_projection={self.tpo_projection!r}: tpo_alpha "
                              "is required by, and only read with, tpo_projection='alpha'")
-        eta = TrialConfig.__dataclass_fields__["tpo_eta"].default
+        eta = config_fields(TrialConfig)["tpo_eta"].default
         if self.tpo_kl_budget > 0 and self.tpo_eta != eta:
             raise ValueError(f"tpo_eta={self.tpo_eta!r} with tpo_kl_budget={self.tpo_kl_budget!r}: a KL budget "
                              f"chooses η per group, so tpo_eta is not read; leave it at {eta} or drop the budget")
@@ -238,7 +238,7 @@ def tpo_kwargs(cfg: "TrialConfig", target_only: bool = False) -> dict[str, Any]:
 
 def check_method_options(cfg: "TrialConfig", method: str) -> None:
     """ValueError when a group option is set for a method that does not read it (never silently ignored)."""
-    defaults = {f.name: f.default for f in dataclasses.fields(TrialConfig)}
+    fields = config_fields(TrialConfig)
     kind = METHODS[method].rollout
     # An option is read when the method's objective takes its keyword (the registry's function, not a list here).
     takes = inspect.signature(obj.get(METHODS[method].objective).fn).parameters
@@ -246,7 +246,7 @@ def check_method_options(cfg: "TrialConfig", method: str) -> None:
     if kind == "group":
         reads |= set(GROUP_OPTIONS)
     bad = [f"{n}={getattr(cfg, n)!r}" for n in TPO_OPTIONS + SCORE_OPTIONS + GROUP_OPTIONS
-           if n not in reads and getattr(cfg, n) != defaults[n]]
+           if n not in reads and getattr(cfg, n) != fields[n].default]
     if bad:
         raise ValueError(f"{', '.join(bad)}: not read by method {method!r} ({kind} rollouts); "
                          f"it reads {', '.join(sorted(reads)) or 'none of the group options'}")
