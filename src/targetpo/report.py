@@ -153,7 +153,7 @@ class Section:
         diverged = self.run.diverged_units()
         if diverged:
             listed = ", ".join(f"`{u}` at step {step} ({metric})" for u, (step, metric) in diverged.items())
-            head += [f"**Diverged ({len(diverged)} unit{'s' if len(diverged) != 1 else ''}):** {listed}: a NaN/inf "
+            head += [f"**Diverged ({count(len(diverged), 'unit')}):** {listed}: a NaN/inf "
                      "value stopped the unit there, so its curves end before that step and its numbers below "
                      "cover only the steps before it.", ""]
         if self.claims:
@@ -319,7 +319,7 @@ def _runs_flagged(n: int, what: str, why: str) -> str:
     """The report's headline phrase for `n` runs flagged `what` ("" for none)."""
     if not n:
         return ""
-    return (f"**{n} run{'s' if n != 1 else ''} {what}** ({'their sections say' if n != 1 else 'its section says'} "
+    return (f"**{count(n, 'run')} {what}** ({'their sections say' if n != 1 else 'its section says'} "
             f"{why}). ")
 
 
@@ -414,10 +414,10 @@ def claim_count(sections: list[Section]) -> str:
         if s.claims and not (s.gives_verdicts and s.complete):
             kind = "incomplete" if not s.complete else str(s.run.meta.get("preset"))
             unjudged[kind] = unjudged.get(kind, 0) + len(s.claims)
-    parts += [f"{n} claim{'s' if n != 1 else ''} n/a on {p} runs" for p, n in unjudged.items()]
+    parts += [f"{count(n, 'claim')} n/a on {p} runs" for p, n in unjudged.items()]
     diverged = sum(len(s.run.diverged_units()) for s in sections)
     if diverged:
-        parts.append(f"{diverged} unit{'s' if diverged != 1 else ''} diverged (listed in their sections)")
+        parts.append(f"{count(diverged, 'unit')} diverged (listed in their sections)")
     return "; ".join(parts)
 
 

@@ -372,7 +372,7 @@ def report(run, section) -> None:
     # Rewards are scores in [0, 1] (llm/rewards.py): the axis shows no negative values and stops just above the
     # data; the 2 % margin below 0 keeps a curve at 0 visible above the axis line.
     top = min(1.0, max(0.05, 1.15 * max(float(_smooth(vals, window).max()) for _, vals in reward.values())))
-    plots.finish(axes[0], f"Training reward (moving average, {window} step{'s' if window != 1 else ''})",
+    plots.finish(axes[0], f"Training reward (moving average, {count(window, 'step')})",
                  "RL step (updates)", "mean reward per completion", ylim=(-0.02 * top, top))
     for m, (steps, vals) in acc.items():
         plots.curve(axes[1], steps, vals, LABELS.get(m, m), COLORS.get(m))

@@ -346,9 +346,10 @@ def _run_experiment(
     todo = [u for u in units if u not in done]
     t0, before = time.time(), meta.get("wall_time_s", 0.0)
 
-    def record_time(status: str = "running") -> float:
-        """This segment's wall time so far into run.json (a killed run keeps the time up to its last finished
-        unit, so the total after a resume counts every segment)."""
+    def record_time(status: str) -> float:
+        """This segment's wall time so far and `status` into run.json; returns the segment's time. Written after
+        every finished batch of units too, so a killed run keeps the time up to its last one and the total after a
+        resume counts every segment."""
         elapsed = time.time() - t0
         meta["wall_time_s"], meta["runs"][-1]["wall_time_s"], meta["status"] = before + elapsed, elapsed, status
         write_run_json(run_dir, meta)
@@ -370,7 +371,9 @@ def _run_experiment(
         # already on disk, as on resume.
         batched = hasattr(exp, "run_units")
         run_units = exp.run_units if batched else lambda c, units, ctxs: exp.run_unit(c, units[0], ctxs[units[0]])
-        for pending in [list(todo)] if batched else [[u] for u in todo]:
+        for i, pending in enumerate([list(todo)] if batched else [[u] for u in todo]):
+            if i:
+                record_time("running")  # the batches before this one are finished
             while pending:
                 bar.set_postfix_str("+".join(pending))
                 start = bar.n
@@ -388,21 +391,16 @@ def _run_experiment(
                 for unit in pending:
                     writer.write({"unit": unit, "event": "done"})
                 break
-            record_time()
     writer.close()
     diverged = sorted({k[0] for k in writer.existing if k[2] == "diverged"})
 
-    elapsed = time.time() - t0
-    meta["wall_time_s"], meta["runs"][-1]["wall_time_s"] = before + elapsed, elapsed
-    meta["status"] = "complete"
     if diverged:
-        meta["status"] = f"complete ({len(diverged)} unit{'s' if len(diverged) != 1 else ''} diverged)"
         meta["diverged"] = diverged
     if writer.mismatches:
         meta["resume_mismatches"] = [list(k) for k in writer.mismatches]
         print(f"warning: {len(writer.mismatches)} replayed record(s) differ from the ones on disk "
               f"(non-deterministic replay); the original lines were kept", file=sys.stderr)
-    write_run_json(run_dir, meta)
+    elapsed = record_time(f"complete ({count(len(diverged), 'unit')} diverged)" if diverged else "complete")
     if not quiet:
         line = f"{name} [{preset}] done in {elapsed:.1f}s ({count(cfg.seeds, 'seed')}, {count(len(units), 'unit')}) -> {run_dir}"
         if hasattr(exp, "summary"):
@@ -436,9 +434,9 @@ def parse_device(device: str) -> torch.device:
     except (RuntimeError, TypeError):
         raise ValueError(f"--device {device!r}: not a torch device (e.g. cpu, cuda, cuda:1, mps)") from None
     if dev.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if (dev.index or 0) >= count:
-            raise ValueError(f"--device {device}: this machine has {count} CUDA device(s) usable by torch "
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (dev.index or 0) >= have:
+            raise ValueError(f"--device {device}: this machine has {have} CUDA device(s) usable by torch "
                              f"{torch.__version__} (built with CUDA {torch.version.cuda or 'none'})")
     elif dev.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"--device {device}: MPS is not available to torch {torch.__version__} here")
