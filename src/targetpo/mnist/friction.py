@@ -70,6 +70,7 @@ class Config(MnistConfig):
     thresholds: tuple[float, ...] = param((0.2, 0.1), "test-error levels for steps-to-threshold", gt=0, lt=1,
                                           unique=True)
     methods = default(METHODS, choices=METHODS + ("group_pg",))
+    READ_BY = {"eta": ("tpo", "dg", "group_pg")}
 
 
 PRESETS = {

@@ -46,6 +46,7 @@ class Config(MnistConfig):
     NAN_MEANS_EMPTY: ClassVar[tuple[str, ...]] = (".surplus", ".exact", ".scalar")
     steps = default(3000, note="the checkpoint needs checkpoint_label + eval_every of them")
     methods = default(METHODS, choices=METHODS)
+    READ_BY = {"eta": ("tpo", "dg", "group_pg")}
     checkpoint_label: int = param(2000, "the paper's step label read for the summary (2,000 = after 2,200 updates)",
                                   ge=0)
 

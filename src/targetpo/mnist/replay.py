@@ -63,6 +63,7 @@ class Config(MnistConfig):
     is_clips: tuple[float, ...] = param((1.0, 10.0), "c̄ of TPO's truncated importance correction of the anchor "
                                         "(method tpo_is runs once per value)", gt=0, le=1e6, unique=True)
     methods = default(METHODS, choices=CHOICES)
+    READ_BY = {"eta": ("tpo", "tpo_is", "dg"), "clip_eps": ("ppo",), "is_clips": ("tpo_is",)}
 
 
 PRESETS = {

@@ -68,6 +68,7 @@ class Config(MnistConfig):
                         "behaviour (the stale actor's μ)", choices=REFERENCES)
     delays: tuple[int, ...] = param(DELAYS, "actor delays D (updates)", ge=0, unique=True)
     methods = default(METHODS, choices=METHODS)
+    READ_BY = {"eta": ("tpo", "dg"), "clip_eps": ("ppo",), "anchor": ("tpo",)}
 
 
 PRESETS = {

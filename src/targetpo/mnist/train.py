@@ -44,6 +44,7 @@ UNIT = "bandit"  # one unit: all methods and seeds are stacked into one batched 
 @config
 class Config(MnistConfig):
     methods = default(METHODS, choices=METHODS)
+    READ_BY = {"eta": ("tpo", "dg", "group_pg")}
 
 
 PRESETS = {

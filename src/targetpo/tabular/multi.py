@@ -33,6 +33,7 @@ METHODS = ("pg", "dg", "tpo", "grpo", "ce")
 class Config(TabularConfig):
     contexts: int = param(100, "N, independent contexts", ge=1)
     methods = default(METHODS, choices=METHODS)
+    READ_BY = {"eta": ("dg", "tpo")}
     seed = default(42, help="base seed of the logit initialisation")
 
 

@@ -42,6 +42,7 @@ class Config(TabularConfig):
                             "uses 0.5)")
     eta = default(1.0, help="DG gate temperature")
     methods = default(METHODS, choices=METHODS)
+    READ_BY = {"eta": ("dg",), "baseline": ("pg", "dg", "tpo")}
 
 
 # The paper's protocol runs in seconds on a CPU, so the cpu preset is the paper's.

@@ -1,14 +1,31 @@
 """The config every token experiment extends: the run's seeds and methods plus every :class:`TrialConfig` field,
 each declared once (help and bounds) in :mod:`targetpo.tokens.engine`. An experiment module adds only its sweep
 fields and the defaults in which it differs. A field it sweeps per unit is marked ``swept(...)`` and one that none
-of its methods reads ``unused(...)``: setting either is an error, never silently ignored."""
+of its methods reads ``unused(...)``: setting either is an error, never silently ignored. A field only some methods
+read (engine.METHOD_FIELDS) is refused as a `key=value` override when no unit of the run reads it
+(:meth:`TokenConfig.unread`, from :meth:`TokenConfig.unit_methods`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar
 
-from targetpo.runs.config import RunConfig, config, default, unused_fields
-from targetpo.tokens.engine import METHODS, TrialConfig
+from targetpo.runs.config import RunConfig, config, config_fields, default, show, unused_fields
+from targetpo.tokens.engine import METHOD_FIELDS, METHODS, TrialConfig, reads
+
+# Methods that are an engine method run with a different epoch count (docs/experiments.md §E8 "tpo_1ep", App. E
+# "dg_4ep").
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "tpo_1ep": ("tpo", {"epochs": 1}),
+    "dg_4ep": ("dg", {"dg_epochs": 4}),
+}
+
+
+def method_reads(cfg: TrialConfig, method: str) -> set[str]:
+    """The engine's METHOD_FIELDS that `method` (an engine method or a VARIANTS name) reads from `cfg`: a variant
+    reads what its engine method reads but the fields it fixes."""
+    base, fixed = VARIANTS.get(method, (method, {}))
+    return reads(cfg, base) - set(fixed)
 
 
 @config
@@ -20,6 +37,28 @@ class TokenConfig(TrialConfig, RunConfig):
     seed = default(0, help="first seed (seeds are seed, seed+1, ...); seed s alone fixes its initial model and "
                            "prompts")
     methods = default(tuple(METHODS), choices=tuple(METHODS))
+
+    def unit_methods(self) -> list[tuple[str, dict]]:
+        """(method, the TrialConfig fields its unit sets itself) for the units of a run: what :meth:`unread` checks
+        the method fields against. An experiment whose units set a method field (a sweep of K, a matching)
+        says so here."""
+        return [(m, {}) for m in self.methods]
+
+    def unread(self) -> dict[str, str]:
+        """The fields only some methods read (engine.METHOD_FIELDS) that no unit reads from this config, with the
+        experiment's methods that would."""
+        out = super().unread()
+        read = set().union(*(method_reads(dataclasses.replace(self, **fixed), m) - set(fixed)
+                             for m, fixed in self.unit_methods()))
+        allowed = config_fields(type(self))["methods"].metadata.get("choices") or self.methods
+        interactions = dataclasses.replace(self, match="interactions")
+        for name in (f for f in METHOD_FIELDS if f not in read):
+            by = [m for m in allowed if name in method_reads(self, m)]
+            also = [m for m in allowed if name in method_reads(interactions, m) and m not in by]
+            where = [f"by {', '.join(by)}"] if by else []
+            where += [f"with match=interactions, by {', '.join(also)}"] if also else []
+            out[name] = f"read only {' and, '.join(where)}; methods={show(self.methods)} runs none of them"
+        return out
 
 
 # The fields that only the baselines read, unused by an experiment that runs TPO alone.

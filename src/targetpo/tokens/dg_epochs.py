@@ -70,6 +70,14 @@ class Config(TokenConfig):
     score_noise = unused("DG only")
     zero_all_fail = unused("DG only")
 
+    def unread(self) -> dict[str, str]:
+        out = super().unread()
+        for part, names in (("terminal", ("terminal_episodes", "terminal_length", "terminal_batch")),
+                            ("variants", ("variant_seeds", "variant_episodes", "variants", "length", "batch"))):
+            if part not in self.parts:
+                out |= {n: f"read only by part {part}, and parts={','.join(self.parts)}" for n in names}
+        return out
+
     def check(self) -> None:
         k = config_fields(Config)["k"].default
         if self.k != k and self.match == "prompts":

@@ -252,6 +252,36 @@ def check_method_options(cfg: "TrialConfig", method: str) -> None:
                          f"it reads {', '.join(sorted(reads)) or 'none of the group options'}")
 
 
+# TrialConfig fields only some methods read (the group options above are checked per method instead).
+METHOD_FIELDS = ("k", "epochs", "dg_epochs", "clip_eps", "grpo_beta", "dg_eta", "tpo_eta", "match",
+                 "interaction_lr_scale")
+
+
+def reads(cfg: "TrialConfig", method: str) -> set[str]:
+    """The METHOD_FIELDS that `method` reads under `cfg`, read off how loss_fn calls its objective: K for grouped
+    methods (single-sample ones only when interaction-matched), its epochs field, ε and β where the objective
+    takes them (β unless the registry entry fixes it), η as DG's gate or TPO's target, and the matching fields
+    for single-sample methods."""
+    m = METHODS[method]
+    o = obj.get(m.objective)
+    takes = inspect.signature(o.fn).parameters
+    single = m.rollout == "single"
+    out = {m.epochs_field}
+    if "clip_eps" in takes:
+        out.add("clip_eps")
+    if "beta" in takes and "beta" not in getattr(o.fn, "keywords", {}):
+        out.add("grpo_beta")
+    if "eta" in takes:
+        out.add("dg_eta" if single else "tpo_eta")
+    if not single:
+        out.add("k")
+    else:
+        out.add("match")
+        if cfg.match == "interactions":
+            out |= {"k", "interaction_lr_scale"}
+    return out
+
+
 def check_trial(cfg: "TrialConfig", method: str) -> None:
     """ValueError for what run_trial(cfg, method, ...) refuses: an unknown method, a field out of bounds, a
     token-level method on a reward without per-state credit, a group option the method does not read."""

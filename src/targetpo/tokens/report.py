@@ -12,13 +12,9 @@ import numpy as np
 from targetpo.runs import plots
 from targetpo.runs.stats import Curve, fmt
 from targetpo.tokens import common as tc
+from targetpo.tokens.config import VARIANTS
 from targetpo.tokens.engine import METHODS as ENGINE_METHODS, TrialConfig, check_trial, run_trial, trial_config
 
-# Methods that are an engine method run with a different epoch count (docs/experiments.md §E8 "tpo_1ep", App. E "dg_4ep").
-VARIANTS: dict[str, tuple[str, dict]] = {
-    "tpo_1ep": ("tpo", {"epochs": 1}),
-    "dg_4ep": ("dg", {"dg_epochs": 4}),
-}
 EXTRA_LABELS = {"tpo_1ep": "TPO (1 ep)", "dg_4ep": "DG (4 ep)"}
 EXTRA_COLORS = {"tpo_1ep": "#ff9896", "dg_4ep": "#aec7e8", "tpo_no_anchor": "#e377c2"}
 # A colour cycle for swept settings (K, epochs, η) of one method.

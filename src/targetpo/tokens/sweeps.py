@@ -60,6 +60,19 @@ class Config(TokenConfig):
     match = unused("group methods only")
     interaction_lr_scale = unused("group methods only")
 
+    def unit_methods(self) -> list[tuple[str, dict]]:
+        return [(m, {"k": k} if sweep == "k" else {"epochs": e} if sweep == "epochs" else {})
+                for sweep, runs in configs(self).items() for k, e, m in runs]
+
+    def unread(self) -> dict[str, str]:
+        out = super().unread()
+        for name, by in (("ks", ("k",)), ("epoch_counts", ("epochs",)), ("k", ("epochs", "masking")),
+                         ("epochs", ("k", "masking")), ("methods", ("k", "epochs"))):
+            if not set(by) & set(self.sweeps):
+                out[name] = f"read only by the {' and '.join(by)} sweep{'s' if len(by) > 1 else ''}, and " \
+                            f"sweeps={','.join(self.sweeps)}"
+        return out
+
     def check(self) -> None:
         for runs in configs(self).values():
             for k, e, m in runs:

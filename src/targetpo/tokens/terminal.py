@@ -39,6 +39,9 @@ class Config(TokenConfig):
     methods = default(METHODS, choices=("reinforce", "ppo", "dg", "tpo", "tpo_no_anchor", "group_pg", "grpo",
                                         "grpo_no_kl", "grpo_masked"))
 
+    def unit_methods(self) -> list[tuple[str, dict]]:
+        return [(m, {"match": mt}) for m in self.methods for mt in (self.matches if _single(m) else ("prompts",))]
+
     def check(self) -> None:
         for h in self.lengths:
             trial_config(self, length=h, methods=self.methods)

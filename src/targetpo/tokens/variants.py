@@ -60,6 +60,22 @@ class Config(TokenConfig):
     seeds = 10
     methods = default(METHODS, choices=ALLOWED)
 
+    def unit_methods(self) -> list[tuple[str, dict]]:
+        match = effective_match(self)
+        return [(m, {} if match == self.match else {"match": match}) for m in self.methods]
+
+    def unread(self) -> dict[str, str]:
+        out = super().unread()
+        if effective_match(self) != self.match:
+            # match=interactions itself stays allowed: a no-op here as in the authors' code, and the report says so
+            # (docs/differences.md §4); what it would make PPO/DG read is refused.
+            out.pop("match", None)
+            for name in set(out) & {"k", "interaction_lr_scale"}:
+                out[name] = ("single-sample methods read it only under interaction matching, which applies only "
+                             f"beside a sequence-level group method ({', '.join(SEQUENCE_GROUP)}), and methods="
+                             f"{','.join(self.methods)} has none")
+        return out
+
     def check(self) -> None:
         for v in self.variants:
             reward, task = v.split("/")
