@@ -183,3 +183,29 @@ def test_mnist_read_by_is_what_bandit_loss_reads(name):
             a, b = (float(bandit_loss(m, logits, actions, labels, behaviour, **keyword[field](v)))
                     for v in (default, CHANGED[field]))
             assert (a != b) == (m in by), (name, field, m)
+
+
+def test_rlvr_read_by_is_the_objectives_that_take_eta():
+    import inspect
+
+    from targetpo import objectives as obj
+    from targetpo.llm import experiment as rlvr
+
+    takes = {m for m in rlvr.METHODS
+             if "eta" in inspect.signature(obj.get(rlvr.method_objective(m)[0]).per_token_fn).parameters}
+    assert takes == set(rlvr.Config.READ_BY["eta"])
+    with pytest.raises(ValueError, match=r"eta=0.5: not read by this run \(read only by methods tpo_sum, "):
+        make_config(rlvr, "smoke", overrides=["methods=grpo", "eta=0.5"])
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    ("settings=clean,noise floor=0.2", "floor=0.2: not read by this run (read only by setting noise+floor"),
+    ("settings=clean noise=0.2", "noise=0.2: not read by this run (read only by settings noise, noise+floor, "
+                                 "noise+shrink, and settings=clean)"),
+    ("settings=clean,noise shrink=0.2", "shrink=0.2: not read"),
+])
+def test_low_variance_setting_fields_are_refused_without_their_setting(overrides, expected):
+    with pytest.raises(ValueError) as err:
+        make_config(load("token-low-variance"), "smoke", overrides=overrides.split())
+    assert expected in str(err.value)
+    make_config(load("token-low-variance"), "smoke", overrides=["settings=clean,noise+shrink", "shrink=0.2"])

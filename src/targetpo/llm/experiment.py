@@ -77,6 +77,7 @@ class Config(TrainerConfig, RunConfig):
     steps: int = param(200, "RL steps per method (one rollout batch each)", ge=1)
     lora_r: int = param(0, "LoRA rank (0 = full fine-tuning)", ge=0)
     lora_alpha: float = param(0.0, "LoRA alpha (0 = 2·rank)", ge=0)
+    READ_BY = {"eta": tuple(m for m in METHODS if m.startswith("tpo"))}  # the objectives that take η (tested)
     # TrainerConfig's fields, with this experiment's defaults (help and bounds are declared there)
     objective = swept("methods")
     seq_logp = swept("methods")

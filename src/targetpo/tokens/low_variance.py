@@ -56,6 +56,15 @@ class Config(oq.OpenQuestionConfig):
     match = unused("grouped methods only")
     interaction_lr_scale = unused("grouped methods only")
 
+    def unread(self) -> dict[str, str]:
+        out = super().unread()
+        for name, by in (("noise", ("noise", "noise+floor", "noise+shrink")), ("floor", ("noise+floor",)),
+                         ("shrink", ("noise+shrink",))):
+            if not set(by) & set(self.settings):
+                out[name] = f"read only by setting{'s' if len(by) > 1 else ''} {', '.join(by)}, and settings=" \
+                            f"{','.join(self.settings)}"
+        return out
+
     def check(self) -> None:
         for s in self.settings:
             trial_config(self, **setting_options(self, s), methods=self.methods)
