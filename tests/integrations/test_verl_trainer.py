@@ -334,7 +334,7 @@ def test_prepare_data_refuses_bad_arguments_before_writing(args, message, tmp_pa
     assert not out.exists()
 
 
-@pytest.mark.parametrize("line, why", [('{"q": 1}', "lacks 'question'"), ("not json", "not a JSON object"),
+@pytest.mark.parametrize("line, why", [('{"q": 1}', "lacks 'question'"), ("not json", "not valid JSON"),
                                        ('["q", "a"]', "not a JSON object"), ('{"question": "q", "answer": "5"}', "####")])
 def test_gsm8k_rows_name_the_file_and_line_of_a_malformed_row(line, why, tmp_path):
     from targetpo.integrations import verl_rewards

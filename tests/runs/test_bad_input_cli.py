@@ -95,7 +95,7 @@ def test_malformed_data_files_are_named_before_a_run_folder_exists(tmp_path, cap
     (gsm / "train.jsonl").write_text('{"question": "1+1?"}\n')
     code, err = _run(["rlvr", "--preset", "smoke", "--task", "gsm8k", "--data-path", str(gsm), "--out", str(out),
                       "--no-progress"], capsys)
-    assert code == 2 and 'train.jsonl:1: expected an object with string fields "question" and "answer"' in err[0]
+    assert code == 2 and "train.jsonl:1: lacks 'answer' (a GSM8K row is an object with string 'question'" in err[0]
     assert not out.exists()
 
 

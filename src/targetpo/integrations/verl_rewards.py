@@ -26,6 +26,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from targetpo.llm.data import gsm8k_lines
 from targetpo.llm.rewards import gsm8k_gold, score_gsm8k, score_reasoning_gym
 from targetpo.llm.templates import extract_tagged_answer, system_prompt
 
@@ -61,27 +62,14 @@ def gsm8k_rows(data_dir: str | Path, split: str, limit: int | None = None) -> li
     if not path.is_file():
         raise FileNotFoundError(f"GSM8K file {path} not found (data_dir must hold train.jsonl and test.jsonl)")
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if limit is not None and len(rows) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                r = None
-            if not isinstance(r, dict):
-                raise ValueError(f"{path}:{lineno}: not a JSON object ({line.strip()[:80]!r})")
-            missing = [k for k in ("question", "answer") if not isinstance(r.get(k), str)]
-            if missing:
-                raise ValueError(f"{path}:{lineno}: lacks {' and '.join(map(repr, missing))} (a GSM8K row has string "
-                                 f"'question' and 'answer' fields)")
-            try:
-                gold = gsm8k_gold(r["answer"])
-            except ValueError as exc:
-                raise ValueError(f"{path}:{lineno}: {exc}") from None
-            rows.append(_row(GSM8K, r["question"], "math", gold, split, len(rows)))
+    for lineno, r in gsm8k_lines(path):
+        try:
+            gold = gsm8k_gold(r["answer"])
+        except ValueError as exc:
+            raise ValueError(f"{path}:{lineno}: {exc}") from None
+        rows.append(_row(GSM8K, r["question"], "math", gold, split, len(rows)))
+        if limit is not None and len(rows) >= limit:
+            break
     return rows
 
 

@@ -11,7 +11,7 @@ import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from targetpo.llm.rewards import gsm8k_gold, score_gsm8k, score_reasoning_gym
 from targetpo.runs.download import Remote
@@ -91,20 +91,30 @@ class ReasoningGymTask:
         return score_reasoning_gym(self._scorer, problem.entry, answer)
 
 
+def gsm8k_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """(line number, row) of a GSM8K JSONL file, read line by line (a caller may stop early) and each checked: a
+    JSON object with string "question" and "answer"; a ValueError names the file and the line. Blank lines are
+    skipped. The one parser of GSM8K files (rlvr's task, the verl data script)."""
+    with Path(path).open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{n}: not a JSON object ({line.strip()[:80]!r})")
+            missing = [k for k in ("question", "answer") if not isinstance(row.get(k), str)]
+            if missing:
+                raise ValueError(f"{path}:{n}: lacks {' and '.join(map(repr, missing))} (a GSM8K row is an object "
+                                 "with string 'question' and 'answer' fields)")
+            yield n, row
+
+
 def read_gsm8k(path: str | Path) -> list[dict]:
-    """The rows of a GSM8K JSONL file, each checked: valid JSON with string "question" and "answer" (a
-    ValueError names the file and the line)."""
-    rows = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-        if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("question", "answer")):
-            raise ValueError(f"{path}:{n}: expected an object with string fields \"question\" and \"answer\"")
-        rows.append(row)
+    """Every row of a GSM8K JSONL file, checked by :func:`gsm8k_lines`; a file with none is refused."""
+    rows = [row for _, row in gsm8k_lines(path)]
     if not rows:
         raise ValueError(f"{path}: no problems in the file")
     return rows
