@@ -167,3 +167,16 @@ def test_the_readmes_paper_recipe_and_its_graph_coloring_variant_are_valid_confi
         assert cfg.task == task and cfg.data_path == "" and cfg.lora_r == 0 and cfg.kl_coef == 0
     with pytest.raises(ValueError, match="only task=gsm8k reads files"):
         config(argv + shlex.split(variant))
+
+
+def test_gsm8k_files_are_read_by_line_not_by_unicode_line_breaks(tmp_path):
+    # A raw U+2028 inside a JSON string is valid JSON; str.splitlines would cut the row there.
+    import json
+
+    from targetpo.integrations.verl_rewards import gsm8k_rows
+    from targetpo.llm.data import read_gsm8k
+
+    row = {"question": "Tom has 2 apples\u2028and 3 pears. How many fruits?", "answer": "2 + 3 = 5\n#### 5"}
+    (tmp_path / "train.jsonl").write_text(json.dumps(row, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert read_gsm8k(tmp_path / "train.jsonl") == [row]
+    assert gsm8k_rows(tmp_path, "train")[0]["reward_model"]["ground_truth"] == "5"
