@@ -334,8 +334,16 @@ def _add_data_flags(p, reproduce: bool = False) -> None:
                    f"--data-dir or ~/.cache/targetpo/DATASET before running; nothing is downloaded otherwise{scope}")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: the message and where the usage is, not the usage itself (every other
+    refusal of the CLI is one line too)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="targetpo", description="Target Policy Optimization: run the paper's experiments and report them.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -405,8 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     # key=value overrides may follow options (`run NAME --preset paper steps=10`); argparse leaves those over.
     if extra and getattr(args, "command", None) in ("run", "rlvr") and all("=" in e and not e.startswith("-") for e in extra):
         args.overrides = list(args.overrides or []) + extra
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    elif extra:  # named by the subcommand's parser, whose --help lists what it takes
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices.get(getattr(args, "command", None), parser).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args) or 0
     except (ValueError, OSError, KeyError) as exc:

@@ -108,3 +108,20 @@ def test_force_with_missing_data_keeps_the_existing_run(tmp_path, capsys, mnist_
                       "--force", "--no-progress"], capsys)
     assert code == 2 and "does not exist" in err[-1]
     assert (out / "metrics.jsonl").read_bytes() == before
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["run", "nope"], "targetpo run: error: argument name: invalid choice: 'nope'"),
+    (["run", "tabular-single", "--bogus"], "targetpo run: error: unrecognized arguments: --bogus"),
+    (["reproduce", "--suite", "nope"], "targetpo reproduce: error: argument --suite: invalid choice: 'nope'"),
+    (["data", "gsm8k"], "targetpo data: error: the following arguments are required: dir"),
+    (["list", "extra"], "targetpo list: error: unrecognized arguments: extra"),
+    ([], "targetpo: error: the following arguments are required: command"),
+])
+def test_argument_errors_are_one_line_naming_the_subcommand_help(argv, expected, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    command = " ".join(["targetpo"] + argv[:1])
+    assert exit_.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(expected) and err[0].endswith(f"(usage: {command} --help)")
