@@ -97,6 +97,9 @@ def bad_cases(o: obj.Objective) -> list[tuple[str, dict, dict, list[str]]]:
             cases.append(("token_mask of the wrong shape", tokens,
                           {"token_mask": torch.ones(B, T + 1, dtype=torch.bool)},
                           ["token_mask", str((B, T + 1)), str((B, T))]))
+    # One input on another device ("meta": no data, so it runs anywhere), refused before any computation.
+    cases.append((f"{first} on another device", {**good, first: good[first].to("meta")}, {},
+                  [first, "meta", "cpu", "one device"]))
     return cases
 
 
@@ -134,6 +137,9 @@ def test_per_token_form_takes_an_llm_batch_and_rejects_misaligned_ones(name):
         fn(_randn(1, K, T), _randn(1, K, T), good["scores"])
     with pytest.raises(ValueError, match="token_mask"):
         fn(good["logp"], good["old_logp"], good["scores"], token_mask=tm[..., :-1])
+    with pytest.raises(ValueError, match="token_mask is on meta but logp is on cpu; every tensor argument must be on "
+                                         "one device"):
+        fn(good["logp"], good["old_logp"], good["scores"], token_mask=tm.to("meta"))
 
 
 # ----------------------------------------------------------------------------- bad values, same table

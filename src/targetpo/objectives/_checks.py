@@ -208,8 +208,19 @@ def check_hyperparameter(name: str, value, words: tuple[str, ...] = ()) -> None:
         raise ValueError(f"{name}={value!r}: must be {allowed}")
 
 
+def check_one_device(arguments: dict) -> None:
+    """ValueError naming two tensor arguments on different devices (a 0-dim tensor aside: torch moves those), before
+    an objective computes anything with them."""
+    tensors = [(n, t) for n, t in arguments.items() if isinstance(t, Tensor) and t.dim() > 0]
+    for name, t in tensors[1:]:
+        if t.device != tensors[0][1].device:
+            raise ValueError(f"{name} is on {t.device} but {tensors[0][0]} is on {tensors[0][1].device}; every tensor "
+                             "argument must be on one device")
+
+
 def checked(fn=None, *, words: dict[str, tuple[str, ...]] | None = None):
-    """Validate `fn`'s hyperparameters (those named in :data:`HYPERPARAMETERS`) before it runs.
+    """Validate `fn`'s tensor arguments (one device) and hyperparameters (those named in :data:`HYPERPARAMETERS`)
+    before it runs.
 
     `@checked(words={"eta": ("adaptive",)})` lets that function (and no other) also take the listed words for a
     hyperparameter (TPO's per-group η, docs/method.md §8); the function checks the word's companion arguments."""
@@ -217,13 +228,16 @@ def checked(fn=None, *, words: dict[str, tuple[str, ...]] | None = None):
         return functools.partial(checked, words=words)
     sig = inspect.signature(fn)
     names = [n for n in sig.parameters if n in HYPERPARAMETERS]
-    if not names:
-        return fn
+    spread = [n for n, p in sig.parameters.items() if p.kind is p.VAR_KEYWORD]
     words = words or {}
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         bound = sig.bind(*args, **kwargs)
+        given = dict(bound.arguments)
+        for n in spread:  # keyword arguments passed on through **kwargs (e.g. dr_grpo_loss's token_mask)
+            given |= given.pop(n, {})
+        check_one_device(given)
         for n in names:
             check_hyperparameter(n, bound.arguments.get(n, sig.parameters[n].default), words.get(n, ()))
         return fn(*args, **kwargs)

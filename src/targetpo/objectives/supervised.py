@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from targetpo.objectives._checks import LossOutput, as_float, is_integer_tensor
+from targetpo.objectives._checks import LossOutput, as_float, checked, is_integer_tensor
 
 
+@checked
 def ce_loss(logits: Tensor, labels: Tensor) -> LossOutput:
     r"""CE oracle: L = −mean log softmax(logits)_y. `logits` [..., C], `labels` [...] int."""
     lg = as_float("logits", logits)
