@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from targetpo.cli import main
-from targetpo.experiments import load
+from targetpo.experiments import EXPERIMENTS, load
 from targetpo.runs.config import config_fields, make_config
 from targetpo.tokens import engine
 from targetpo.tokens.engine import METHOD_FIELDS, METHODS, TrialConfig, reads, run_trial
@@ -209,3 +209,11 @@ def test_low_variance_setting_fields_are_refused_without_their_setting(overrides
         make_config(load("token-low-variance"), "smoke", overrides=overrides.split())
     assert expected in str(err.value)
     make_config(load("token-low-variance"), "smoke", overrides=["settings=clean,noise+shrink", "shrink=0.2"])
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+def test_no_preset_sets_a_field_its_own_run_leaves_unread(name):
+    for preset, cfg in load(name).PRESETS.items():
+        fields = config_fields(type(cfg))
+        unread = cfg.unread() if hasattr(cfg, "unread") else {}
+        assert not [k for k in unread if getattr(cfg, k) != fields[k].default], (name, preset)

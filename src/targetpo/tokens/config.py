@@ -57,6 +57,7 @@ class TokenConfig(TrialConfig, RunConfig):
             also = [m for m in allowed if name in method_reads(interactions, m) and m not in by]
             where = [f"by {', '.join(by)}"] if by else []
             where += [f"with match=interactions, by {', '.join(also)}"] if also else []
+            where = where or ["by no method of this experiment"]
             out[name] = f"read only {' and, '.join(where)}; methods={show(self.methods)} runs none of them"
         return out
 
