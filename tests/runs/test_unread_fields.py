@@ -17,18 +17,18 @@ from targetpo.tokens import engine
 from targetpo.tokens.engine import METHOD_FIELDS, METHODS, TrialConfig, reads, run_trial
 
 REFUSED = [
-    ("token-dense", "methods=tpo_token clip_eps=0.5", "clip_eps=0.5: not read by this run (read only by ppo, "
+    ("token-dense", "methods=tpo_token clip_eps=0.5", "clip_eps=0.5: not read by this run (read by ppo, "
                                                        "grpo_token, grpo_token_no_kl; methods=tpo_token runs none"),
-    ("token-dense", "methods=ppo k=16", "k=16: not read by this run (read only by tpo_token, grpo_token, "
-                                        "grpo_token_no_kl and, with match=interactions, by reinforce, ppo, dg"),
-    ("token-dense", "methods=ppo interaction_lr_scale=false", "read only with match=interactions, by reinforce, "
+    ("token-dense", "methods=ppo k=16", "k=16: not read by this run (read by tpo_token, grpo_token, "
+                                        "grpo_token_no_kl; with match=interactions also by reinforce, ppo, dg"),
+    ("token-dense", "methods=ppo interaction_lr_scale=false", "read with match=interactions, by reinforce, "
                                                               "ppo, dg; methods=ppo runs none"),
-    ("token-dense", "methods=tpo_token dg_eta=2", "dg_eta=2.0: not read by this run (read only by dg;"),
-    ("token-dense", "methods=ppo tpo_eta=2", "tpo_eta=2.0: not read by this run (read only by tpo_token;"),
-    ("token-dense", "methods=grpo_token_no_kl grpo_beta=0.1", "grpo_beta=0.1: not read by this run (read only by "
+    ("token-dense", "methods=tpo_token dg_eta=2", "dg_eta=2.0: not read by this run (read by dg;"),
+    ("token-dense", "methods=ppo tpo_eta=2", "tpo_eta=2.0: not read by this run (read by tpo_token;"),
+    ("token-dense", "methods=grpo_token_no_kl grpo_beta=0.1", "grpo_beta=0.1: not read by this run (read by "
                                                               "grpo_token;"),
     ("token-dense", "methods=dg epochs=2", "epochs=2: not read"),
-    ("token-dense", "methods=ppo dg_epochs=2", "dg_epochs=2: not read by this run (read only by dg;"),
+    ("token-dense", "methods=ppo dg_epochs=2", "dg_epochs=2: not read by this run (read by dg;"),
     ("token-diagnostics", "methods=tpo_1ep,dg epochs=2", "epochs=2: not read"),  # tpo_1ep fixes its epochs
     ("token-terminal", "methods=ppo,dg matches=prompts k=16", "k=16: not read"),
     ("token-variants", "methods=ppo,dg match=interactions k=16", "interaction matching, which applies only beside "
@@ -44,16 +44,16 @@ REFUSED = [
                                                        "part variants, and parts=terminal)"),
     ("dg-epochs", "parts=variants terminal_length=3", "terminal_length=3: not read by this run (read only by part "
                                                       "terminal"),
-    ("tabular-single", "methods=pg,grpo eta=2", "eta=2.0: not read by this run (read only by method dg, and "
+    ("tabular-single", "methods=pg,grpo eta=2", "eta=2.0: not read by this run (read by dg; "
                                                 "methods=pg,grpo runs none of them)"),
-    ("tabular-single", "methods=grpo baseline=0.3", "baseline=0.3: not read by this run (read only by methods pg, "
+    ("tabular-single", "methods=grpo baseline=0.3", "baseline=0.3: not read by this run (read by pg, "
                                                     "dg, tpo"),
     ("tabular-multi", "methods=pg,ce eta=2", "eta=2.0: not read"),
     ("mnist", "methods=pg,ce eta=2", "eta=2.0: not read"),
     ("mnist-mechanism", "methods=grpo,pg eta=0.5", "eta=0.5: not read"),
     ("mnist-friction", "methods=grpo,pg eta=0.5", "eta=0.5: not read"),
-    ("mnist-replay", "methods=tpo,dg clip_eps=0.3", "clip_eps=0.3: not read by this run (read only by method ppo"),
-    ("mnist-replay", "methods=tpo,dg is_clips=2", "is_clips=2.0: not read by this run (read only by method tpo_is"),
+    ("mnist-replay", "methods=tpo,dg clip_eps=0.3", "clip_eps=0.3: not read by this run (read by ppo"),
+    ("mnist-replay", "methods=tpo,dg is_clips=2", "is_clips=2.0: not read by this run (read by tpo_is"),
     ("mnist-staleness", "methods=ppo,dg anchor=behaviour", "anchor=behaviour: not read"),
 ]
 
@@ -72,6 +72,7 @@ ACCEPTED = [
     ("tabular-multi", "methods=tpo eta=2"),
     ("mnist", "methods=group_pg eta=2"),
     ("mnist-staleness", "methods=tpo anchor=behaviour"),
+    ("llm-length", "methods=grpo,dr_grpo eta=2"),  # every arm's step diagnostics compute TPO's target at η
 ]
 
 
@@ -194,7 +195,7 @@ def test_rlvr_read_by_is_the_objectives_that_take_eta():
     takes = {m for m in rlvr.METHODS
              if "eta" in inspect.signature(obj.get(rlvr.method_objective(m)[0]).per_token_fn).parameters}
     assert takes == set(rlvr.Config.READ_BY["eta"])
-    with pytest.raises(ValueError, match=r"eta=0.5: not read by this run \(read only by methods tpo_sum, "):
+    with pytest.raises(ValueError, match=r"eta=0.5: not read by this run \(read by tpo_sum, "):
         make_config(rlvr, "smoke", overrides=["methods=grpo", "eta=0.5"])
 
 

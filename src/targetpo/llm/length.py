@@ -86,6 +86,7 @@ class Config(rlvr.Config):
     lora_r = unused("full fine-tuning of the tiny model")
     lora_alpha = unused("full fine-tuning of the tiny model")
     eta_length_ref = swept("methods")
+    READ_BY = {}  # η (and len_ref) are read by every arm: the step diagnostics compute TPO's target on all groups
     # rlvr.Config's defaults, re-chosen for long completions
     tiny_hidden = 128
     tiny_layers = 2

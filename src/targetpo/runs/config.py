@@ -130,6 +130,10 @@ class Validated:
         for such a field is left alone (the preset set it for methods this run does not choose)."""
         return {}
 
+    def readers(self) -> dict[str, str]:
+        """{field: "read by <methods>"} for fields only some methods read: shown in `--help` and docs/config.md."""
+        return {}
+
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig(Validated):
@@ -145,9 +149,12 @@ class RunConfig(Validated):
     # is refused (:meth:`unread`), never silently ignored.
     READ_BY: typing.ClassVar[dict[str, tuple[str, ...]]] = {}
 
+    def readers(self) -> dict[str, str]:
+        return {name: f"read by {', '.join(by)}" for name, by in self.READ_BY.items()}
+
     def unread(self) -> dict[str, str]:
-        return {name: f"read only by method{'s' if len(by) > 1 else ''} {', '.join(by)}, and methods="
-                      f"{show(self.methods)} runs none of them"
+        readers = self.readers()
+        return {name: f"{readers[name]}; methods={show(self.methods)} runs none of them"
                 for name, by in self.READ_BY.items() if not set(by) & set(self.methods)}
 
 
@@ -366,11 +373,17 @@ def bounds(f: dataclasses.Field) -> str:
     return rule
 
 
+def rule_text(f: dataclasses.Field, cfg: Any) -> str:
+    """What a field allows (:func:`bounds`) and, for a field only some methods read, which ones (`cfg.readers`)."""
+    by = {} if f.metadata.get("fixed") or not hasattr(cfg, "readers") else cfg.readers()
+    return "; ".join(x for x in (bounds(f), by.get(f.name, "")) if x)
+
+
 def field_lines(cfg: Any, indent: str = "  ", width: int = 28) -> list[str]:
     """`name=default  help [allowed]` lines of a config (the defaults of preset `cfg`), for `--help`."""
     lines = []
     for f in dataclasses.fields(cfg):
-        rule = bounds(f)
+        rule = rule_text(f, cfg)
         text = f.metadata.get("help", "") + (f" [{rule}]" if rule else "")
         lines.append(f"{indent}{f'{f.name}={show(getattr(cfg, f.name))}':<{width}} {text}")
     return lines
@@ -384,9 +397,11 @@ def field_table(exp: ModuleType) -> str:
     """A markdown table of an experiment's fields: the value in each preset, what is allowed, the help."""
     presets = list(exp.PRESETS)
     rows = [f"| field | {' | '.join(presets)} | allowed | help |", "|---" * (len(presets) + 3) + "|"]
+    default = config_class(exp)()
     for f in dataclasses.fields(config_class(exp)):
         values = [f"`{_cell(show(getattr(exp.PRESETS[p], f.name))) or ' '}`" for p in presets]
-        rows.append(f"| `{f.name}` | {' | '.join(values)} | {_cell(bounds(f))} | {_cell(f.metadata.get('help', ''))} |")
+        rows.append(f"| `{f.name}` | {' | '.join(values)} | {_cell(rule_text(f, default))} | "
+                    f"{_cell(f.metadata.get('help', ''))} |")
     return "\n".join(rows)
 
 

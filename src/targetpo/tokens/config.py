@@ -44,21 +44,33 @@ class TokenConfig(TrialConfig, RunConfig):
         says so here."""
         return [(m, {}) for m in self.methods]
 
+    def readers(self) -> dict[str, str]:
+        """The experiment's methods that read each of engine.METHOD_FIELDS (at this config's matching, and those
+        that read it only under match=interactions)."""
+        allowed = config_fields(type(self))["methods"].metadata.get("choices") or self.methods
+        interactions = dataclasses.replace(self, match="interactions")
+        out = {}
+        for name in METHOD_FIELDS:
+            by = [m for m in allowed if name in method_reads(self, m)]
+            also = [m for m in allowed if name in method_reads(interactions, m) and m not in by]
+            where = [f"read by {', '.join(by)}"] if by else []
+            if also:
+                where.append(f"with match=interactions also by {', '.join(also)}" if by else
+                             f"read with match=interactions, by {', '.join(also)}")
+            if where:
+                out[name] = "; ".join(where)
+        return out
+
     def unread(self) -> dict[str, str]:
         """The fields only some methods read (engine.METHOD_FIELDS) that no unit reads from this config, with the
         experiment's methods that would."""
         out = super().unread()
         read = set().union(*(method_reads(dataclasses.replace(self, **fixed), m) - set(fixed)
                              for m, fixed in self.unit_methods()))
-        allowed = config_fields(type(self))["methods"].metadata.get("choices") or self.methods
-        interactions = dataclasses.replace(self, match="interactions")
+        readers = self.readers()
         for name in (f for f in METHOD_FIELDS if f not in read):
-            by = [m for m in allowed if name in method_reads(self, m)]
-            also = [m for m in allowed if name in method_reads(interactions, m) and m not in by]
-            where = [f"by {', '.join(by)}"] if by else []
-            where += [f"with match=interactions, by {', '.join(also)}"] if also else []
-            where = where or ["by no method of this experiment"]
-            out[name] = f"read only {' and, '.join(where)}; methods={show(self.methods)} runs none of them"
+            out[name] = (f"{readers.get(name, 'read by no method of this experiment')}; methods={show(self.methods)} "
+                         "runs none of them")
         return out
 
 
