@@ -180,3 +180,22 @@ def test_gsm8k_files_are_read_by_line_not_by_unicode_line_breaks(tmp_path):
     (tmp_path / "train.jsonl").write_text(json.dumps(row, ensure_ascii=False) + "\n", encoding="utf-8")
     assert read_gsm8k(tmp_path / "train.jsonl") == [row]
     assert gsm8k_rows(tmp_path, "train")[0]["reward_model"]["ground_truth"] == "5"
+
+
+@pytest.mark.parametrize("kw", [{"objective": "grpo", "eta": 0.5}, {"objective": "dr_grpo", "seq_logp": "mean"}])
+def test_trainer_config_refuses_a_setting_its_objective_does_not_read(kw):
+    from targetpo.llm.trainer import TrainerConfig
+
+    name = next(k for k in kw if k != "objective")
+    with pytest.raises(ValueError, match=rf"{name}=.*objective '{kw['objective']}' does not read it"):
+        TrainerConfig(**kw).validate()
+    TrainerConfig(objective="tpo", **{name: kw[name]}).validate()  # TPO reads both
+
+
+def test_rlvr_units_of_objectives_without_eta_keep_the_default():
+    # rlvr shares one η across its methods; a GRPO unit's TrainerConfig leaves it at the default it never reads.
+    from targetpo.llm import experiment as rlvr
+    from targetpo.runs.config import make_config
+
+    cfg = make_config(rlvr, "smoke", overrides=["methods=tpo_sum,grpo", "eta=0.5"])
+    assert rlvr.trainer_config(cfg, "tpo_sum", 0).eta == 0.5 and rlvr.trainer_config(cfg, "grpo", 0).eta == 1.0

@@ -27,7 +27,7 @@ from targetpo.runs import plots
 from targetpo.runs.data import MissingDataError
 from targetpo.runs.stats import (NOT_REPRODUCED, SCALE, above, at_least, count, failure, fmt, paired_interval,
                                  seed_interval)
-from targetpo.llm.trainer import TrainerConfig
+from targetpo.llm.trainer import OBJECTIVE_FIELDS, TrainerConfig, objective_fields
 from targetpo.runs.config import RunConfig, config, default, param, swept
 
 NAME = "rlvr"
@@ -163,8 +163,15 @@ def unit_steps(cfg: Config, unit: str) -> int:
 def trainer_config(cfg: Config, method: str, s: int):
     """The TrainerConfig of one (method, seed) unit: the shared fields by name, the method's objective."""
     objective, red = method_objective(method)
-    shared = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainerConfig)}
+    shared = trainer_fields(cfg, objective)
     return TrainerConfig(**{**shared, "objective": objective, "seq_logp": red, "seed": cfg.seed + s})
+
+
+def trainer_fields(cfg: Config, objective: str) -> dict:
+    """The experiment's TrainerConfig fields for a unit of `objective`: all by name, but the ones only some
+    objectives read (η, the sequence log-score) stay at their defaults where `objective` does not read them."""
+    skip = set(OBJECTIVE_FIELDS) - objective_fields(objective)
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainerConfig) if f.name not in skip}
 
 
 def problems(cfg: Config):

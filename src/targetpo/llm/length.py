@@ -28,7 +28,6 @@ change of the mean sampled completion length over training.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import string
 from pathlib import Path
@@ -327,7 +326,7 @@ def trainer_config(cfg: Config, method: str, s: int) -> TrainerConfig:
     if method not in ARMS:
         raise ValueError(f"unknown method {method!r}; methods: {', '.join(METHODS)}")
     objective, red, scaled = ARMS[method]
-    shared = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainerConfig)}
+    shared = rlvr.trainer_fields(cfg, objective)  # η stays in cfg for every arm's step diagnostics
     return TrainerConfig(**{**shared, "objective": objective, "seq_logp": red, "seed": cfg.seed + s,
                             "eta_length_ref": cfg.len_ref if scaled else 0.0})
 

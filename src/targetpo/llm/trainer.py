@@ -60,7 +60,7 @@ from targetpo.llm.rollout import (
     token_micro_batches,
     used_columns,
 )
-from targetpo.runs.config import Validated, config, param
+from targetpo.runs.config import Validated, config, config_fields, param
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,17 @@ logger = logging.getLogger(__name__)
 OBJECTIVES = tuple(n for n in obj.available() if obj.get(n).needs_groups and obj.get(n).per_token_fn is not None)
 # Objectives whose η `eta_length_ref` may scale per group: TPO and its no-anchor ablation (a numeric η).
 LENGTH_SCALED_ETA = tuple(n for n in ("tpo", "tpo_no_anchor") if n in OBJECTIVES)
+
+
+# Trainer fields only some objectives read: passed to the objective's per-token form when it takes them
+# (:func:`objective_options`).
+OBJECTIVE_FIELDS = ("eta", "seq_logp")
+
+
+def objective_fields(objective: str) -> set[str]:
+    """The OBJECTIVE_FIELDS that `objective`'s per-token form takes."""
+    params = inspect.signature(obj.get(objective).per_token_fn).parameters
+    return {n for n in OBJECTIVE_FIELDS if n in params}
 
 
 @config
@@ -112,6 +123,11 @@ class TrainerConfig(Validated):
                       "(seed, step) only)", ge=0)
 
     def check(self) -> None:
+        fields = config_fields(TrainerConfig)
+        for name in set(OBJECTIVE_FIELDS) - objective_fields(self.objective):  # never passed, so never silently set
+            if getattr(self, name) != fields[name].default:
+                raise ValueError(f"{name}={getattr(self, name)!r}: objective {self.objective!r} does not read it (its "
+                                 f"per-token form takes no {name}); leave it at {fields[name].default!r}")
         if self.epochs > 1 and not obj.get(self.objective).multi_epoch_safe:
             raise ValueError(f"epochs={self.epochs}: {self.objective} is not sound on a re-used batch "
                              f"(targetpo.objectives registry: multi_epoch_safe=False); use epochs=1")
