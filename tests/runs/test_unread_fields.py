@@ -55,6 +55,13 @@ REFUSED = [
     ("mnist-replay", "methods=tpo,dg clip_eps=0.3", "clip_eps=0.3: not read by this run (read by ppo"),
     ("mnist-replay", "methods=tpo,dg is_clips=2", "is_clips=2.0: not read by this run (read by tpo_is"),
     ("mnist-staleness", "methods=ppo,dg anchor=behaviour", "anchor=behaviour: not read"),
+    ("rlvr", "model=/tmp/m tiny_hidden=128", "tiny_hidden=128: not read by this run (read only with model=tiny, "
+                                             "and model=/tmp/m)"),
+    ("rlvr", "warmstart_steps=0 warmstart_lr=0.01", "warmstart_lr=0.01: not read by this run (read only by the "
+                                                    "warm start, and warmstart_steps=0)"),
+    ("rlvr", "task=gsm8k data_path=/tmp task_options=a=1", "task_options=a=1: not read by this run (reasoning-gym "
+                                                           "options, and task=gsm8k is read from files)"),
+    ("llm-length", "warmstart_steps=0 warmstart_batch=8", "warmstart_batch=8: not read"),
 ]
 
 ACCEPTED = [
@@ -73,6 +80,8 @@ ACCEPTED = [
     ("mnist", "methods=group_pg eta=2"),
     ("mnist-staleness", "methods=tpo anchor=behaviour"),
     ("llm-length", "methods=grpo,dr_grpo eta=2"),  # every arm's step diagnostics compute TPO's target at η
+    ("rlvr", "task=gsm8k data_path=/tmp task_options="),  # what --task sets: no options, nothing ignored
+    ("rlvr", "tiny_hidden=64 warmstart_lr=0.01"),
 ]
 
 

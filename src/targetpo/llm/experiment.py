@@ -88,6 +88,17 @@ class Config(TrainerConfig, RunConfig):
     eval_batch = 200
     checkpoint_every = default(25, note="with 0, --resume restarts a killed unit from its first step")
 
+    def unread(self) -> dict[str, str]:
+        out = super().unread()
+        if self.model != "tiny":  # a named or local model brings its own shapes
+            out |= {f.name: f"read only with model=tiny, and model={self.model}" for f in dataclasses.fields(self)
+                    if f.name.startswith("tiny_")}
+        if self.warmstart_steps == 0:
+            out |= {n: "read only by the warm start, and warmstart_steps=0" for n in ("warmstart_batch", "warmstart_lr")}
+        if self.task == "gsm8k" and self.task_options:  # none (what --task sets) is no options to ignore
+            out["task_options"] = "reasoning-gym options, and task=gsm8k is read from files"
+        return out
+
     def check(self) -> None:
         for m in self.methods:
             trainer_config(self, m, 0).validate()
