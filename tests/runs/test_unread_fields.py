@@ -62,6 +62,8 @@ REFUSED = [
     ("rlvr", "task=gsm8k data_path=/tmp task_options=a=1", "task_options=a=1: not read by this run (reasoning-gym "
                                                            "options, and task=gsm8k is read from files)"),
     ("llm-length", "warmstart_steps=0 warmstart_batch=8", "warmstart_batch=8: not read"),
+    ("mnist-projections", "methods=kl0.5,kl2 eta=2", "eta=2.0: not read by this run (read only by fixed-η settings, "
+                                                     "and methods=kl0.5,kl2 are all kl<ε>)"),
 ]
 
 ACCEPTED = [
@@ -82,6 +84,7 @@ ACCEPTED = [
     ("llm-length", "methods=grpo,dr_grpo eta=2"),  # every arm's step diagnostics compute TPO's target at η
     ("rlvr", "task=gsm8k data_path=/tmp task_options="),  # what --task sets: no options, nothing ignored
     ("rlvr", "tiny_hidden=64 warmstart_lr=0.01"),
+    ("mnist-projections", "methods=js,kl2 eta=2"),
 ]
 
 
@@ -227,3 +230,23 @@ def test_no_preset_sets_a_field_its_own_run_leaves_unread(name):
         fields = config_fields(type(cfg))
         unread = cfg.unread() if hasattr(cfg, "unread") else {}
         assert not [k for k in unread if getattr(cfg, k) != fields[k].default], (name, preset)
+
+
+def test_mnist_projections_eta_reaches_the_fixed_eta_settings_only():
+    # As mnist.projections.step builds each setting's tpo_loss call: kl<ε> keeps its adaptive η whatever `eta` is.
+    from targetpo.mnist.projections import setting_options
+    from targetpo.objectives import tpo_loss
+
+    g = torch.Generator().manual_seed(1)
+    logits, old = torch.randn(16, 10, generator=g), torch.log_softmax(torch.randn(16, 10, generator=g), -1)
+    scores = torch.randn(16, 10, generator=g)
+
+    def loss(name, eta):
+        kw = setting_options(name)
+        kw.setdefault("eta", eta)
+        return float(tpo_loss(logits, old, scores, **kw).loss)
+
+    for name in ("forward_kl", "reverse_kl", "js", "alpha0.5", "kl0.5", "kl2"):
+        reads = not name.startswith("kl")
+        assert (loss(name, 1.0) != loss(name, 2.0)) == reads, name
+        assert ("eta" in load("mnist-projections").Config(methods=(name,)).unread()) != reads, name

@@ -47,6 +47,15 @@ class Config(MnistConfig):
     threshold: float = param(0.05, "test-error level whose first crossing is compared", gt=0, lt=1)
     seeds = 5
 
+    def readers(self) -> dict[str, str]:
+        return {"eta": "read by the fixed-η settings (all but kl<ε>, which choose η per image)"}
+
+    def unread(self) -> dict[str, str]:
+        out = super().unread()
+        if all("eta" in setting_options(s) for s in self.methods):
+            out["eta"] = f"read only by fixed-η settings, and methods={','.join(self.methods)} are all kl<ε>"
+        return out
+
     def check(self) -> None:
         super().check()
         for s in self.methods:
