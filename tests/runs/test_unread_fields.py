@@ -31,6 +31,8 @@ REFUSED = [
     ("token-dense", "methods=ppo dg_epochs=2", "dg_epochs=2: not read by this run (read by dg;"),
     ("token-diagnostics", "methods=tpo_1ep,dg epochs=2", "epochs=2: not read"),  # tpo_1ep fixes its epochs
     ("token-terminal", "methods=ppo,dg matches=prompts k=16", "k=16: not read"),
+    ("token-terminal", "methods=tpo,grpo matches=interactions", "matches=interactions: not read by this run (read "
+                                                                "only by single-sample methods"),
     ("token-variants", "methods=ppo,dg match=interactions k=16", "interaction matching, which applies only beside "
                                                                  "a sequence-level group method"),
     ("token-sweeps", "sweeps=k k=16", "k=16: not read by this run (read only by the epochs and masking sweeps, "

@@ -42,6 +42,13 @@ class Config(TokenConfig):
     def unit_methods(self) -> list[tuple[str, dict]]:
         return [(m, {"match": mt}) for m in self.methods for mt in (self.matches if _single(m) else ("prompts",))]
 
+    def unread(self) -> dict[str, str]:
+        out = super().unread()
+        if not any(_single(m) for m in self.methods):
+            out["matches"] = (f"read only by single-sample methods (reinforce, ppo, dg); methods={','.join(self.methods)}"
+                              " are grouped, the same under both matchings and run once")
+        return out
+
     def check(self) -> None:
         for h in self.lengths:
             trial_config(self, length=h, methods=self.methods)
