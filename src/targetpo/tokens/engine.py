@@ -85,6 +85,7 @@ Losses of S seeds are summed (each seed's own mean), so each seed's gradient is 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 from dataclasses import dataclass
@@ -236,12 +237,18 @@ def tpo_kwargs(cfg: "TrialConfig", target_only: bool = False) -> dict[str, Any]:
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def objective_keywords(method: str) -> frozenset[str]:
+    """The keywords `method`'s registry objective takes: what decides which of the trial's fields it reads (the
+    registry's function, not a list kept here)."""
+    return frozenset(inspect.signature(obj.get(METHODS[method].objective).fn).parameters)
+
+
 def check_method_options(cfg: "TrialConfig", method: str) -> None:
     """ValueError when a group option is set for a method that does not read it (never silently ignored)."""
     fields = config_fields(TrialConfig)
     kind = METHODS[method].rollout
-    # An option is read when the method's objective takes its keyword (the registry's function, not a list here).
-    takes = inspect.signature(obj.get(METHODS[method].objective).fn).parameters
+    takes = objective_keywords(method)
     reads = {f for f in TPO_OPTIONS + SCORE_OPTIONS if OPTION_KEYWORDS[f] in takes}
     if kind == "group":
         reads |= set(GROUP_OPTIONS)
@@ -263,13 +270,12 @@ def reads(cfg: "TrialConfig", method: str) -> set[str]:
     takes them (β unless the registry entry fixes it), η as DG's gate or TPO's target, and the matching fields
     for single-sample methods."""
     m = METHODS[method]
-    o = obj.get(m.objective)
-    takes = inspect.signature(o.fn).parameters
+    takes = objective_keywords(method)
     single = m.rollout == "single"
     out = {m.epochs_field}
     if "clip_eps" in takes:
         out.add("clip_eps")
-    if "beta" in takes and "beta" not in getattr(o.fn, "keywords", {}):
+    if "beta" in takes and _beta(cfg, obj.get(m.objective)):  # what loss_fn passes: β unless the entry fixes it
         out.add("grpo_beta")
     if "eta" in takes:
         out.add("dg_eta" if single else "tpo_eta")
