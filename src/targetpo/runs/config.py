@@ -373,17 +373,20 @@ def bounds(f: dataclasses.Field) -> str:
     return rule
 
 
-def rule_text(f: dataclasses.Field, cfg: Any) -> str:
-    """What a field allows (:func:`bounds`) and, for a field only some methods read, which ones (`cfg.readers`)."""
-    by = {} if f.metadata.get("fixed") or not hasattr(cfg, "readers") else cfg.readers()
-    return "; ".join(x for x in (bounds(f), by.get(f.name, "")) if x)
+def rule_texts(cfg: Any) -> dict[str, str]:
+    """{field: what it allows (:func:`bounds`) and, for a field only some methods read, which ones
+    (`cfg.readers`)}, for every field of `cfg`."""
+    by = cfg.readers() if hasattr(cfg, "readers") else {}
+    return {f.name: "; ".join(x for x in (bounds(f), "" if f.metadata.get("fixed") else by.get(f.name, "")) if x)
+            for f in dataclasses.fields(cfg)}
 
 
 def field_lines(cfg: Any, indent: str = "  ", width: int = 28) -> list[str]:
     """`name=default  help [allowed]` lines of a config (the defaults of preset `cfg`), for `--help`."""
     lines = []
+    rules = rule_texts(cfg)
     for f in dataclasses.fields(cfg):
-        rule = rule_text(f, cfg)
+        rule = rules[f.name]
         text = f.metadata.get("help", "") + (f" [{rule}]" if rule else "")
         lines.append(f"{indent}{f'{f.name}={show(getattr(cfg, f.name))}':<{width}} {text}")
     return lines
@@ -397,10 +400,10 @@ def field_table(exp: ModuleType) -> str:
     """A markdown table of an experiment's fields: the value in each preset, what is allowed, the help."""
     presets = list(exp.PRESETS)
     rows = [f"| field | {' | '.join(presets)} | allowed | help |", "|---" * (len(presets) + 3) + "|"]
-    default = config_class(exp)()
+    rules = rule_texts(config_class(exp)())
     for f in dataclasses.fields(config_class(exp)):
         values = [f"`{_cell(show(getattr(exp.PRESETS[p], f.name))) or ' '}`" for p in presets]
-        rows.append(f"| `{f.name}` | {' | '.join(values)} | {_cell(rule_text(f, default))} | "
+        rows.append(f"| `{f.name}` | {' | '.join(values)} | {_cell(rules[f.name])} | "
                     f"{_cell(f.metadata.get('help', ''))} |")
     return "\n".join(rows)
 
