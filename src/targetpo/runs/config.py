@@ -158,6 +158,15 @@ class RunConfig(Validated):
                 for name, by in self.READ_BY.items() if not set(by) & set(self.methods)}
 
 
+def unread_by(cfg: Any, selector: str, readers: dict[str, tuple[str, ...]], describe) -> dict[str, str]:
+    """For :meth:`Validated.unread`: {field: why} for each field of `readers` ({field: the values of the tuple field
+    `selector` that read it}) when none of those values is chosen; `describe(values)` names them ("part terminal",
+    "the k sweep")."""
+    chosen = getattr(cfg, selector)
+    return {name: f"read only by {describe(by)}, and {selector}={show(chosen)}"
+            for name, by in readers.items() if not set(by) & set(chosen)}
+
+
 # ----------------------------------------------------------------------------- validating
 
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}

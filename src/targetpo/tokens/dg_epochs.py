@@ -23,7 +23,7 @@ from __future__ import annotations
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
-from targetpo.runs.config import config, config_fields, default, param, swept, unused
+from targetpo.runs.config import config, config_fields, default, param, swept, unread_by, unused
 from targetpo.runs.stats import NOT_REPRODUCED, Verdict, above, count, failure
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import run_trial, trial_config
@@ -71,12 +71,9 @@ class Config(TokenConfig):
     zero_all_fail = unused("DG only")
 
     def unread(self) -> dict[str, str]:
-        out = super().unread()
-        for part, names in (("terminal", ("terminal_episodes", "terminal_length", "terminal_batch")),
-                            ("variants", ("variant_seeds", "variant_episodes", "variants", "length", "batch"))):
-            if part not in self.parts:
-                out |= {n: f"read only by part {part}, and parts={','.join(self.parts)}" for n in names}
-        return out
+        readers = ({n: ("terminal",) for n in ("terminal_episodes", "terminal_length", "terminal_batch")}
+                   | {n: ("variants",) for n in ("variant_seeds", "variant_episodes", "variants", "length", "batch")})
+        return super().unread() | unread_by(self, "parts", readers, lambda by: f"part {by[0]}")
 
     def check(self) -> None:
         k = config_fields(Config)["k"].default

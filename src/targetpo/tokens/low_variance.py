@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from targetpo.runs.config import config, default, param, swept, unused
+from targetpo.runs.config import config, default, param, swept, unread_by, unused
 from targetpo.runs.stats import count
 from targetpo.tokens import common as tc
 from targetpo.tokens import open_questions as oq
@@ -57,13 +57,10 @@ class Config(oq.OpenQuestionConfig):
     interaction_lr_scale = unused("grouped methods only")
 
     def unread(self) -> dict[str, str]:
-        out = super().unread()
-        for name, by in (("noise", ("noise", "noise+floor", "noise+shrink")), ("floor", ("noise+floor",)),
-                         ("shrink", ("noise+shrink",))):
-            if not set(by) & set(self.settings):
-                out[name] = f"read only by setting{'s' if len(by) > 1 else ''} {', '.join(by)}, and settings=" \
-                            f"{','.join(self.settings)}"
-        return out
+        readers = {"noise": ("noise", "noise+floor", "noise+shrink"), "floor": ("noise+floor",),
+                   "shrink": ("noise+shrink",)}
+        return super().unread() | unread_by(self, "settings", readers,
+                                            lambda by: f"setting{'s' if len(by) > 1 else ''} {', '.join(by)}")
 
     def check(self) -> None:
         for s in self.settings:

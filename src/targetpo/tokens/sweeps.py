@@ -26,7 +26,7 @@ from __future__ import annotations
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
-from targetpo.runs.config import config, default, param, unused
+from targetpo.runs.config import config, default, param, unread_by, unused
 from targetpo.runs.stats import above, all_of, below, bootstrap_interval, count
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import trial_config
@@ -65,13 +65,10 @@ class Config(TokenConfig):
                 for sweep, runs in configs(self).items() for k, e, m in runs]
 
     def unread(self) -> dict[str, str]:
-        out = super().unread()
-        for name, by in (("ks", ("k",)), ("epoch_counts", ("epochs",)), ("k", ("epochs", "masking")),
-                         ("epochs", ("k", "masking")), ("methods", ("k", "epochs"))):
-            if not set(by) & set(self.sweeps):
-                out[name] = f"read only by the {' and '.join(by)} sweep{'s' if len(by) > 1 else ''}, and " \
-                            f"sweeps={','.join(self.sweeps)}"
-        return out
+        readers = {"ks": ("k",), "epoch_counts": ("epochs",), "k": ("epochs", "masking"), "epochs": ("k", "masking"),
+                   "methods": ("k", "epochs")}
+        return super().unread() | unread_by(self, "sweeps", readers,
+                                            lambda by: f"the {' and '.join(by)} sweep{'s' if len(by) > 1 else ''}")
 
     def check(self) -> None:
         for runs in configs(self).values():
