@@ -40,7 +40,7 @@ class Config(TokenConfig):
                                         "grpo_no_kl", "grpo_masked"))
 
     def unit_methods(self) -> list[tuple[str, dict]]:
-        return [(m, {"match": mt}) for m in self.methods for mt in (self.matches if _single(m) else ("prompts",))]
+        return [(m, {"match": match or "prompts"}) for _, m, match in map(_parse, units(self))]  # as run_unit does
 
     def unread(self) -> dict[str, str]:
         out = super().unread()
