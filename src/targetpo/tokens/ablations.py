@@ -18,9 +18,9 @@ from __future__ import annotations
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
-from targetpo.runs.config import config, default, param, swept, unused
+from targetpo.runs.config import config, default, param, swept
 from targetpo.runs.stats import above, all_of, at_least, at_most, count
-from targetpo.tokens.config import TokenConfig
+from targetpo.tokens.config import TokenConfig, group_only
 from targetpo.tokens.engine import trial_config
 
 NAME = "token-ablations"
@@ -32,16 +32,13 @@ TIE = 0.01
 
 
 @config
+@group_only
 class Config(TokenConfig):
     lengths: tuple[int, ...] = param((7, 8, 10), "answer lengths H to sweep", ge=1)
     length = swept("lengths")
     episodes = 2000
     reward = "terminal"
     methods = default(METHODS, choices=METHODS)
-    dg_epochs = unused("group methods only")
-    dg_eta = unused("group methods only")
-    match = unused("group methods only")
-    interaction_lr_scale = unused("group methods only")
 
     def check(self) -> None:
         for h in self.lengths:

@@ -76,3 +76,6 @@ class TokenConfig(TrialConfig, RunConfig):
 
 # The fields that only the baselines read, unused by an experiment that runs TPO alone.
 tpo_only = unused_fields("TPO only", "clip_eps", "grpo_beta", "dg_epochs", "dg_eta", "match", "interaction_lr_scale")
+# The fields that only the single-sample methods (DG's epochs and gate, the matching) read, unused by an experiment
+# that runs grouped methods only.
+group_only = unused_fields("group methods only", "dg_epochs", "dg_eta", "match", "interaction_lr_scale")

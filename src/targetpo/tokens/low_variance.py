@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from targetpo.runs.config import config, default, param, swept, unread_by, unused
+from targetpo.runs.config import config, default, param, swept, unread_by
 from targetpo.runs.stats import count
 from targetpo.tokens import common as tc
 from targetpo.tokens import open_questions as oq
+from targetpo.tokens.config import group_only
 from targetpo.tokens import report as tr
 from targetpo.tokens.engine import trial_config
 
@@ -37,6 +38,7 @@ GROUPED = ("tpo", "grpo", "grpo_no_kl")  # the sequence-level methods with a z-s
 
 
 @config
+@group_only
 class Config(oq.OpenQuestionConfig):
     settings: tuple[str, ...] = param(SETTINGS, "score settings to compare (see the module docstring)",
                                       choices=SETTINGS, unique=True)
@@ -51,10 +53,6 @@ class Config(oq.OpenQuestionConfig):
     length = 6
     episodes = 200
     seeds = 5
-    dg_epochs = unused("grouped methods only")
-    dg_eta = unused("grouped methods only")
-    match = unused("grouped methods only")
-    interaction_lr_scale = unused("grouped methods only")
 
     def unread(self) -> dict[str, str]:
         readers = {"noise": ("noise", "noise+floor", "noise+shrink"), "floor": ("noise+floor",),

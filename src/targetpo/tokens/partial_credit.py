@@ -14,10 +14,11 @@ Not a paper experiment.
 
 from __future__ import annotations
 
-from targetpo.runs.config import config, default, param, swept, unused
+from targetpo.runs.config import config, default, param, swept
 from targetpo.runs.stats import count
 from targetpo.tokens import common as tc
 from targetpo.tokens import open_questions as oq
+from targetpo.tokens.config import group_only
 from targetpo.tokens import report as tr
 from targetpo.tokens.engine import trial_config
 
@@ -34,6 +35,7 @@ GROUPED = ("tpo", "grpo", "grpo_no_kl")
 
 
 @config
+@group_only
 class Config(oq.OpenQuestionConfig):
     settings: tuple[str, ...] = param(tuple(SETTINGS), "reward settings to compare (see the module docstring)",
                                       choices=tuple(SETTINGS), unique=True)
@@ -43,10 +45,6 @@ class Config(oq.OpenQuestionConfig):
     length = 6
     episodes = 200
     seeds = 5
-    dg_epochs = unused("grouped methods only")
-    dg_eta = unused("grouped methods only")
-    match = unused("grouped methods only")
-    interaction_lr_scale = unused("grouped methods only")
 
     def check(self) -> None:
         for s in self.settings:

@@ -26,9 +26,9 @@ from __future__ import annotations
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
-from targetpo.runs.config import config, default, param, unread_by, unused
+from targetpo.runs.config import config, default, param, unread_by
 from targetpo.runs.stats import above, all_of, below, bootstrap_interval, count
-from targetpo.tokens.config import TokenConfig
+from targetpo.tokens.config import TokenConfig, group_only
 from targetpo.tokens.engine import trial_config
 
 NAME = "token-sweeps"
@@ -39,6 +39,7 @@ SWEEPS = ("k", "epochs", "masking")
 
 
 @config
+@group_only
 class Config(TokenConfig):
     sweeps: tuple[str, ...] = param(SWEEPS, "which sweeps to run: k (Fig. 12), epochs (Fig. 13), masking (Fig. 15)",
                                     choices=SWEEPS)
@@ -55,10 +56,6 @@ class Config(TokenConfig):
     methods = default(METHODS, choices=("tpo", "grpo", "grpo_no_kl", "tpo_no_anchor", "group_pg"),
                       help="methods of the K and epoch sweeps (the masking sweep always runs tpo, grpo and "
                       "grpo_masked)")
-    dg_epochs = unused("group methods only")
-    dg_eta = unused("group methods only")
-    match = unused("group methods only")
-    interaction_lr_scale = unused("group methods only")
 
     def unit_methods(self) -> list[tuple[str, dict]]:
         return [(m, {"k": k} if sweep == "k" else {"epochs": e} if sweep == "epochs" else {})
