@@ -31,6 +31,7 @@ per step, so a run resumed from a checkpoint reproduces the uninterrupted run ex
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import logging
 import math
@@ -75,10 +76,15 @@ LENGTH_SCALED_ETA = tuple(n for n in ("tpo", "tpo_no_anchor") if n in OBJECTIVES
 OBJECTIVE_FIELDS = ("eta", "seq_logp")
 
 
+@functools.lru_cache(maxsize=None)
+def per_token_keywords(objective: str) -> frozenset[str]:
+    """The keywords `objective`'s per-token form takes: which trainer settings it is passed."""
+    return frozenset(inspect.signature(obj.get(objective).per_token_fn).parameters)
+
+
 def objective_fields(objective: str) -> set[str]:
     """The OBJECTIVE_FIELDS that `objective`'s per-token form takes."""
-    params = inspect.signature(obj.get(objective).per_token_fn).parameters
-    return {n for n in OBJECTIVE_FIELDS if n in params}
+    return set(OBJECTIVE_FIELDS) & per_token_keywords(objective)
 
 
 @config
@@ -166,7 +172,7 @@ def policy_loss(cfg: TrainerConfig, logp: Tensor, old_logp: Tensor, rewards: Ten
     fn = obj.get(cfg.objective).per_token_fn
     if cfg.eta_length_ref:
         return _length_scaled_eta_loss(cfg, fn, lp, old, r, tm)
-    return fn(lp, old, r, token_mask=tm, **objective_options(cfg, fn))
+    return fn(lp, old, r, token_mask=tm, **objective_options(cfg))
 
 
 def length_scaled_eta(eta: float, ref_len: float, token_mask: Tensor) -> Tensor:
@@ -183,7 +189,7 @@ def _length_scaled_eta_loss(cfg: TrainerConfig, fn, lp: Tensor, old: Tensor, r: 
     """The objective with η_g = :func:`length_scaled_eta` per group: one call per group (the objective takes one
     η), averaged over groups as the objective averages its groups, so the loss is the batched loss's exactly."""
     etas = length_scaled_eta(cfg.eta, cfg.eta_length_ref, tm).tolist()
-    opts = objective_options(cfg, fn)
+    opts = objective_options(cfg)
     outs = [fn(lp[i:i + 1], old[i:i + 1], r[i:i + 1], token_mask=tm[i:i + 1], **{**opts, "eta": e})
             for i, e in enumerate(etas)]
     metrics = {m: torch.stack([o.metrics[m] for o in outs]).mean() for m in outs[0].metrics}
@@ -191,11 +197,11 @@ def _length_scaled_eta_loss(cfg: TrainerConfig, fn, lp: Tensor, old: Tensor, r: 
     return obj.LossOutput(loss=torch.stack([o.loss for o in outs]).mean(), metrics=metrics)
 
 
-def objective_options(cfg: TrainerConfig, fn) -> dict:
-    """Keyword arguments for the objective's per-token form `fn`: the trainer's settings that `fn` takes (TPO's η
-    and sequence log-score; β = 0, as the trainer's KL term replaces an objective's own so it is the same for
-    every objective; Dr. GRPO's constant length = the generation budget), then `objective_options` on top."""
-    params = inspect.signature(fn).parameters
+def objective_options(cfg: TrainerConfig) -> dict:
+    """Keyword arguments for `cfg.objective`'s per-token form: the trainer's settings that it takes (TPO's η and
+    sequence log-score; β = 0, as the trainer's KL term replaces an objective's own so it is the same for every
+    objective; Dr. GRPO's constant length = the generation budget), then `objective_options` on top."""
+    params = per_token_keywords(cfg.objective)
     run = {"eta": cfg.eta, "seq_logp": cfg.seq_logp, "beta": 0.0, "norm_len": float(cfg.max_new_tokens)}
     return {k: v for k, v in run.items() if k in params} | dict(cfg.objective_options)
 
