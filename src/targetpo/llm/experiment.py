@@ -38,6 +38,16 @@ BASE_OBJECTIVES = ("tpo", "tpo_no_anchor", "grpo", "dr_grpo", "dapo", "gspo", "s
 METHODS = tuple(f"{o}_{r}" for o in ("tpo", "tpo_no_anchor") for r in ("sum", "mean")) + BASE_OBJECTIVES[2:]
 
 
+def method_objective(method: str) -> tuple[str, str]:
+    """`tpo_mean` -> ("tpo", "mean"); `grpo` -> ("grpo", "sum") (the reduction only matters for TPO)."""
+    for red in ("sum", "mean"):
+        if method.endswith(f"_{red}") and method[: -len(red) - 1] in ("tpo", "tpo_no_anchor"):
+            return method[: -len(red) - 1], red
+    if method not in BASE_OBJECTIVES or method.startswith("tpo"):
+        raise ValueError(f"unknown method {method!r}; methods: {', '.join(METHODS)}")
+    return method, "sum"
+
+
 @config
 class Config(TrainerConfig, RunConfig):
     methods = default(("tpo_sum", "tpo_mean", "grpo"), choices=METHODS,
@@ -77,7 +87,7 @@ class Config(TrainerConfig, RunConfig):
     steps: int = param(200, "RL steps per method (one rollout batch each)", ge=1)
     lora_r: int = param(0, "LoRA rank (0 = full fine-tuning)", ge=0)
     lora_alpha: float = param(0.0, "LoRA alpha (0 = 2·rank)", ge=0)
-    READ_BY = {"eta": tuple(m for m in METHODS if m.startswith("tpo"))}  # the objectives that take η (tested)
+    READ_BY = {"eta": tuple(m for m in METHODS if "eta" in objective_fields(method_objective(m)[0]))}
     # TrainerConfig's fields, with this experiment's defaults (help and bounds are declared there)
     objective = swept("methods")
     seq_logp = swept("methods")
@@ -142,16 +152,6 @@ RUNTIME = ("tiny offline Qwen2 on two-digit addition: 600-step warm start (~0.3 
 
 
 # ----------------------------------------------------------------------------- units
-
-def method_objective(method: str) -> tuple[str, str]:
-    """`tpo_mean` -> ("tpo", "mean"); `grpo` -> ("grpo", "sum") (the reduction only matters for TPO)."""
-    for red in ("sum", "mean"):
-        if method.endswith(f"_{red}") and method[: -len(red) - 1] in ("tpo", "tpo_no_anchor"):
-            return method[: -len(red) - 1], red
-    if method not in BASE_OBJECTIVES or method.startswith("tpo"):
-        raise ValueError(f"unknown method {method!r}; methods: {', '.join(METHODS)}")
-    return method, "sum"
-
 
 def unit_name(method: str, s: int, cfg: Config) -> str:
     return method if cfg.seeds == 1 else f"{method}@seed{s}"
