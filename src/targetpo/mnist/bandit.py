@@ -77,6 +77,8 @@ def sample_actions(probs: Tensor, noise: Tensor) -> Tensor:
 
 ON_POLICY = ("ce", "pg", "dg", "tpo", "grpo", "group_pg")
 OFF_POLICY = ("reinforce", "pg_is", "ppo", "dg", "tpo")
+# The methods whose bandit_loss reads η (TPO's target, DG's gate, Group PG's u/η): an experiment's READ_BY.
+READS_ETA = ("tpo", "dg", "group_pg")
 # MNIST method -> registry objective where the names differ: "pg" is Fig. 4a's REINFORCE and "grpo" the
 # single-sample, batch-standardized GRPO of §E3. Every other method is a registry name.
 OBJECTIVE_OF = {"pg": "reinforce", "grpo": "grpo_single"}

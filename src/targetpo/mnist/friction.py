@@ -29,7 +29,7 @@ import torch
 from targetpo.mnist import data as mnist_data
 from targetpo.mnist import train as base
 from targetpo.mnist.bandit import (
-    STREAM_INIT, BatchStream, bandit_loss, log_softmax, sample_actions, seed_generators,
+    READS_ETA, STREAM_INIT, BatchStream, bandit_loss, log_softmax, sample_actions, seed_generators,
 )
 from targetpo.mnist.config import MnistConfig
 from targetpo.mnist.mlp import bank_forward, init_bank
@@ -70,7 +70,7 @@ class Config(MnistConfig):
     thresholds: tuple[float, ...] = param((0.2, 0.1), "test-error levels for steps-to-threshold", gt=0, lt=1,
                                           unique=True)
     methods = default(METHODS, choices=METHODS + ("group_pg",))
-    READ_BY = {"eta": ("tpo", "dg", "group_pg")}
+    READ_BY = {"eta": READS_ETA}
 
 
 PRESETS = {

@@ -23,7 +23,7 @@ import torch
 from targetpo import paper
 from targetpo.runs import plots
 from targetpo.runs.stats import RATE, above, all_of, count, fmt, paired_interval, seed_interval, seed_noise, within
-from targetpo.mnist.bandit import concentration, first_order_gains
+from targetpo.mnist.bandit import READS_ETA, concentration, first_order_gains
 from targetpo.mnist import train as base
 from targetpo.mnist.config import MnistConfig
 from targetpo.runs.config import config, default, param
@@ -46,7 +46,7 @@ class Config(MnistConfig):
     NAN_MEANS_EMPTY: ClassVar[tuple[str, ...]] = (".surplus", ".exact", ".scalar")
     steps = default(3000, note="the checkpoint needs checkpoint_label + eval_every of them")
     methods = default(METHODS, choices=METHODS)
-    READ_BY = {"eta": ("tpo", "dg", "group_pg")}
+    READ_BY = {"eta": READS_ETA}
     checkpoint_label: int = param(2000, "the paper's step label read for the summary (2,000 = after 2,200 updates)",
                                   ge=0)
 

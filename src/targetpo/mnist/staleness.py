@@ -40,7 +40,7 @@ from targetpo.mnist.mlp import bank_forward
 from targetpo.runs import plots
 from targetpo.runs.stats import (RATE, NOT_REPRODUCED, Verdict, all_of, at_least, at_most, below, count, failure, mean_se,
                                  not_reproduced, paired_interval, seed_interval, seed_noise, within)
-from targetpo.mnist.bandit import OFF_POLICY, BatchStream, bandit_loss, log_softmax, sample_actions
+from targetpo.mnist.bandit import OFF_POLICY, READS_ETA, BatchStream, bandit_loss, log_softmax, sample_actions
 from targetpo.mnist import train as base
 from targetpo.mnist.config import MnistConfig
 from targetpo.runs.config import config, default, param
@@ -68,7 +68,7 @@ class Config(MnistConfig):
                         "behaviour (the stale actor's μ)", choices=REFERENCES)
     delays: tuple[int, ...] = param(DELAYS, "actor delays D (updates)", ge=0, unique=True)
     methods = default(METHODS, choices=METHODS)
-    READ_BY = {"eta": ("tpo", "dg"), "clip_eps": ("ppo",), "anchor": ("tpo",)}
+    READ_BY = {"eta": tuple(m for m in READS_ETA if m in METHODS), "clip_eps": ("ppo",), "anchor": ("tpo",)}
 
 
 PRESETS = {

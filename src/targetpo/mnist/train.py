@@ -24,6 +24,7 @@ from targetpo.runs.stats import (RATE, above, all_of, at_least, below, bootstrap
 from targetpo.mnist import data as mnist_data
 from targetpo.mnist.bandit import (
     ON_POLICY,
+    READS_ETA,
     STREAM_INIT,
     BatchStream,
     bandit_loss,
@@ -44,7 +45,7 @@ UNIT = "bandit"  # one unit: all methods and seeds are stacked into one batched 
 @config
 class Config(MnistConfig):
     methods = default(METHODS, choices=METHODS)
-    READ_BY = {"eta": ("tpo", "dg", "group_pg")}
+    READ_BY = {"eta": READS_ETA}
 
 
 PRESETS = {
