@@ -41,6 +41,13 @@ ONE_DIGIT = ("task_options=operators=+,min_terms=2,max_terms=2,min_digits=1,max_
     (["eval_size=500", ONE_DIGIT], "could only find"),
     (["--objective", ""], "--objective '': give at least one objective"),
     (["--objective", ","], "give at least one objective"),
+    # an unknown item was reported as methods=(...) with the method names, which --objective does not take
+    (["--objective", "tpo,bogus"], "--objective 'tpo,bogus': 'bogus' is not an objective; allowed: tpo, "
+                                   "tpo_no_anchor, grpo"),
+    # a method name passed through and silently ignored --seq-logp
+    (["--objective", "tpo_sum", "--seq-logp", "mean"], "'tpo_sum' is not an objective; allowed: tpo, "
+                                                       "tpo_no_anchor, grpo, dr_grpo, dapo, gspo, sapo, cispo; for "
+                                                       "TPO give --objective tpo --seq-logp sum (or methods=tpo_sum)"),
     (["--task", "chain_sum", "task=basic_arithmetic"], "give either --task or task=..., not both"),
     (["--model", "tiny", "model=/nonexistent"], "give either --model or model=..., not both"),
     (["--data-path", "/x", "data_path=/y"], "give either --data-path or data_path=..., not both"),

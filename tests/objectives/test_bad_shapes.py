@@ -110,6 +110,31 @@ def test_objective_accepts_its_well_formed_inputs(name):
     assert out.loss.dim() == 0 and torch.isfinite(out.loss)
 
 
+def _constants_without_gradient(fn, names: list[str], inputs: dict, **kw) -> list[str]:
+    """The inputs after the first that receive a gradient from `fn`'s loss (each float input requires one). The old
+    log-probs are moved off the current ones: at a ratio of 1 every candidate weighs the same and an unscaled
+    advantage's gradient (Dr. GRPO's) cancels, hiding a leak."""
+    given = {n: v.clone().requires_grad_(True) if v.is_floating_point() else v for n, v in inputs.items()}
+    if "old_logp" in given:
+        given["old_logp"] = (given["old_logp"].detach() * 0.9 - 0.05).requires_grad_(True)
+    fn(*[given[n] for n in names], **kw).loss.backward()
+    return [n for n in names[1:] if given[n].requires_grad and given[n].grad is not None
+            and bool(given[n].grad.ne(0).any())]
+
+
+@pytest.mark.parametrize("name", obj.available())
+def test_only_the_policy_log_probs_receive_a_gradient(name):
+    """Scores, advantages, old and behaviour log-probs are constants of every objective's equation (a stop-gradient
+    in the estimator): a reward that carries a graph must not be trained by the policy loss. The GRPO family
+    (grpo, dr_grpo, dapo, gspo, sapo, cispo, gmpo, clip_cov, kl_cov), RLOO and Group PG used to pass a gradient
+    into `scores` through their advantages."""
+    o = obj.get(name)
+    assert _constants_without_gradient(o.fn, positional(o), good_inputs(o.level)) == []
+    if o.per_token_fn is not None:
+        assert _constants_without_gradient(o.per_token_fn, ["logp", "old_logp", "scores"], good_inputs("sequence"),
+                                           token_mask=torch.ones(G, K, T, dtype=torch.bool)) == []
+
+
 @pytest.mark.parametrize("name", obj.available())
 def test_objective_rejects_misaligned_inputs_naming_them(name):
     o = obj.get(name)

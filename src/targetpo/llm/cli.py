@@ -7,9 +7,18 @@ import argparse
 
 
 def _methods(objectives: str, seq_logp: str | None) -> str:
-    """`--objective tpo,grpo --seq-logp mean` -> "tpo_mean,grpo"; `--seq-logp both` gives TPO twice."""
+    """`--objective tpo,grpo --seq-logp mean` -> "tpo_mean,grpo"; `--seq-logp both` gives TPO twice. An item that
+    is not an objective is refused here, naming the flag: a method name such as `tpo_sum` would otherwise pass
+    through and silently ignore --seq-logp."""
+    from targetpo.llm.experiment import BASE_OBJECTIVES
+
     out = []
     for o in (x.strip() for x in objectives.split(",") if x.strip()):
+        if o not in BASE_OBJECTIVES:
+            hint = (f"; for TPO give --objective {o.rsplit('_', 1)[0]} --seq-logp {o.rsplit('_', 1)[1]} (or "
+                    f"methods={o})" if o.startswith("tpo") and o.rsplit("_", 1)[-1] in ("sum", "mean") else "")
+            raise ValueError(f"--objective {objectives!r}: {o!r} is not an objective; allowed: "
+                             f"{', '.join(BASE_OBJECTIVES)}{hint}")
         if o in ("tpo", "tpo_no_anchor"):
             reds = ("sum", "mean") if seq_logp == "both" else (seq_logp or "sum",)
             out += [f"{o}_{r}" for r in reds]

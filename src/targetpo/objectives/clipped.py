@@ -199,7 +199,7 @@ def grpo_loss(
         raise ValueError("ref_logp is only used by the KL term, which beta=0 turns off; pass beta > 0 or drop ref_logp")
     lp = as_float("logp", logp)
     old = as_float("old_logp", old_logp).detach()
-    s = as_float("scores", scores)
+    s = as_float("scores", scores).detach()
     check_same_shape(logp=lp, old_logp=old, ref_logp=ref_logp)
     check_group_size("scores", s)
     per_token = group_layout(lp, s, token_mask)
@@ -276,7 +276,7 @@ def _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps, std_ddo
     """Checked per-token inputs of GSPO/SAPO/CISPO: (logp, old_logp, valid-token mask, group advantages [G, K])."""
     lp = as_float("logp", logp)
     old = as_float("old_logp", old_logp).detach()
-    s = as_float("scores", scores)
+    s = as_float("scores", scores).detach()
     check_same_shape(logp=lp, old_logp=old)
     check_group_size("scores", s)
     group_layout(lp, s, token_mask, candidate=False)

@@ -1,7 +1,7 @@
 r"""Score-function (REINFORCE-family) objectives: −A·log π with different advantages A.
 
-All are *surrogates*: their value is meaningless, their gradient is the estimator. Advantages are treated as
-constants (detached).
+All are *surrogates*: their value is meaningless, their gradient is the estimator. Advantages, and the scores
+they are computed from, are treated as constants (detached).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def rloo_loss(
     `logp` is `[G, K]` sequence log-probs or `[G, K, T]` per-token log-probs (then `loss_agg` may be any
     token mode); the default "mean" is the estimator's 1/(G·K) average."""
     lp = as_float("logp", logp)
-    s = as_float("scores", scores)
+    s = as_float("scores", scores).detach()
     per_token = group_layout(lp, s, token_mask)
     adv = rloo_advantages(s, mask)
     if per_token:
@@ -126,7 +126,7 @@ def group_pg_loss(
     candidates and nothing anchors the update, so its fixed point is not p = q.
     """
     lp = as_float("logp", logp)
-    s = as_float("scores", scores)
+    s = as_float("scores", scores).detach()
     group_layout(lp, s, token=False)
     check_group_size("scores", s)
     u = standardize_scores(s, mask) / eta
