@@ -11,8 +11,8 @@ was checked). Only the presets in VERDICT_PRESETS get verdicts: a smoke run is f
 so its claims read "n/a (smoke preset)" and are counted apart. Units that diverged (NaN/inf, see
 runs/runner.py) are listed in their run's section with the step they stopped at.
 
-A run that has not finished every unit (killed, or still running) says so at the top of its section: which units
-are done, which partial (up to which step) and which not started. Table rows of a partial unit are marked as such,
+A run that has not finished every unit (stopped, or still running) says so at the top of its section: which units
+are done, which partial (up to which step) and which not started, and whether a process still writes it. Table rows of a partial unit are marked as such,
 and its claims read "n/a (run incomplete)": a partial unit's last value is not its final one. In a report over a
 directory, a run whose files cannot be read (or whose report fails) gets a section saying why and the others are
 reported; a report of that run alone stops with the same one-line reason.
@@ -31,7 +31,7 @@ import numpy as np
 
 from targetpo.experiments import EXPERIMENTS, UnknownExperiment, load  # noqa: E402
 from targetpo.runs import plots  # noqa: E402
-from targetpo.runs.runner import Progress, run_progress  # noqa: E402
+from targetpo.runs.runner import Progress, run_is_live, run_progress  # noqa: E402
 from targetpo.runs.stats import FAIL_CLASSES, NOT_REPRODUCED, SCALE, Failure, Verdict, count  # noqa: E402
 from targetpo.runs.store import METRICS_FILE, RUN_FILE, Run, RunFileError, find_runs  # noqa: E402
 
@@ -144,12 +144,18 @@ class Section:
         if self.error is not None:
             return f"## {self.title}\n\n{self.error}\n"
         meta = self.run.meta
+        status, live = meta.get("status"), None
+        if status == "running":
+            # run.json says "running" from a run's start to its end, so a killed run still says it: the folder's
+            # lock tells whether a process is writing there now.
+            live = run_is_live(self.run.path)
+            status = "stopped before the end (killed or interrupted)" if live is False else status
         head = [f"## {self.title}", "",
                 f"Run `{self.run.path.name}` · preset **{meta.get('preset')}** · {count(len(meta.get('seeds', [])), 'seed')} · "
-                f"wall time {meta.get('wall_time_s', 0):.1f} s · status {meta.get('status')} · "
+                f"wall time {meta.get('wall_time_s', 0):.1f} s · status {status} · "
                 f"data: {meta.get('data_source')} · torch {meta.get('versions', {}).get('torch')}", ""]
         if not self.complete:
-            head += [incomplete_note(self.run, self.progress), ""]
+            head += [incomplete_note(self.run, self.progress, live), ""]
         diverged = self.run.diverged_units()
         if diverged:
             listed = ", ".join(f"`{u}` at step {step} ({metric})" for u, (step, metric) in diverged.items())
@@ -175,8 +181,9 @@ def _units(names) -> str:
     return ", ".join(f"`{u}`" for u in names)
 
 
-def incomplete_note(run: Run, progress: Progress) -> str:
-    """The banner atop an unfinished run's section: which units are done, partial (up to which step) and missing."""
+def incomplete_note(run: Run, progress: Progress, live: bool | None = None) -> str:
+    """The banner atop an unfinished run's section: which units are done, partial (up to which step) and missing;
+    `live` (:func:`runs.runner.run_is_live`) says whether a process is still writing it (None: unknown)."""
     word = step_word(run)
     total = len(progress.finished) + len(progress.partial) + len(progress.missing)
     parts = [f"{len(progress.finished)} of {total} units finished" + (f" ({_units(progress.finished)})"
@@ -190,7 +197,8 @@ def incomplete_note(run: Run, progress: Progress) -> str:
                 "*partial*)"] if progress.partial else []) + (["units not started are absent"] if progress.missing else [])
     caveat = ", ".join(caveats)
     lead = f"{caveat[0].upper()}{caveat[1:]}; the" if caveat else "The"
-    return (f"**Incomplete run** (killed, or still running): {'; '.join(parts)}. {lead} claims are n/a until "
+    why = {True: "still running", False: "stopped before the end"}.get(live, "killed, or still running")
+    return (f"**Incomplete run** ({why}): {'; '.join(parts)}. {lead} claims are n/a until "
             "every unit is finished: resume it with "
             f"`targetpo run {run.meta.get('experiment')} --out {run.path} --resume`.")
 

@@ -1,6 +1,7 @@
-"""A run that has not finished every unit (killed, or still running) is reported as incomplete: its section says
-which units are done, partial (up to which step) and not started, table rows of a partial unit are marked, and
-its claims read n/a instead of a verdict drawn from values that are not final."""
+"""A run that has not finished every unit (stopped, or still running) is reported as incomplete: its section says
+which units are done, partial (up to which step) and not started, and whether a process still writes it; table
+rows of a partial unit are marked, and its claims read n/a instead of a verdict drawn from values that are not
+final."""
 
 import json
 import shutil
@@ -10,7 +11,7 @@ import pytest
 
 from targetpo.experiments import load, run_experiment
 from targetpo.report import Section, claim_count, write_report
-from targetpo.runs.runner import Progress, run_progress
+from targetpo.runs.runner import Progress, _run_dir_lock, run_is_live, run_progress
 from targetpo.runs.store import Run
 
 
@@ -53,7 +54,9 @@ def test_killed_run_says_which_units_are_done_partial_and_missing(complete, tmp_
     text = write_report(run).read_text()
     section = text.split("## Tabular multi-context bandit", 1)[1]
     # At the top of the section, before the claims and tables.
-    assert section.index("**Incomplete run** (killed, or still running): 2 of 5 units finished (`pg`, `dg`); "
+    # run.json still says "running", but no process holds the folder's lock.
+    assert "· status stopped before the end (killed or interrupted) ·" in section
+    assert section.index("**Incomplete run** (stopped before the end): 2 of 5 units finished (`pg`, `dg`); "
                          "partial: `tpo` (last logged step 20 of 50); not started: `grpo`, `ce`.") < \
         section.index("| paper claim |")
     assert f"`targetpo run tabular-multi --out {run} --resume`" in section
@@ -125,3 +128,13 @@ def test_rows_are_marked_by_unit_name_or_the_table_says_which_values_are_partial
     single.claim("c", True, "e")
     assert single.verdicts() == [None] and "| c | n/a (run incomplete) | e |" in single.render()
     assert claim_count([single]) == "no verdicts (no cpu or paper run is complete); 1 claim n/a on incomplete runs"
+
+
+def test_a_run_that_a_process_still_writes_is_reported_as_running(complete, tmp_path):
+    run = _killed(complete, tmp_path / "live", _cut_in_tpo)
+    assert run_is_live(run) is False
+    with _run_dir_lock(run):  # what a live run holds while it writes
+        assert run_is_live(run) is True
+        section = write_report(run).read_text().split("## Tabular multi-context bandit", 1)[1]
+    assert "· status running ·" in section and "**Incomplete run** (still running): 2 of 5 units" in section
+    assert run_is_live(tmp_path / "no-such-run") is None

@@ -253,12 +253,43 @@ def _run_dir_lock(run_dir: Path):
         return
     fd = os.open(run_dir, os.O_RDONLY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise BlockingIOError(f"{run_dir} is in use by another targetpo process (a run, resume or reproduce "
-                                  "writing there); wait for it to end, or stop it, then --resume") from None
+        # A few quick retries: `run_is_live` (a report) holds a shared lock for microseconds while it looks.
+        for attempt in range(5):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if attempt == 4:
+                    raise BlockingIOError(f"{run_dir} is in use by another targetpo process (a run, resume or "
+                                          "reproduce writing there); wait for it to end, or stop it, then --resume"
+                                          ) from None
+                time.sleep(0.02)
         yield
+    finally:
+        os.close(fd)
+
+
+def run_is_live(run_dir: str | Path) -> bool | None:
+    """Whether a process is writing to `run_dir` now (it holds the folder's lock, :func:`_run_dir_lock`); False for
+    a run that was killed or interrupted (its run.json still says "running"); None where it cannot be told
+    (no flock, or the folder cannot be opened)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    try:
+        fd = os.open(run_dir, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
     finally:
         os.close(fd)
 
