@@ -271,3 +271,17 @@ def test_unscorable_and_empty_completions_leave_the_group_softmax():
 def test_config_rejects_settings_that_break_or_are_ignored_by_tpo(tmp_path, override, setting):
     with pytest.raises(ValueError, match=setting):
         TargetPOConfig(**common_args(tmp_path, **override))
+
+
+def test_kl_to_a_model_built_in_memory_is_refused_naming_the_fixes(tmp_path):
+    """GRPOTrainer builds the reference model by reloading model.config._name_or_path: for a model built in memory
+    that failed inside the Hub client ("Repo id must use alphanumeric chars ... ''")."""
+    args = TargetPOConfig(**common_args(tmp_path / "out", beta=0.04))
+    with pytest.raises(ValueError, match=r"beta=0\.04 needs a reference model.*model\.save_pretrained\(DIR\).*"
+                                         r"peft_config=.*beta=0"):
+        TargetPOTrainer(model=tiny_model(), reward_funcs=digit_reward, args=args, train_dataset=PROMPTS,
+                        processing_class=TOKENIZER)
+    model, tokenizer = load_tiny_model(save_tiny_model(tmp_path / "model"))
+    trainer = TargetPOTrainer(model=model, reward_funcs=digit_reward, args=args,
+                              train_dataset=PROMPTS, processing_class=tokenizer)
+    assert trainer.ref_model is not None

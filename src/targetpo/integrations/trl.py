@@ -42,6 +42,7 @@ import numbers
 from dataclasses import dataclass, field
 
 import torch
+from accelerate.utils import is_peft_model
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
@@ -191,6 +192,21 @@ def shuffle_whole_groups(batch: dict, group_size: int, generator: torch.Generato
     return {key: permute(val) for key, val in batch.items()}
 
 
+def _check_reference_model(model, args: TargetPOConfig, peft_config) -> None:
+    """With beta > 0 and no PEFT adapter, GRPOTrainer builds the KL's reference model by loading
+    `model.config._name_or_path` again; a model built in memory has none, and the load fails deep in the Hub
+    client ("Repo id must use alphanumeric chars ... ''"). Say so, and what to do, before anything is built."""
+    if args.beta == 0 or isinstance(model, str) or peft_config is not None:
+        return
+    if is_peft_model(model):  # accelerate's test, the one GRPOTrainer uses
+        return
+    if not str(getattr(getattr(model, "config", None), "_name_or_path", "") or ""):
+        raise ValueError(f"beta={args.beta} needs a reference model, which GRPOTrainer loads from "
+                         "model.config._name_or_path; this model has none (it was built in memory, not loaded): "
+                         "save it with model.save_pretrained(DIR) and pass DIR or the model loaded from it, give "
+                         "peft_config= (the adapter switched off is the reference), or set beta=0")
+
+
 class TargetPOTrainer(GRPOTrainer):
     """GRPOTrainer with TPO's loss on whole groups (see the module docstring for exactly what changes)."""
 
@@ -201,6 +217,7 @@ class TargetPOTrainer(GRPOTrainer):
             raise ValueError("TargetPOTrainer needs args=TargetPOConfig(...) (output_dir, batch sizes, η, seq_logp)")
         if not isinstance(args, TargetPOConfig):
             raise ValueError(f"args must be a TargetPOConfig, got {type(args).__name__}")
+        _check_reference_model(model, args, kwargs.get("peft_config"))
         super().__init__(model, reward_funcs, args=args, **kwargs)
         self._tpo_rewards_per_func = None
         self._tpo_generations = 0  # generation batches produced so far; offsets group ids and seeds the shuffle
