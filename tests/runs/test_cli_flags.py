@@ -125,6 +125,23 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_run_resumes(tmp_path):
     assert meta["wall_time_s"] == pytest.approx(sum(r["wall_time_s"] for r in meta["runs"]))  # every segment counted
 
 
+def test_an_interrupt_while_the_metrics_file_is_created_leaves_the_run_interrupted(tmp_path, monkeypatch):
+    """The window between run.json saying "running" and the first record: a SIGTERM there (a reproduce worker whose
+    parent died just as it started) left a stale "running" for a run no process writes."""
+    from targetpo.experiments import run_experiment
+    from targetpo.runs import runner
+
+    class Stopped(runner.MetricsWriter):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            raise SystemExit(143)  # what the worker's SIGTERM handler raises
+
+    monkeypatch.setattr(runner, "MetricsWriter", Stopped)
+    with pytest.raises(SystemExit):
+        run_experiment("tabular-multi", "smoke", out=tmp_path / "run", progress=False, quiet=True)
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
+
+
 def test_a_killed_run_keeps_the_wall_time_of_its_finished_units(tmp_path):
     """SIGKILL cannot be caught: run.json holds the time up to the last unit that finished."""
     out = tmp_path / "run"

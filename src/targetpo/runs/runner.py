@@ -389,40 +389,41 @@ def _run_experiment(
     meta["status"] = "running"
     meta.setdefault("runs", []).append({"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumed": bool(done) or bool(existing),
                          "units": todo, "torch_threads": torch.get_num_threads()})  # for reading wall times
-    write_run_json(run_dir, meta)
-
-    total = sum(steps_of(exp, cfg, u) for u in todo)
-    writer = MetricsWriter(run_dir / METRICS_FILE, existing)
-    nan_ok = getattr(type(cfg), "NAN_MEANS_EMPTY", ())  # metrics that are NaN by design (a mean over nothing)
-    with _on_interrupt(lambda: record_time("interrupted")), \
-            tqdm(total=total, desc=f"{name} [{preset}]", unit="step", disable=not progress, mininterval=0.5,
-                 file=sys.stderr, dynamic_ncols=True) as bar:
-        # Units computed together (`run_units`: methods batched like seeds) form one batch, others a batch each.
-        # A diverged unit leaves its batch and the others replay from their start: the writer skips the records
-        # already on disk, as on resume.
-        batched = hasattr(exp, "run_units")
-        run_units = exp.run_units if batched else lambda c, units, ctxs: exp.run_unit(c, units[0], ctxs[units[0]])
-        for i, pending in enumerate([list(todo)] if batched else [[u] for u in todo]):
-            if i:
-                record_time("running")  # the batches before this one are finished
-            while pending:
-                bar.set_postfix_str("+".join(pending))
-                start = bar.n
-                try:
-                    run_units(cfg, list(pending), {u: RunContext(u, writer, bar, dev, meta, run_dir, nan_ok)
-                                                   for u in pending})
-                except _Diverged as d:
-                    writer.write({"unit": d.unit, "event": "diverged", "step": d.step, "metric": d.metric})
-                    bar.write(f"warning: {name} unit {d.unit} diverged at step {d.step} ({d.metric} is NaN/inf); "
-                              "it is recorded as diverged, not done, and the run goes on", file=sys.stderr)
-                    pending.remove(d.unit)
-                    bar.n = start + steps_of(exp, cfg, d.unit)  # the diverged unit's bar as if it had finished
-                    bar.refresh()
-                    continue
-                for unit in pending:
-                    writer.write({"unit": unit, "event": "done"})
-                break
-    writer.close()
+    # From before run.json says "running" to the last record: a Ctrl-C or SIGTERM anywhere in between (even while
+    # the metrics file is being created) leaves the status "interrupted", never a stale "running".
+    with _on_interrupt(lambda: record_time("interrupted")):
+        write_run_json(run_dir, meta)
+        total = sum(steps_of(exp, cfg, u) for u in todo)
+        writer = MetricsWriter(run_dir / METRICS_FILE, existing)
+        nan_ok = getattr(type(cfg), "NAN_MEANS_EMPTY", ())  # metrics that are NaN by design (a mean over nothing)
+        with tqdm(total=total, desc=f"{name} [{preset}]", unit="step", disable=not progress, mininterval=0.5,
+                  file=sys.stderr, dynamic_ncols=True) as bar:
+            # Units computed together (`run_units`: methods batched like seeds) form one batch, others a batch each.
+            # A diverged unit leaves its batch and the others replay from their start: the writer skips the records
+            # already on disk, as on resume.
+            batched = hasattr(exp, "run_units")
+            run_units = exp.run_units if batched else lambda c, units, ctxs: exp.run_unit(c, units[0], ctxs[units[0]])
+            for i, pending in enumerate([list(todo)] if batched else [[u] for u in todo]):
+                if i:
+                    record_time("running")  # the batches before this one are finished
+                while pending:
+                    bar.set_postfix_str("+".join(pending))
+                    start = bar.n
+                    try:
+                        run_units(cfg, list(pending), {u: RunContext(u, writer, bar, dev, meta, run_dir, nan_ok)
+                                                       for u in pending})
+                    except _Diverged as d:
+                        writer.write({"unit": d.unit, "event": "diverged", "step": d.step, "metric": d.metric})
+                        bar.write(f"warning: {name} unit {d.unit} diverged at step {d.step} ({d.metric} is NaN/inf); "
+                                  "it is recorded as diverged, not done, and the run goes on", file=sys.stderr)
+                        pending.remove(d.unit)
+                        bar.n = start + steps_of(exp, cfg, d.unit)  # the diverged unit's bar as if it had finished
+                        bar.refresh()
+                        continue
+                    for unit in pending:
+                        writer.write({"unit": unit, "event": "done"})
+                    break
+        writer.close()
     diverged = sorted({k[0] for k in writer.existing if k[2] == "diverged"})
 
     if diverged:
