@@ -136,6 +136,12 @@ def test_run_trial_rejects_bad_input():
             te.run_trial(te.TrialConfig(**SMALL), "tpo_token", seeds)
     with pytest.raises(ValueError, match="got the string 'tpo'"):
         te.trial_config(object(), methods="tpo")
+    # a device this machine lacks was an AssertionError from inside torch ("Torch not compiled with CUDA enabled")
+    with pytest.raises(ValueError, match=r"device='bogus': not a torch device"):
+        te.run_trial(te.TrialConfig(**SMALL), "tpo_token", [0], device="bogus")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"device=cuda: this machine has 0 CUDA device\(s\)"):
+            te.run_trial(te.TrialConfig(**SMALL), "tpo_token", [0], device="cuda")
 
 
 def test_learning_signal_reduces_the_error():

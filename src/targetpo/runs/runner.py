@@ -459,19 +459,20 @@ def resolve_device(exp: ModuleType, device: str) -> torch.device:
     return dev
 
 
-def parse_device(device: str) -> torch.device:
-    """The torch device `device` names, or a ValueError: not a device string, or a device this machine lacks."""
+def parse_device(device: str | torch.device, name: str = "--device ") -> torch.device:
+    """The torch device `device` names, or a ValueError starting with `name` (the flag, or "device=" for a Python
+    argument): not a device string, or a device this machine lacks."""
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(f"--device {device!r}: not a torch device (e.g. cpu, cuda, cuda:1, mps)") from None
+        raise ValueError(f"{name}{str(device)!r}: not a torch device (e.g. cpu, cuda, cuda:1, mps)") from None
     if dev.type == "cuda":
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if (dev.index or 0) >= have:
-            raise ValueError(f"--device {device}: this machine has {have} CUDA device(s) usable by torch "
+            raise ValueError(f"{name}{device}: this machine has {have} CUDA device(s) usable by torch "
                              f"{torch.__version__} (built with CUDA {torch.version.cuda or 'none'})")
     elif dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"--device {device}: MPS is not available to torch {torch.__version__} here")
+        raise ValueError(f"{name}{device}: MPS is not available to torch {torch.__version__} here")
     return dev
 
 

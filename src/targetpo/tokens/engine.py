@@ -100,6 +100,7 @@ from targetpo.tokens import transformer as tfm
 from targetpo.optim import OPTIMIZERS, make_optimizer
 from targetpo.tokens import tasks
 from targetpo.runs.config import config_fields, param, validate
+from targetpo.runs.runner import parse_device
 
 
 @dataclass(frozen=True)
@@ -680,7 +681,7 @@ def run_trial(cfg: TrialConfig, method: str, seeds: Sequence[int], device: str |
     seeds = [int(x) for x in seeds]
     if not seeds:
         raise ValueError("run_trial needs at least one seed")
-    device = torch.device(device)
+    device = parse_device(device, name="device=")  # "no CUDA device", not an assertion deep inside torch
     spec = model_spec(cfg)
     params = tfm.init_params(spec, seeds, device)
     infos = tfm.param_info(spec)
