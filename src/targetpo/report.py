@@ -12,10 +12,10 @@ so its claims read "n/a (smoke preset)" and are counted apart. Units that diverg
 runs/runner.py) are listed in their run's section with the step they stopped at.
 
 A run that has not finished every unit (stopped, or still running) says so at the top of its section: which units
-are done, which partial (up to which step) and which not started, and whether a process still writes it. Table rows of a partial unit are marked as such,
-and its claims read "n/a (run incomplete)": a partial unit's last value is not its final one. In a report over a
-directory, a run whose files cannot be read (or whose report fails) gets a section saying why and the others are
-reported; a report of that run alone stops with the same one-line reason.
+are done, which partial (up to which step) and which not started, and whether a process still writes it. Table
+rows of a partial unit are marked as such, and its claims read "n/a (run incomplete)": a partial unit's last value
+is not its final one. In a report over a directory, a run whose files cannot be read (or whose report fails) gets
+a section saying why and the others are reported; a report of that run alone stops with the same one-line reason.
 """
 
 from __future__ import annotations

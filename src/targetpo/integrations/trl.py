@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 import torch
 from accelerate.utils import is_peft_model
 from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
+from trl.trainer.utils import (get_config_model_id, split_pixel_values_by_grid, split_tensor_dict,
+                               unsplit_pixel_values_by_grid)
 
 from targetpo.objectives import get
 from targetpo.objectives.clipped import masked_log_ratio
@@ -200,7 +201,7 @@ def _check_reference_model(model, args: TargetPOConfig, peft_config) -> None:
         return
     if is_peft_model(model):  # accelerate's test, the one GRPOTrainer uses
         return
-    if not str(getattr(getattr(model, "config", None), "_name_or_path", "") or ""):
+    if not get_config_model_id(model.config):  # what GRPOTrainer would load the reference from
         raise ValueError(f"beta={args.beta} needs a reference model, which GRPOTrainer loads from "
                          "model.config._name_or_path; this model has none (it was built in memory, not loaded): "
                          "save it with model.save_pretrained(DIR) and pass DIR or the model loaded from it, give "

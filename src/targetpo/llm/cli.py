@@ -10,13 +10,14 @@ def _methods(objectives: str, seq_logp: str | None) -> str:
     """`--objective tpo,grpo --seq-logp mean` -> "tpo_mean,grpo"; `--seq-logp both` gives TPO twice. An item that
     is not an objective is refused here, naming the flag: a method name such as `tpo_sum` would otherwise pass
     through and silently ignore --seq-logp."""
-    from targetpo.llm.experiment import BASE_OBJECTIVES
+    from targetpo.llm.experiment import BASE_OBJECTIVES, METHODS, method_objective
 
     out = []
     for o in (x.strip() for x in objectives.split(",") if x.strip()):
         if o not in BASE_OBJECTIVES:
-            hint = (f"; for TPO give --objective {o.rsplit('_', 1)[0]} --seq-logp {o.rsplit('_', 1)[1]} (or "
-                    f"methods={o})" if o.startswith("tpo") and o.rsplit("_", 1)[-1] in ("sum", "mean") else "")
+            # A method name (tpo_sum) is a TPO objective with its sequence log-score: say which flags give it.
+            hint = ("; for TPO give --objective {} --seq-logp {} (or methods={})".format(*method_objective(o), o)
+                    if o in METHODS else "")
             raise ValueError(f"--objective {objectives!r}: {o!r} is not an objective; allowed: "
                              f"{', '.join(BASE_OBJECTIVES)}{hint}")
         if o in ("tpo", "tpo_no_anchor"):
