@@ -1,8 +1,8 @@
 """The tabular fast paths. tabular-single runs its methods side by side (run_units) with the numbers of each
 method alone, bit for bit. The multi-context loop's per-context closed forms (multi.context_stats_,
-multi.population_step_) give the updates and metrics of the plain formulas — exact_update (TPO's from
-tpo_target) → misalignment → normalized_step — to rounding: float64 to 1e-12 over a whole run, float32 to the
-precision of float32."""
+multi.population_step_, multi.misalignment_from_sums) give the updates and metrics of the plain formulas —
+exact_update (TPO's from tpo_target) → misalignment → normalized_step — to rounding: float64 to 1e-12 over a
+whole run, float32 to the precision of float32; how many steps it computes between writes changes no number."""
 
 import pytest
 import torch
@@ -19,10 +19,11 @@ def _logits(dtype, scale=3.0, seed=0) -> torch.Tensor:
 
 
 def _fast_step(logits, method, lr, eta, lam):
-    t = logits.transpose(-1, -2).contiguous()
-    e, work = torch.empty_like(t), torch.empty_like(t)
-    mis = multi.population_step_(t, e, multi.context_stats_(t, e, work), method, lr, eta, lam)
-    return t.transpose(-1, -2), mis
+    ws = multi.Workspace(logits.transpose(-1, -2).contiguous())
+    multi.context_stats_(ws)
+    sums = logits.new_empty(3, logits.shape[0])
+    multi.population_step_(ws, method, lr, eta, lam, sums)
+    return ws.logits.transpose(-1, -2), multi.misalignment_from_sums(*sums)
 
 
 def _plain_step(logits, method, lr, eta):
@@ -90,11 +91,28 @@ def test_multi_run_unit_follows_the_plain_loop(method):
         assert torch.allclose(rec["misalignment"].double(), mis, rtol=1e-3, atol=2e-6), (t, rec["misalignment"], mis)
 
 
+@pytest.mark.parametrize("method", ["tpo", "grpo", "ce"])
+def test_multi_records_do_not_depend_on_the_chunk(method, monkeypatch):
+    """The metrics are finished and logged once per CHUNK steps: any chunk (one step, one that does not divide the
+    steps, more than the steps) gives the same records, bit for bit, every step once and in order."""
+    cfg = multi.Config(seeds=3, steps=23)
+    runs = {}
+    for chunk in (1, 5, 100):
+        monkeypatch.setattr(multi, "CHUNK", chunk)
+        runs[chunk] = _Log()
+        multi.run_unit(cfg, method, runs[chunk])
+    assert [r["step"].item() for r in runs[1].records] == list(range(cfg.steps))
+    for chunk in (5, 100):
+        assert all(torch.equal(a[k], b[k]) for a, b in zip(runs[1].records, runs[chunk].records, strict=True)
+                   for k in a), chunk
+
+
 def test_context_stats_are_the_softmax_sums():
     logits = _logits(torch.float64, 12.0).transpose(-1, -2).contiguous()
     logits[:, 0, 0] += 200.0  # contexts with π(y) within 1e-20 of 1: r keeps its digits where 1 − p is 0
-    e, work = torch.empty_like(logits), torch.empty_like(logits)
-    s, p, r, w = multi.context_stats_(logits, e, work)
+    ws = multi.Workspace(logits)
+    s, p, r, w = multi.context_stats_(ws)
+    e = ws.e
     probs = torch.softmax(logits, dim=-2)
     assert torch.allclose(s.unsqueeze(-2) * e, probs, rtol=1e-13, atol=0)
     assert torch.allclose(p, probs[..., 0, :], rtol=1e-13, atol=0)

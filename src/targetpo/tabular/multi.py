@@ -45,25 +45,45 @@ RUNTIME = "~1.6 s"
 
 ACT = -2  # the action dim of the [seeds, A, N] tensors
 EPS = 1e-8  # TPO's anchor is log(π + ε), as in the authors' code
+CHUNK = 100  # steps between writes of the metrics (a few ms): see run_unit
 
 
-def context_stats_(logits: torch.Tensor, e: torch.Tensor, work: torch.Tensor) -> tuple[torch.Tensor, ...]:
+class Workspace:
+    """One unit's [seeds, A, N] `logits` (stored actions in the middle, updated in place) and every tensor its
+    loop writes, allocated once (a fresh 400 kB tensor per op costs more than the math), with the views the loop
+    reads each step, taken once."""
+
+    def __init__(self, logits: torch.Tensor):
+        seeds, _, contexts = logits.shape
+        self.logits = logits
+        self.e, self.work = torch.empty_like(logits), torch.empty_like(logits)
+        self.max = logits.new_empty(seeds, 1, contexts)
+        self.s, self.p, self.r, self.w = (logits.new_empty(seeds, contexts) for _ in range(4))
+        self.k = logits.new_empty(seeds, 1)             # ±α/‖G‖ per seed
+        self.ke = logits.new_empty(seeds, 1, contexts)  # the step's multiple of e per context
+        self.e_y, self.e_rest, self.rest_sq = self.e[..., 0, :], self.e[..., 1:, :], self.work[..., 1:, :]
+        self.logit_y, self.k_col, self.ke_row = logits[..., 0, :], self.k[:, 0], self.ke[..., 0, :]
+
+
+def context_stats_(ws: Workspace) -> tuple[torch.Tensor, ...]:
     """The softmax of every context without normalising the [seeds, A, N] tensor: writes e = exp(logits −
-    max_a logits) into `e` (`work`: scratch of the same shape) and returns [seeds, N] tensors (s, p, r, w) with
-    π = s·e, p = π(y), r = Σ_{a≠y} π_a (kept apart from 1 − p, which float32 cannot hold once p → 1) and
-    w = Σ_{a≠y} π_a²."""
-    torch.sub(logits, logits.amax(dim=ACT, keepdim=True), out=e).exp_()
-    rest = e[..., 1:, :]
-    big_r = rest.sum(dim=ACT)
-    big_w = torch.mul(rest, rest, out=work[..., 1:, :]).sum(dim=ACT)
-    s = (e[..., 0, :] + big_r).reciprocal_()
-    return s, e[..., 0, :] * s, big_r.mul_(s), big_w.mul_(s).mul_(s)
+    max_a logits) into `ws.e` and returns its [seeds, N] tensors (s, p, r, w) with π = s·e, p = π(y),
+    r = Σ_{a≠y} π_a (kept apart from 1 − p, which float32 cannot hold once p → 1) and w = Σ_{a≠y} π_a²."""
+    torch.amax(ws.logits, dim=ACT, keepdim=True, out=ws.max)
+    torch.sub(ws.logits, ws.max, out=ws.e).exp_()
+    torch.sum(ws.e_rest, dim=ACT, out=ws.r)
+    torch.sum(torch.mul(ws.e_rest, ws.e_rest, out=ws.rest_sq), dim=ACT, out=ws.w)
+    torch.add(ws.e_y, ws.r, out=ws.s).reciprocal_()
+    torch.mul(ws.e_y, ws.s, out=ws.p)
+    ws.r.mul_(ws.s)
+    ws.w.mul_(ws.s).mul_(ws.s)
+    return ws.s, ws.p, ws.r, ws.w
 
 
-def population_step_(logits: torch.Tensor, e: torch.Tensor, stats: tuple[torch.Tensor, ...], unit: str, lr: float,
-                     eta: float, lam: float) -> torch.Tensor:
-    """One exact population step of every context: updates [seeds, A, N] `logits` in place from their
-    unnormalised softmax `e` and its `stats` (both from :func:`context_stats_`); returns the misalignment per seed.
+def population_step_(ws: Workspace, unit: str, lr: float, eta: float, lam: float, sums: torch.Tensor) -> None:
+    """One exact population step of every context: updates `ws.logits` in place from the softmax
+    :func:`context_stats_` left in `ws`, and writes the per-seed sums ‖G‖², ⟨G, V_CE⟩ and ‖V_CE‖² into the rows of
+    [3, seeds] `sums` (:func:`misalignment_from_sums` finishes the metric).
 
     Every update is, per context n, g_n = a_n·π_n + b_n·1 + c_n·e_y with scalars read off π_n(y) = p_n (App. B):
     β(p)·(e_y − π) for CE/PG/DG/GRPO, and for TPO q − π with q ∝ (π + ε)·w, w_y = λ = e^{(u_hot − u_cold)/η},
@@ -71,29 +91,46 @@ def population_step_(logits: torch.Tensor, e: torch.Tensor, stats: tuple[torch.T
     computed from tpo_target, and tests/tabular pins the two together). So ‖G‖², ⟨G, V_CE⟩ and the fixed-length
     step need only r_n = Σ_{a≠y} π_a and w_n = Σ_{a≠y} π_a²: a step and the next softmax take 7 passes over the
     tensor, none of them allocating one, instead of ~30."""
-    s, p, r, w = stats
+    s, p, r, w = ws.s, ws.p, ws.r, ws.w
+    g_sq, gv_sum, vv_sum = sums
     vv = w + r * r                                              # ‖v_n‖², v = e_y − π
+    torch.sum(vv, dim=-1, out=vv_sum)
     if unit == "tpo":
-        others = e.shape[ACT] - 1
+        others = ws.e.shape[ACT] - 1
         z = (p + EPS) * lam + r + others * EPS                  # Σ_a (π_a + ε) w_a
         a = (p * (1.0 - lam) - EPS * (lam + others)) / z        # q_a − π_a = a·π_a + b for a ≠ y
         b = EPS / z
         g0 = (r * (p * (lam - 1.0) + EPS * lam) - p * (others * EPS)) / z   # q_y − π_y
         # ‖g_n‖² and ⟨g_n, v_n⟩ from r and w; g0² ≥ ((λ−1)p)²·r² dominates the rest, so no cancellation matters.
-        gg = g0 * g0 + a * a * w + 2.0 * a * b * r + others * b * b
-        gv = g0 * r - (a * w + b * r)
-        coef, hot = a, g0 - a * p - b                           # g = a·π + b·1 + hot·e_y
+        torch.sum(g0 * g0 + a * a * w + 2.0 * a * b * r + others * b * b, dim=-1, out=g_sq)
+        torch.sum(g0 * r - (a * w + b * r), dim=-1, out=gv_sum)
+        # logits += α·g/‖g‖_F per seed, g = a·π + b·1 + hot·e_y, π = s·e (torch's `lr / x` is lr·(1/x)). TPO's b·1
+        # shifts a context's logits by a constant, which no probability sees; it is in the norms above.
+        torch.reciprocal(torch.sqrt(g_sq + 1e-30), out=ws.k_col).mul_(lr)
+        torch.mul(ws.k * a, s, out=ws.ke_row)
+        ws.logits.addcmul_(ws.ke, ws.e)
+        ws.logit_y.add_(ws.k * (g0 - a * p - b))
+        return
+    # β·(e_y − π) (CE: β = 1): a = −β, b = 0, hot = β. k is −α/‖g‖, so k·β is, bit for bit, the α/‖g‖·(−β)
+    # the step adds to every π_a, and subtracting it from logit_y adds α/‖g‖·β there.
+    b_n = None if unit == "ce" else beta(unit, p, eta)
+    if b_n is None:
+        g_sq.copy_(vv_sum)
+        gv_sum.copy_(vv_sum)
     else:
-        b_n = beta(unit, p, eta)
-        gg, gv = b_n * b_n * vv, b_n * vv
-        coef, hot = -b_n, b_n
-    g_sq = gg.sum(dim=-1)
-    mis = 1.0 - gv.sum(dim=-1) / (torch.sqrt(g_sq + 1e-12) * torch.sqrt(vv.sum(dim=-1) + 1e-12))
-    k = (lr / torch.sqrt(g_sq + 1e-30)).unsqueeze(-1)           # logits += α·g/‖g‖_F, per seed
-    logits.addcmul_((k * coef * s).unsqueeze(ACT), e)          # coef·π = coef·s·e
-    # TPO's b·1 shifts a context's logits by a constant, which no probability sees; it is in the norms above.
-    logits[..., 0, :] += k * hot
-    return mis
+        torch.sum(b_n * b_n * vv, dim=-1, out=g_sq)
+        torch.sum(b_n * vv, dim=-1, out=gv_sum)
+    torch.reciprocal(torch.sqrt(g_sq + 1e-30), out=ws.k_col).mul_(-lr)
+    kb = ws.k if b_n is None else ws.k * b_n
+    torch.mul(kb, s, out=ws.ke_row)
+    ws.logits.addcmul_(ws.ke, ws.e)
+    ws.logit_y.sub_(kb)
+
+
+def misalignment_from_sums(g_sq: torch.Tensor, gv_sum: torch.Tensor, vv_sum: torch.Tensor) -> torch.Tensor:
+    """1 − cos(vec G, vec V_CE) from the sums :func:`population_step_` writes, norms with +1e-12 inside the sqrt
+    (as bandit.misalignment and the paper's code)."""
+    return 1.0 - gv_sum / (torch.sqrt(g_sq + 1e-12) * torch.sqrt(vv_sum + 1e-12))
 
 
 def run_unit(cfg: Config, unit: str, ctx) -> None:
@@ -103,15 +140,24 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
     # faster on CPU than over a contiguous last dim of 10), and every op stays on contiguous memory.
     logits = logits.transpose(-1, -2).contiguous()
     lam = tpo_lambda(cfg.actions, cfg.eta)
-    # Every [seeds, A, N] tensor lives for the whole run: a fresh 400 kB tensor per op costs more than the math.
-    e, work = torch.empty_like(logits), torch.empty_like(logits)
-    stats = context_stats_(logits, e, work)
-    for t in range(cfg.steps):
-        mis = population_step_(logits, e, stats, unit, cfg.lr, cfg.eta, lam)
-        stats = context_stats_(logits, e, work)
-        # Error 1 − mean_n π_n(y) after the step, as mean_n Σ_{a≠y} π_a (precise when π_n(y) → 1).
-        ctx.log({"step": t, "error": stats[2].mean(dim=-1), "misalignment": mis})
-        ctx.advance()
+    ws = Workspace(logits)
+    context_stats_(ws)
+    # A step keeps four numbers per seed; the metrics are finished and written once per CHUNK steps, a few ms
+    # after they are computed: the writes then run back to back (twice as fast as between steps, whose tensors
+    # evict the writer from the cache) and the misalignment takes 7 ops per chunk, not per step (BENCHMARKS.md).
+    sums = torch.empty(3, CHUNK, cfg.seeds)
+    for start in range(0, cfg.steps, CHUNK):
+        n = min(CHUNK, cfg.steps - start)
+        err = torch.empty(n, cfg.seeds)  # fresh per chunk: a logged row is never overwritten
+        for i in range(n):
+            population_step_(ws, unit, cfg.lr, cfg.eta, lam, sums[:, i])
+            _, _, r, _ = context_stats_(ws)
+            # Error 1 − mean_n π_n(y) after the step, as mean_n Σ_{a≠y} π_a (precise when π_n(y) → 1).
+            torch.mean(r, dim=-1, out=err[i])
+        mis = misalignment_from_sums(*sums[:, :n])
+        for i, (error, misalignment) in enumerate(zip(err.numpy(), mis.numpy())):
+            ctx.log({"step": start + i, "error": error, "misalignment": misalignment})
+            ctx.advance()
 
 
 # ----------------------------------------------------------------------------- report
