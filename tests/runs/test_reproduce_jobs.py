@@ -42,7 +42,7 @@ def test_jobs_must_be_positive(tmp_path, capsys):
 
 def test_longest_first_order_reads_the_runtime_note():
     assert estimated_seconds(load("tabular-single")) == 0.5
-    assert estimated_seconds(load("tabular-multi")) == 1.6
+    assert estimated_seconds(load("tabular-multi")) == 1
     assert estimated_seconds(load("mnist")) == 120
     assert estimated_seconds(type("E", (), {"RUNTIME": "~3–4 s"})) == 3  # a range: the lower end
     assert estimated_seconds(type("E", (), {"RUNTIME": "no estimate"})) == math.inf

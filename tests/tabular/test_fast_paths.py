@@ -18,8 +18,9 @@ def _logits(dtype, scale=3.0, seed=0) -> torch.Tensor:
     return scale * torch.randn(4, 7, 10, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
-def _fast_step(logits, method, lr, eta, lam):
+def _fast_step(logits, method, lr, eta, lam, shift_by_max=False):
     ws = multi.Workspace(logits.transpose(-1, -2).contiguous())
+    ws.shift_by_max = shift_by_max
     multi.context_stats_(ws)
     sums = logits.new_empty(3, logits.shape[0])
     multi.population_step_(ws, method, lr, eta, lam, sums)
@@ -35,9 +36,10 @@ def _plain_step(logits, method, lr, eta):
 @pytest.mark.parametrize("method", multi.METHODS)
 @pytest.mark.parametrize("eta", [1.0, 0.3])
 @pytest.mark.parametrize("scale", [1.0, 12.0])  # 12: contexts with π(y) within 1e-5 of 0 or of 1
-def test_population_step_is_the_plain_update_in_float64(method, eta, scale):
+@pytest.mark.parametrize("shift_by_max", [False, True])
+def test_population_step_is_the_plain_update_in_float64(method, eta, scale, shift_by_max):
     logits = _logits(torch.float64, scale)
-    new, mis = _fast_step(logits, method, 0.1, eta, tpo_lambda(10, eta))
+    new, mis = _fast_step(logits, method, 0.1, eta, tpo_lambda(10, eta), shift_by_max)
     ref_logits, ref_mis = _plain_step(logits, method, 0.1, eta)
     # TPO's per-context constant b is left out of the logits (no probability sees it): compare the policies.
     assert torch.allclose(torch.softmax(new, -1), torch.softmax(ref_logits, -1), rtol=1e-11, atol=1e-15)
@@ -76,8 +78,9 @@ class _Log:
 
 
 @pytest.mark.parametrize("method", multi.METHODS)
-def test_multi_run_unit_follows_the_plain_loop(method):
-    cfg = multi.PRESETS["smoke"]
+@pytest.mark.parametrize("lr", [0.1, 1.0])  # the paper's α (softmax shifted by logit_y), and one shifted by the max
+def test_multi_run_unit_follows_the_plain_loop(method, lr):
+    cfg = multi.Config(seeds=2, steps=50, lr=lr)
     ctx = _Log()
     multi.run_unit(cfg, method, ctx)
     assert len(ctx.records) == cfg.steps
@@ -107,10 +110,29 @@ def test_multi_records_do_not_depend_on_the_chunk(method, monkeypatch):
                    for k in a), chunk
 
 
-def test_context_stats_are_the_softmax_sums():
+def test_the_logit_y_shift_is_taken_only_where_it_stays_finite():
+    cfg = multi.PRESETS["paper"]
+    logits = torch.randn(cfg.seeds, cfg.contexts, cfg.actions, generator=torch.Generator().manual_seed(cfg.seed))
+    ws = multi.Workspace(logits.transpose(-1, -2).contiguous())
+    assert multi.shift_by_logit_y_is_safe(ws, cfg.lr, multi.CHUNK)  # the paper's protocol: the cheap shift
+    assert not multi.shift_by_logit_y_is_safe(ws, 1.0, multi.CHUNK)  # 100 steps of α = 1 could open a gap of 141
+    ws.logits[0, 3, 7] = ws.logits[0, 0, 7] + 45.0  # e² = e^90 overflows float32, not float64
+    assert not multi.shift_by_logit_y_is_safe(ws, cfg.lr, 1)
+    assert multi.shift_by_logit_y_is_safe(multi.Workspace(ws.logits.double()), cfg.lr, 1)
+    ws.shift_by_max = False
+    _, _, _, w = multi.context_stats_(ws)
+    assert not torch.isfinite(w).all()  # what the check avoids
+    ws.shift_by_max = True
+    s, p, r, w = multi.context_stats_(ws)
+    assert all(torch.isfinite(t).all() for t in (s, p, r, w)) and r[0, 7] > 0.99
+
+
+@pytest.mark.parametrize("shift_by_max", [False, True])
+def test_context_stats_are_the_softmax_sums(shift_by_max):
     logits = _logits(torch.float64, 12.0).transpose(-1, -2).contiguous()
     logits[:, 0, 0] += 200.0  # contexts with π(y) within 1e-20 of 1: r keeps its digits where 1 − p is 0
     ws = multi.Workspace(logits)
+    ws.shift_by_max = shift_by_max
     s, p, r, w = multi.context_stats_(ws)
     e = ws.e
     probs = torch.softmax(logits, dim=-2)

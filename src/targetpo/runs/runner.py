@@ -73,13 +73,15 @@ def first_non_finite(values: dict[str, Any], nan_means_empty: tuple[str, ...] = 
     ±inf, or None. Integers, booleans and strings are always finite. Names ending in one of `nan_means_empty`
     may hold NaN (a mean over an empty set), but not ±inf."""
     for name, x in values.items():
-        nan_ok = any(name.endswith(suffix) for suffix in nan_means_empty)
+        nan_ok = bool(nan_means_empty) and name.endswith(tuple(nan_means_empty))
         if _has_bad(x, nan_ok):
             return name
     return None
 
 
 def _has_bad(x: Any, nan_ok: bool) -> bool:
+    if type(x) is np.ndarray and x.dtype.kind == "f":  # noqa: E721  (most of a log: per-seed rows)
+        return bool(np.isinf(x).any() if nan_ok else not np.isfinite(x).all())
     if isinstance(x, dict):
         return any(_has_bad(v, nan_ok) for v in x.values())
     if isinstance(x, (list, tuple)):

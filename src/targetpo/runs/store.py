@@ -47,6 +47,8 @@ def _row(values: list[float]) -> str:
 
 def _render(x: Any) -> str:
     """JSON text of a record value; tensors and arrays become flat or nested lists of numbers."""
+    if type(x) is str:  # noqa: E721  (the run's few unit and event names: rendered once)
+        return _key(x) if len(x) <= 64 else json.dumps(x)
     if hasattr(x, "detach"):
         x = x.detach().cpu().numpy()
     if isinstance(x, np.ndarray):
@@ -74,11 +76,13 @@ _KEYS: dict[str, str] = {}
 
 
 def _key(k: Any) -> str:
-    """The JSON text of a record key; the few distinct keys of a run are rendered once."""
+    """The JSON text of a record key; the few distinct keys (and unit names) of a run are rendered once."""
     k = str(k)
     text = _KEYS.get(k)
     if text is None:
-        text = _KEYS[k] = json.dumps(k)
+        text = json.dumps(k)
+        if len(_KEYS) < 4096:  # bounded: a log of many distinct strings renders the rest each time
+            _KEYS[k] = text
     return text
 
 
