@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from targetpo.tabular import multi, single
-from targetpo.tabular.bandit import correct_direction, exact_update, misalignment, normalized_step, tpo_lambda
+from targetpo.tabular.bandit import correct_direction, exact_update, misalignment, normalized_step, tpo_inv_lambda
 
 EVERY = (-2, -1)
 
@@ -18,12 +18,12 @@ def _logits(dtype, scale=3.0, seed=0) -> torch.Tensor:
     return scale * torch.randn(4, 7, 10, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
-def _fast_step(logits, method, lr, eta, lam, shift_by_max=False):
+def _fast_step(logits, method, lr, eta, inv_lam, shift_by_max=False):
     ws = multi.Workspace(logits.transpose(-1, -2).contiguous())
     ws.shift_by_max = shift_by_max
     multi.context_stats_(ws)
     sums = logits.new_empty(3, logits.shape[0])
-    multi.population_step_(ws, method, lr, eta, lam, sums)
+    multi.population_step_(ws, method, lr, eta, inv_lam, sums)
     return ws.logits.transpose(-1, -2), multi.misalignment_from_sums(*sums)
 
 
@@ -34,12 +34,12 @@ def _plain_step(logits, method, lr, eta):
 
 
 @pytest.mark.parametrize("method", multi.METHODS)
-@pytest.mark.parametrize("eta", [1.0, 0.3])
+@pytest.mark.parametrize("eta", [1.0, 0.3, 0.01])  # 0.01: λ = e^333, beyond float32 (the update uses 1/λ)
 @pytest.mark.parametrize("scale", [1.0, 12.0])  # 12: contexts with π(y) within 1e-5 of 0 or of 1
 @pytest.mark.parametrize("shift_by_max", [False, True])
 def test_population_step_is_the_plain_update_in_float64(method, eta, scale, shift_by_max):
     logits = _logits(torch.float64, scale)
-    new, mis = _fast_step(logits, method, 0.1, eta, tpo_lambda(10, eta), shift_by_max)
+    new, mis = _fast_step(logits, method, 0.1, eta, tpo_inv_lambda(10, eta), shift_by_max)
     ref_logits, ref_mis = _plain_step(logits, method, 0.1, eta)
     # TPO's per-context constant b is left out of the logits (no probability sees it): compare the policies.
     assert torch.allclose(torch.softmax(new, -1), torch.softmax(ref_logits, -1), rtol=1e-11, atol=1e-15)
@@ -48,16 +48,33 @@ def test_population_step_is_the_plain_update_in_float64(method, eta, scale, shif
         assert torch.allclose(new, ref_logits, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("eta", [0.01, 1e-4])
+def test_tpo_at_a_small_eta_does_not_overflow(eta):
+    """λ = e^{(10/3)/η} is e^333 at η = 0.01 (inf in float32) and beyond a float64 at 1e-4: the run computes in 1/λ,
+    so TPO trains as the plain formulas say (a sharp target, error falling) instead of diverging at step 0."""
+    cfg = multi.Config(seeds=2, steps=30, eta=eta)
+    ctx = _Log()
+    multi.run_unit(cfg, "tpo", ctx)
+    assert len(ctx.records) == cfg.steps and all(torch.isfinite(r[k]).all() for r in ctx.records for k in r)
+    logits = torch.randn(cfg.seeds, cfg.contexts, cfg.actions, generator=torch.Generator().manual_seed(cfg.seed))
+    logits = logits.double()
+    for rec in ctx.records:
+        logits, _ = _plain_step(logits, "tpo", cfg.lr, eta)
+        err = 1.0 - torch.softmax(logits, -1)[..., 0].mean(dim=-1)
+        assert torch.allclose(rec["error"].double(), err, rtol=1e-4, atol=1e-7)
+    assert (ctx.records[-1]["error"] < ctx.records[0]["error"]).all()
+
+
 def test_tpo_keeps_the_anchor_epsilon():
     """q ∝ (π + 1e-8)·w: without the ε a wrong action with π_a ≪ 1e-8 would get q_a ≈ 0; with it the update
     matches tpo_target's, which the authors' code uses."""
     logits = _logits(torch.float64, 30.0)
     assert torch.softmax(logits, -1).min() < 1e-10
-    new, _ = _fast_step(logits, "tpo", 0.1, 1.0, tpo_lambda(10))
+    new, _ = _fast_step(logits, "tpo", 0.1, 1.0, tpo_inv_lambda(10))
     no_eps = multi.EPS
     try:
         multi.EPS = 0.0
-        other, _ = _fast_step(logits, "tpo", 0.1, 1.0, tpo_lambda(10))
+        other, _ = _fast_step(logits, "tpo", 0.1, 1.0, tpo_inv_lambda(10))
     finally:
         multi.EPS = no_eps
     ref, _ = _plain_step(logits, "tpo", 0.1, 1.0)

@@ -169,18 +169,28 @@ def bandit_loss(
 # ----------------------------------------------------------------------------- App. C closed forms
 
 def tpo_lambda(num_classes: int = NUM_CLASSES, eta: float = 1.0) -> float:
-    """exp((u_hot − u_cold)/η) for a one-hot score over C classes: u = ±√(C−1) and ∓1/√(C−1); e^{10/3} for C = 10."""
-    return math.exp(num_classes / math.sqrt(num_classes - 1) / eta)
+    """λ = exp((u_hot − u_cold)/η) for a one-hot score over C classes: u = ±√(C−1) and ∓1/√(C−1); e^{10/3} for
+    C = 10; inf where that exceeds a float (η below ~0.005)."""
+    gap = num_classes / math.sqrt(num_classes - 1) / eta
+    return math.exp(gap) if gap < 709.0 else math.inf
 
 
-def tpo_beta_plus(p: Tensor, lam: float) -> Tensor:
-    """β₊(p) = p(λ−1)/(1 − p + λp): the weight on e_y − π of the update after a correct sample (App. C)."""
-    return p * (lam - 1.0) / (1.0 - p + lam * p)
+def tpo_inv_lambda(num_classes: int = NUM_CLASSES, eta: float = 1.0) -> float:
+    """1/λ, in (0, 1] and finite for every η > 0: the closed forms below take it, so a small η (a sharp target,
+    λ beyond a float) gives their limits instead of inf/inf."""
+    return math.exp(-num_classes / math.sqrt(num_classes - 1) / eta)
 
 
-def tpo_gamma(r: Tensor, lam: float) -> Tensor:
-    """γ(r) = r(λ−1)/(λ(1−r) + r): the suppression of a sampled wrong class with probability r (App. C)."""
-    return r * (lam - 1.0) / (lam * (1.0 - r) + r)
+def tpo_beta_plus(p: Tensor, inv_lam: float) -> Tensor:
+    """β₊(p) = p(λ−1)/(1 − p + λp) = p(1 − 1/λ)/((1 − p)/λ + p): the weight on e_y − π of the update after a correct
+    sample (App. C)."""
+    return p * (1.0 - inv_lam) / (inv_lam * (1.0 - p) + p)
+
+
+def tpo_gamma(r: Tensor, inv_lam: float) -> Tensor:
+    """γ(r) = r(λ−1)/(λ(1−r) + r) = r(1 − 1/λ)/(1 − r + r/λ): the suppression of a sampled wrong class with
+    probability r (App. C)."""
+    return r * (1.0 - inv_lam) / (1.0 - r + inv_lam * r)
 
 
 def _sigmoid(x: Tensor) -> Tensor:
@@ -213,9 +223,9 @@ def expected_update(method: str, probs: Tensor, labels: Tensor, eta: float = 1.0
         right = p * (1.0 - b) * _sigmoid((1.0 - b) * (-p.clamp_min(1e-8).log()) / eta)
         return right * v + probs * alpha.sum(-1, keepdim=True) - alpha
     if method == "tpo":
-        lam = tpo_lambda(c, eta)
-        cj = probs * tpo_gamma(probs, lam) * wrong
-        return p * tpo_beta_plus(p, lam) * v + probs * cj.sum(-1, keepdim=True) - cj
+        inv_lam = tpo_inv_lambda(c, eta)
+        cj = probs * tpo_gamma(probs, inv_lam) * wrong
+        return p * tpo_beta_plus(p, inv_lam) * v + probs * cj.sum(-1, keepdim=True) - cj
     raise ValueError(f"no App. C closed form for method {method!r}")
 
 
@@ -234,8 +244,8 @@ def scalar_beta(method: str, p: Tensor, num_classes: int = NUM_CLASSES, eta: flo
         return (p * (1.0 - b) * _sigmoid((1.0 - b) * (-p.clamp_min(1e-8).log()) / eta)
                 + p * b * _sigmoid(-b * (-q.clamp_min(1e-8).log()) / eta))
     if method == "tpo":
-        lam = tpo_lambda(num_classes, eta)
-        return p * tpo_beta_plus(p, lam) + p * tpo_gamma(q, lam)
+        inv_lam = tpo_inv_lambda(num_classes, eta)
+        return p * tpo_beta_plus(p, inv_lam) + p * tpo_gamma(q, inv_lam)
     raise ValueError(f"no scalar approximation for method {method!r}")
 
 

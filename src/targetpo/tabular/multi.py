@@ -23,7 +23,7 @@ from targetpo.runs.stats import (all_of, at_least, below, bootstrap_interval, cu
                                  first_below, fmt, hit_step, interval_at, ours_vs_paper, paired_interval,
                                  seed_interval, steps_to_interval)
 from targetpo.tabular.bandit import (beta, beta_dg, beta_grpo, beta_pg, beta_tpo, correct_direction, exact_update,
-                                     tpo_lambda)
+                                     tpo_inv_lambda)
 
 NAME = "tabular-multi"
 TITLE = "Tabular multi-context bandit (paper §3.2, Fig. 3)"
@@ -105,15 +105,16 @@ def context_stats_(ws: Workspace) -> tuple[torch.Tensor, ...]:
     return ws.s, ws.p, ws.r, ws.w
 
 
-def population_step_(ws: Workspace, unit: str, lr: float, eta: float, lam: float, sums) -> None:
+def population_step_(ws: Workspace, unit: str, lr: float, eta: float, inv_lam: float, sums) -> None:
     """One exact population step of every context: updates `ws.logits` in place from the softmax
     :func:`context_stats_` left in `ws`, and writes the per-seed sums ‖G‖², ⟨G, V_CE⟩ and ‖V_CE‖² into the three
     [seeds] tensors `sums` (:func:`misalignment_from_sums` finishes the metric).
 
     Every update is, per context n, g_n = a_n·π_n + b_n·1 + c_n·e_y with scalars read off π_n(y) = p_n (App. B):
     β(p)·(e_y − π) for CE/PG/DG/GRPO, and for TPO q − π with q ∝ (π + ε)·w, w_y = λ = e^{(u_hot − u_cold)/η},
-    w_a = 1 otherwise (ε = 1e-8: the authors' anchor log(π + ε); tabular/bandit.exact_update is the same update
-    computed from tpo_target, and tests/tabular pins the two together). So ‖G‖², ⟨G, V_CE⟩ and the fixed-length
+    w_a = 1 otherwise (ε = 1e-8: the authors' anchor log(π + ε)), written in `inv_lam` = 1/λ, which stays finite
+    for every η (tabular/bandit.exact_update is the same update computed from tpo_target, and tests/tabular pins
+    the two together). So ‖G‖², ⟨G, V_CE⟩ and the fixed-length
     step need only r_n = Σ_{a≠y} π_a and w_n = Σ_{a≠y} π_a²: a step and the next softmax take 6 passes over the
     tensor, none of them allocating one, instead of ~30."""
     s, p, r, w = ws.s, ws.p, ws.r, ws.w
@@ -121,11 +122,11 @@ def population_step_(ws: Workspace, unit: str, lr: float, eta: float, lam: float
     vv = w + r * r                                              # ‖v_n‖², v = e_y − π
     torch.sum(vv, dim=-1, out=vv_sum)
     if unit == "tpo":
-        others, c = ws.e.shape[ACT] - 1, ws.c
-        z = (p + c(EPS)) * c(lam) + r + c(others * EPS)         # Σ_a (π_a + ε) w_a
-        a = (p * c(1.0 - lam) - c(EPS * (lam + others))) / z    # q_a − π_a = a·π_a + b for a ≠ y
-        b = torch.reciprocal(z).mul_(c(EPS))                    # ε/z
-        g0 = (r * (p * c(lam - 1.0) + c(EPS * lam)) - p * c(others * EPS)) / z  # q_y − π_y
+        others, c, mu = ws.e.shape[ACT] - 1, ws.c, inv_lam
+        z = p + c(EPS) + (r + c(others * EPS)) * c(mu)          # Σ_a (π_a + ε) w_a / λ
+        a = (p * c(mu - 1.0) - c(EPS * (1.0 + others * mu))) / z  # q_a − π_a = a·π_a + b for a ≠ y
+        b = torch.reciprocal(z).mul_(c(EPS * mu))               # ε/(λz)
+        g0 = (r * (p * c(1.0 - mu) + c(EPS)) - p * c(others * EPS * mu)) / z  # q_y − π_y
         # ‖g_n‖² and ⟨g_n, v_n⟩ from r and w; g0² ≥ ((λ−1)p)²·r² dominates the rest, so no cancellation matters.
         torch.sum(g0 * g0 + a * a * w + c(2.0) * a * b * r + c(others) * b * b, dim=-1, out=g_sq)
         torch.sum(g0 * r - (a * w + b * r), dim=-1, out=gv_sum)
@@ -175,7 +176,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
     # Stored [seeds, A, N]: reductions over the 10 actions then run vectorised over the contexts (several times
     # faster on CPU than over a contiguous last dim of 10), and every op stays on contiguous memory.
     logits = logits.transpose(-1, -2).contiguous()
-    lam = tpo_lambda(cfg.actions, cfg.eta)
+    inv_lam = tpo_inv_lambda(cfg.actions, cfg.eta)
     ws = Workspace(logits)
     # A step keeps four numbers per seed; the metrics are finished and written once per CHUNK steps, a few ms
     # after they are computed: the writes then run back to back (twice as fast as between steps, whose tensors
@@ -189,7 +190,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
         context_stats_(ws)
         err = torch.empty(n, cfg.seeds)  # fresh per chunk: a logged row is never overwritten
         for i, err_i in enumerate(err.unbind()):
-            population_step_(ws, unit, cfg.lr, cfg.eta, lam, rows[i])
+            population_step_(ws, unit, cfg.lr, cfg.eta, inv_lam, rows[i])
             # Error 1 − mean_n π_n(y) after the step, as mean_n Σ_{a≠y} π_a (precise when π_n(y) → 1).
             torch.mean(context_stats_(ws)[2], dim=-1, out=err_i)
         mis = misalignment_from_sums(*sums[:, :n])
