@@ -33,7 +33,7 @@ from targetpo.experiments import EXPERIMENTS, UnknownExperiment, load  # noqa: E
 from targetpo.runs import plots  # noqa: E402
 from targetpo.runs.runner import Progress, run_is_live, run_progress  # noqa: E402
 from targetpo.runs.stats import FAIL_CLASSES, NOT_REPRODUCED, SCALE, Failure, Verdict, count  # noqa: E402
-from targetpo.runs.store import METRICS_FILE, RUN_FILE, Run, RunFileError, find_runs  # noqa: E402
+from targetpo.runs.store import METRICS_FILE, RUN_FILE, Run, RunFileError, find_runs, seed_count  # noqa: E402
 
 
 # The presets long enough to test the paper's claims; every other preset (smoke) gets no verdict.
@@ -151,7 +151,7 @@ class Section:
             live = run_is_live(self.run.path)
             status = "stopped before the end (killed or interrupted)" if live is False else status
         head = [f"## {self.title}", "",
-                f"Run `{self.run.path.name}` · preset **{meta.get('preset')}** · {count(len(meta.get('seeds', [])), 'seed')} · "
+                f"Run `{self.run.path.name}` · preset **{meta.get('preset')}** · {count(seed_count(meta), 'seed')} · "
                 f"wall time {meta.get('wall_time_s', 0):.1f} s · status {status} · "
                 f"data: {meta.get('data_source')} · torch {meta.get('versions', {}).get('torch')}", ""]
         if not self.complete:
@@ -239,7 +239,7 @@ def run_scale(run: Run) -> tuple[int, int, int]:
     cfg = run.meta.get("config", {})
     rank = VERDICT_PRESETS.index(run.meta["preset"]) if run.meta.get("preset") in VERDICT_PRESETS else -1
     length = cfg.get("steps") or cfg.get("episodes") or cfg.get("variant_episodes") or 0
-    return rank, int(length), len(run.meta.get("seeds", []))
+    return rank, int(length), seed_count(run.meta)
 
 
 def is_larger(a: Run, b: Run) -> bool:

@@ -145,7 +145,7 @@ def test_three_valued_and_or():
 
 def _section(experiment, preset, claims, name="run", steps=None, seeds=0):
     run = Run(path=Path(f"/nonexistent/{name}"), meta={"preset": preset, "experiment": experiment,
-                                                        "config": {"steps": steps}, "seeds": list(range(seeds))})
+                                                        "config": {"steps": steps, "seeds": seeds}})
     s = Section("t", run, run.path)
     for c in claims:
         s.claim(*c[:3], **(c[3] if len(c) > 3 else {}))

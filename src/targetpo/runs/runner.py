@@ -218,6 +218,29 @@ def _on_interrupt(action):
         raise
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is an allocation failure: Python's MemoryError, or torch's CPU/CUDA out-of-memory errors."""
+    return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
+
+
+@contextlib.contextmanager
+def _on_failure(name: str, cfg: Any, record_status):
+    """An exception that ends a run records status "failed (...)" in run.json, so neither the folder nor its report
+    says "running". Running out of memory becomes one line naming the config's size (the CLI's exit 2, no
+    traceback); any other exception is a bug and keeps its traceback."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        if not is_out_of_memory(exc):
+            record_status(f"failed ({type(exc).__name__}: {first_line[:200]})")
+            raise
+        record_status("failed (out of memory)")
+        raise ValueError(f"{name}: out of memory with seeds={cfg.seeds} ({first_line[:200]}); run fewer seeds or a "
+                         "smaller config; the run folder records the failure (--force replaces it)") from None
+
+
 def is_not_run(run_dir: str | Path) -> bool:
     """Whether `run_dir` holds only the placeholder that :func:`mark_not_run` writes."""
     if not (Path(run_dir) / RUN_FILE).exists():
@@ -238,7 +261,7 @@ def mark_not_run(run_dir: str | Path, exp: ModuleType, preset: str, reason: str)
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_run_json(run_dir, {"experiment": exp.NAME, "title": exp.TITLE, "paper_ref": exp.PAPER_REF,
-                             "preset": preset, "config": {}, "seeds": [], "command": " ".join(sys.argv),
+                             "preset": preset, "config": {}, "command": " ".join(sys.argv),
                              "versions": versions(), "data_source": "not available", "status": "not run",
                              "reason": reason, "wall_time_s": 0.0, "runs": []})
 
@@ -361,9 +384,7 @@ def _run_experiment(
                 raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or --force to replace it")
             shutil.rmtree(run_dir)
         meta = {"experiment": name, "title": exp.TITLE, "paper_ref": exp.PAPER_REF, "preset": preset,
-                "config": dataclasses.asdict(cfg), "seeds": list(range(getattr(cfg, "seed", 0),
-                                                                      getattr(cfg, "seed", 0) + cfg.seeds)),
-                "command": " ".join(sys.argv), "versions": versions(), "device": device,
+                "config": dataclasses.asdict(cfg), "command": " ".join(sys.argv), "versions": versions(), "device": device,
                 "data_source": getattr(exp, "DATA_SOURCE", "generated (no external data)"),
                 "status": "running", "wall_time_s": 0.0, "runs": []}
     fresh = not run_dir.is_dir()
@@ -393,7 +414,7 @@ def _run_experiment(
                          "units": todo, "torch_threads": torch.get_num_threads()})  # for reading wall times
     # From before run.json says "running" to the last record: a Ctrl-C or SIGTERM anywhere in between (even while
     # the metrics file is being created) leaves the status "interrupted", never a stale "running".
-    with _on_interrupt(lambda: record_time("interrupted")):
+    with _on_interrupt(lambda: record_time("interrupted")), _on_failure(name, cfg, record_time):
         write_run_json(run_dir, meta)
         total = sum(steps_of(exp, cfg, u) for u in todo)
         writer = MetricsWriter(run_dir / METRICS_FILE, existing)

@@ -161,6 +161,12 @@ def _record(line: bytes, path: Path, number: int) -> dict:
     return rec
 
 
+def seed_count(meta: dict) -> int:
+    """How many seeds a run.json's config runs (0 for a not-run placeholder, whose config is empty)."""
+    n = meta.get("config", {}).get("seeds", 0)
+    return n if isinstance(n, int) and not isinstance(n, bool) else 0
+
+
 # What every reader of run.json relies on (targetpo run writes these, and a not-run placeholder too).
 RUN_FIELDS = {"experiment": str, "preset": str, "config": dict}
 
