@@ -49,15 +49,17 @@ def _render(x: Any) -> str:
     """JSON text of a record value; tensors and arrays become flat or nested lists of numbers."""
     if type(x) is str:  # noqa: E721  (the run's few unit and event names: rendered once)
         return _key(x) if len(x) <= 64 else json.dumps(x)
-    if hasattr(x, "detach"):
+    if type(x) is not np.ndarray and hasattr(x, "detach"):
         x = x.detach().cpu().numpy()
     if isinstance(x, np.ndarray):
         if x.ndim == 0:
             return _render(x.item())
         if x.dtype.kind in "fc":
             if x.ndim == 1:
-                if x.dtype.kind == "f" and np.isfinite(x).all():
-                    return _row(x.tolist())
+                if x.dtype.kind == "f":
+                    text = _row(x.tolist())
+                    if "n" not in text:  # %g writes a NaN or ±inf as nan/inf, which JSON spells otherwise
+                        return text
                 return "[" + ",".join(map(_num, x.tolist())) + "]"
             return "[" + ",".join(_render(r) for r in x) + "]"
         return json.dumps(x.tolist())
