@@ -384,7 +384,8 @@ def _run_experiment(
                 raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or --force to replace it")
             shutil.rmtree(run_dir)
         meta = {"experiment": name, "title": exp.TITLE, "paper_ref": exp.PAPER_REF, "preset": preset,
-                "config": dataclasses.asdict(cfg), "command": " ".join(sys.argv), "versions": versions(), "device": device,
+                "config": dataclasses.asdict(cfg), "command": " ".join(sys.argv), "versions": versions(),
+                "device": device,
                 "data_source": getattr(exp, "DATA_SOURCE", "generated (no external data)"),
                 "status": "running", "wall_time_s": 0.0, "runs": []}
     fresh = not run_dir.is_dir()
@@ -414,10 +415,11 @@ def _run_experiment(
                          "units": todo, "torch_threads": torch.get_num_threads()})  # for reading wall times
     # From before run.json says "running" to the last record: a Ctrl-C or SIGTERM anywhere in between (even while
     # the metrics file is being created) leaves the status "interrupted", never a stale "running".
-    with _on_interrupt(lambda: record_time("interrupted")), _on_failure(name, cfg, record_time):
+    with (_on_interrupt(lambda: record_time("interrupted")), _on_failure(name, cfg, record_time),
+          contextlib.ExitStack() as open_files):
         write_run_json(run_dir, meta)
         total = sum(steps_of(exp, cfg, u) for u in todo)
-        writer = MetricsWriter(run_dir / METRICS_FILE, existing)
+        writer = open_files.enter_context(contextlib.closing(MetricsWriter(run_dir / METRICS_FILE, existing)))
         nan_ok = getattr(type(cfg), "NAN_MEANS_EMPTY", ())  # metrics that are NaN by design (a mean over nothing)
         with tqdm(total=total, desc=f"{name} [{preset}]", unit="step", disable=not progress, mininterval=0.5,
                   file=sys.stderr, dynamic_ncols=True) as bar:
@@ -446,7 +448,6 @@ def _run_experiment(
                     for unit in pending:
                         writer.write({"unit": unit, "event": "done"})
                     break
-        writer.close()
     diverged = sorted({k[0] for k in writer.existing if k[2] == "diverged"})
 
     if diverged:
