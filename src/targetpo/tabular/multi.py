@@ -123,19 +123,23 @@ def population_step_(ws: Workspace, unit: str, lr: float, eta: float, inv_lam: f
     torch.sum(vv, dim=-1, out=vv_sum)
     if unit == "tpo":
         others, c, mu = ws.e.shape[ACT] - 1, ws.c, inv_lam
-        z = p + c(EPS) + (r + c(others * EPS)) * c(mu)          # Σ_a (π_a + ε) w_a / λ
-        a = (p * c(mu - 1.0) - c(EPS * (1.0 + others * mu))) / z  # q_a − π_a = a·π_a + b for a ≠ y
-        b = torch.reciprocal(z).mul_(c(EPS * mu))               # ε/(λz)
-        g0 = (r * (p * c(1.0 - mu) + c(EPS)) - p * c(others * EPS * mu)) / z  # q_y − π_y
-        # ‖g_n‖² and ⟨g_n, v_n⟩ from r and w; g0² ≥ ((λ−1)p)²·r² dominates the rest, so no cancellation matters.
-        torch.sum(g0 * g0 + a * a * w + c(2.0) * a * b * r + c(others) * b * b, dim=-1, out=g_sq)
-        torch.sum(g0 * r - (a * w + b * r), dim=-1, out=gv_sum)
-        # logits += α·g/‖g‖_F per seed, g = a·π + b·1 + hot·e_y, π = s·e. TPO's b·1 shifts a context's logits by a
-        # constant, which no probability sees; it is in the norms above.
+        # 1/z, z = Σ_a (π_a + ε) w_a / λ; every [seeds, N] temporary below is written in place once made.
+        iz = (p + c(EPS)).add_((r + c(others * EPS)).mul_(c(mu))).reciprocal_()
+        a = (p * c(mu - 1.0)).sub_(c(EPS * (1.0 + others * mu))).mul_(iz)  # q_a − π_a = a·π_a + b for a ≠ y
+        b = iz.mul_(c(EPS * mu))                                # ε/(λz)
+        g0 = torch.mul(a, r).add_(b, alpha=others).neg_()       # q_y − π_y = −Σ_{a≠y}(q_a − π_a)
+        # ‖g_n‖² = g0² + a(a·w + 2b·r) + (A−1)b² and ⟨g_n, v_n⟩ = g0·r − a·w − b·r from r and w; g0² ≥
+        # ((λ−1)p/λz)²·r² dominates the rest, so no cancellation matters.
+        aw, br = a * w, b * r
+        gg = torch.add(aw, br, alpha=2.0).mul_(a).add_(g0 * g0).add_(b * b, alpha=others)
+        torch.sum(gg, dim=-1, out=g_sq)
+        torch.sum((g0 * r).sub_(aw).sub_(br), dim=-1, out=gv_sum)
+        # logits += α·g/‖g‖_F per seed, g = a·π + b·1 + hot·e_y (hot = g0 − a·p − b), π = s·e. TPO's b·1 shifts a
+        # context's logits by a constant, which no probability sees; it is in the norms above.
         torch.reciprocal(torch.sqrt(g_sq + ws.c(1e-30)), out=ws.k_col).mul_(ws.c(lr))
-        torch.mul(ws.k * a, s, out=ws.ke_row)
+        ws.logit_y.addcmul_(ws.k, g0.sub_(a * p).sub_(b))
+        torch.mul(a.mul_(ws.k), s, out=ws.ke_row)
         ws.logits.addcmul_(ws.ke, ws.e)
-        ws.logit_y.add_(ws.k * (g0 - a * p - b))
         return
     # β·(e_y − π) (CE: β = 1): a = −β, b = 0, hot = β. k is −α/‖g‖, so k·β is, bit for bit, the α/‖g‖·(−β)
     # the step adds to every π_a, and subtracting it from logit_y adds α/‖g‖·β there.
