@@ -114,9 +114,9 @@ def population_step_(ws: Workspace, unit: str, lr: float, eta: float, inv_lam: f
     β(p)·(e_y − π) for CE/PG/DG/GRPO, and for TPO q − π with q ∝ (π + ε)·w, w_y = λ = e^{(u_hot − u_cold)/η},
     w_a = 1 otherwise (ε = 1e-8: the authors' anchor log(π + ε)), written in `inv_lam` = 1/λ, which stays finite
     for every η (tabular/bandit.exact_update is the same update computed from tpo_target, and tests/tabular pins
-    the two together). So ‖G‖², ⟨G, V_CE⟩ and the fixed-length
-    step need only r_n = Σ_{a≠y} π_a and w_n = Σ_{a≠y} π_a²: a step and the next softmax take 6 passes over the
-    tensor, none of them allocating one, instead of ~30."""
+    the two together). So ‖G‖², ⟨G, V_CE⟩ and the fixed-length step need only r_n = Σ_{a≠y} π_a and
+    w_n = Σ_{a≠y} π_a²: a step and the next softmax take 6 passes over the tensor, none of them allocating one,
+    instead of ~30."""
     s, p, r, w = ws.s, ws.p, ws.r, ws.w
     g_sq, gv_sum, vv_sum = sums
     vv = w + r * r                                              # ‖v_n‖², v = e_y − π
