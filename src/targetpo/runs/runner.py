@@ -80,7 +80,11 @@ def first_non_finite(values: dict[str, Any], nan_means_empty: tuple[str, ...] = 
 
 
 def _has_bad(x: Any, nan_ok: bool) -> bool:
-    if type(x) is np.ndarray and x.dtype.kind == "f":  # noqa: E721  (most of a log: per-seed rows)
+    # Arrays first: per-seed rows are most of a log. (A bool is no float; NumPy's bools have dtype kind "b".)
+    if isinstance(x, (np.ndarray, np.generic, float)):
+        x = np.asarray(x)
+        if x.dtype.kind not in "fc":
+            return False
         return bool(np.isinf(x).any() if nan_ok else not np.isfinite(x).all())
     if isinstance(x, dict):
         return any(_has_bad(v, nan_ok) for v in x.values())
@@ -91,12 +95,7 @@ def _has_bad(x: Any, nan_ok: bool) -> bool:
             return False
         x = x.detach()
         return bool(torch.isinf(x).any() if nan_ok else ~torch.isfinite(x).all())
-    if isinstance(x, bool) or not isinstance(x, (float, np.ndarray, np.generic)):
-        return False
-    x = np.asarray(x)
-    if x.dtype.kind not in "fc":
-        return False
-    return bool(np.isinf(x).any() if nan_ok else not np.isfinite(x).all())
+    return False
 
 
 class RunContext:
