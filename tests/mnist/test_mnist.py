@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from targetpo.mnist.mlp import bank_forward, bank_forward_shared, init_bank, network_params
+from targetpo.objectives.tpo import one_hot_lambda
 from targetpo.runs.data import MissingDataError
 from targetpo.mnist import data as D
 from targetpo.mnist import bandit as MB
@@ -250,7 +251,7 @@ def test_appendix_c_special_values():
     y = torch.arange(5)
     pg = MB.expected_update("pg", probs, y)
     torch.testing.assert_close(MB.expected_update("group_pg", probs, y), 6.0 * pg)  # Group PG = 6·PG
-    assert abs(MB.tpo_lambda(10) - math.exp(10 / 3)) < 1e-12
+    assert abs(one_hot_lambda(10) - math.exp(10 / 3)) < 1e-12
     # On the symmetric policy (wrong mass spread evenly) the exact and the scalar gains coincide.
     p = torch.tensor([0.05, 0.3, 0.7], dtype=torch.float64)
     sym = ((1 - p) / 9)[:, None].expand(3, 10).clone()

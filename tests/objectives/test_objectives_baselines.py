@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from targetpo import objectives as O
-from targetpo.tabular.bandit import beta_dg, beta_tpo, correct_direction, exact_update, tpo_lambda
+from targetpo.objectives.tpo import one_hot_lambda
+from targetpo.tabular.bandit import beta_dg, beta_tpo, correct_direction, exact_update
 
 
 
@@ -31,7 +32,7 @@ def test_tpo_one_hot_update_is_beta_times_correct_direction():
     torch.testing.assert_close(g, beta * v)
     assert abs(beta.item() - 0.730) < 5e-4
     assert abs(beta_tpo(torch.tensor(0.1), 10).item() - beta.item()) < 1e-12
-    assert tpo_lambda(10) == pytest.approx(math.exp(10 / 3)) == pytest.approx(28.03, rel=1e-3)  # λ = e^{K/√(K−1)}
+    assert one_hot_lambda(10) == pytest.approx(math.exp(10 / 3)) == pytest.approx(28.03, rel=1e-3)  # λ = e^{K/√(K−1)}
 
 
 @settings(max_examples=40, deadline=None)

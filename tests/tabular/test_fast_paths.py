@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from targetpo.tabular import multi, single
-from targetpo.tabular.bandit import correct_direction, exact_update, misalignment, normalized_step, tpo_inv_lambda
+from targetpo.objectives.tpo import one_hot_inv_lambda
+from targetpo.tabular.bandit import correct_direction, exact_update, misalignment, normalized_step
 
 EVERY = (-2, -1)
 
@@ -39,7 +40,7 @@ def _plain_step(logits, method, lr, eta):
 @pytest.mark.parametrize("shift_by_max", [False, True])
 def test_population_step_is_the_plain_update_in_float64(method, eta, scale, shift_by_max):
     logits = _logits(torch.float64, scale)
-    new, mis = _fast_step(logits, method, 0.1, eta, tpo_inv_lambda(10, eta), shift_by_max)
+    new, mis = _fast_step(logits, method, 0.1, eta, one_hot_inv_lambda(10, eta), shift_by_max)
     ref_logits, ref_mis = _plain_step(logits, method, 0.1, eta)
     # TPO's per-context constant b is left out of the logits (no probability sees it): compare the policies.
     assert torch.allclose(torch.softmax(new, -1), torch.softmax(ref_logits, -1), rtol=1e-11, atol=1e-15)
@@ -70,11 +71,11 @@ def test_tpo_keeps_the_anchor_epsilon():
     matches tpo_target's, which the authors' code uses."""
     logits = _logits(torch.float64, 30.0)
     assert torch.softmax(logits, -1).min() < 1e-10
-    new, _ = _fast_step(logits, "tpo", 0.1, 1.0, tpo_inv_lambda(10))
+    new, _ = _fast_step(logits, "tpo", 0.1, 1.0, one_hot_inv_lambda(10))
     no_eps = multi.EPS
     try:
         multi.EPS = 0.0
-        other, _ = _fast_step(logits, "tpo", 0.1, 1.0, tpo_inv_lambda(10))
+        other, _ = _fast_step(logits, "tpo", 0.1, 1.0, one_hot_inv_lambda(10))
     finally:
         multi.EPS = no_eps
     ref, _ = _plain_step(logits, "tpo", 0.1, 1.0)

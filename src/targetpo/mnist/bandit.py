@@ -24,6 +24,7 @@ from torch import Tensor
 
 from targetpo import objectives as obj
 from targetpo.objectives import expected_baseline, reinforce_loss, standardize_scores
+from targetpo.objectives.tpo import one_hot_inv_lambda
 
 NUM_CLASSES = 10
 STREAM_INIT, STREAM_DATA = 0, 1
@@ -168,19 +169,6 @@ def bandit_loss(
 
 # ----------------------------------------------------------------------------- App. C closed forms
 
-def tpo_lambda(num_classes: int = NUM_CLASSES, eta: float = 1.0) -> float:
-    """λ = exp((u_hot − u_cold)/η) for a one-hot score over C classes: u = ±√(C−1) and ∓1/√(C−1); e^{10/3} for
-    C = 10; inf where that exceeds a float (η below ~0.005)."""
-    gap = num_classes / math.sqrt(num_classes - 1) / eta
-    return math.exp(gap) if gap < 709.0 else math.inf
-
-
-def tpo_inv_lambda(num_classes: int = NUM_CLASSES, eta: float = 1.0) -> float:
-    """1/λ, in (0, 1] and finite for every η > 0: the closed forms below take it, so a small η (a sharp target,
-    λ beyond a float) gives their limits instead of inf/inf."""
-    return math.exp(-num_classes / math.sqrt(num_classes - 1) / eta)
-
-
 def tpo_beta_plus(p: Tensor, inv_lam: float) -> Tensor:
     """β₊(p) = p(λ−1)/(1 − p + λp) = p(1 − 1/λ)/((1 − p)/λ + p): the weight on e_y − π of the update after a correct
     sample (App. C)."""
@@ -223,7 +211,7 @@ def expected_update(method: str, probs: Tensor, labels: Tensor, eta: float = 1.0
         right = p * (1.0 - b) * _sigmoid((1.0 - b) * (-p.clamp_min(1e-8).log()) / eta)
         return right * v + probs * alpha.sum(-1, keepdim=True) - alpha
     if method == "tpo":
-        inv_lam = tpo_inv_lambda(c, eta)
+        inv_lam = one_hot_inv_lambda(c, eta)
         cj = probs * tpo_gamma(probs, inv_lam) * wrong
         return p * tpo_beta_plus(p, inv_lam) * v + probs * cj.sum(-1, keepdim=True) - cj
     raise ValueError(f"no App. C closed form for method {method!r}")
@@ -244,7 +232,7 @@ def scalar_beta(method: str, p: Tensor, num_classes: int = NUM_CLASSES, eta: flo
         return (p * (1.0 - b) * _sigmoid((1.0 - b) * (-p.clamp_min(1e-8).log()) / eta)
                 + p * b * _sigmoid(-b * (-q.clamp_min(1e-8).log()) / eta))
     if method == "tpo":
-        inv_lam = tpo_inv_lambda(num_classes, eta)
+        inv_lam = one_hot_inv_lambda(num_classes, eta)
         return p * tpo_beta_plus(p, inv_lam) + p * tpo_gamma(q, inv_lam)
     raise ValueError(f"no scalar approximation for method {method!r}")
 

@@ -195,6 +195,27 @@ def _check_options(eta, kl_budget, anchor: bool, projection=None, alpha=None) ->
         raise ValueError(f"alpha={alpha!r} is only used with projection='alpha'; got projection={projection!r}")
 
 
+# ----------------------------------------------------------------------------- one-hot scores in closed form
+
+def _one_hot_gap(num_candidates: int, eta: float) -> float:
+    """(u_hot − u_cold)/η for a one-hot score over K candidates: u = √(K−1) and −1/√(K−1), so K/(√(K−1)·η)."""
+    return num_candidates / math.sqrt(num_candidates - 1) / eta
+
+
+def one_hot_lambda(num_candidates: int, eta: float = 1.0) -> float:
+    """λ = exp((u_hot − u_cold)/η), the ratio of TPO's target weights w_hot/w_cold for a one-hot score (the tabular
+    and MNIST closed forms, App. B–C; e^{10/3} ≈ 28.03 for K = 10); inf where it exceeds a float (η below ~0.005
+    for K = 10)."""
+    gap = _one_hot_gap(num_candidates, eta)
+    return math.exp(gap) if gap < 709.0 else math.inf
+
+
+def one_hot_inv_lambda(num_candidates: int, eta: float = 1.0) -> float:
+    """1/λ (:func:`one_hot_lambda`), in [0, 1] and finite for every η > 0 (0.0 once it underflows): the form the
+    closed forms compute in, since λ itself overflows float32 below η ≈ 0.04 for K = 10."""
+    return math.exp(-_one_hot_gap(num_candidates, eta))
+
+
 # ----------------------------------------------------------------------------- the target and the loss
 
 @checked(words=ADAPTIVE)

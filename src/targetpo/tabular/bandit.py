@@ -11,12 +11,11 @@ TPO's weight stays O(1) as p → 0 (β_TPO(0.1, K=10) ≈ 0.73) where PG's and D
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
 from targetpo.objectives import standardize_scores, tpo_target
+from targetpo.objectives.tpo import one_hot_lambda
 
 
 def beta_pg(p: Tensor) -> Tensor:
@@ -32,21 +31,8 @@ def beta_grpo(p: Tensor) -> Tensor:
     return torch.sqrt(p / (1.0 - p + 1e-8))
 
 
-def tpo_lambda(num_actions: int, eta: float = 1.0) -> float:
-    """exp((u_hot − u_cold)/η) for a one-hot score over K actions: u = √(K−1) and −1/√(K−1); inf where that
-    exceeds a float (η below ~0.005 for K = 10)."""
-    gap = num_actions / math.sqrt(num_actions - 1) / eta
-    return math.exp(gap) if gap < 709.0 else math.inf
-
-
-def tpo_inv_lambda(num_actions: int, eta: float = 1.0) -> float:
-    """1/λ = exp(−(u_hot − u_cold)/η), in (0, 1] and finite for every η > 0 (0.0 once it underflows): the form
-    the float32 update uses, where λ itself overflows below η ≈ 0.04 for K = 10."""
-    return math.exp(-num_actions / math.sqrt(num_actions - 1) / eta)
-
-
 def beta_tpo(p: Tensor, num_actions: int) -> Tensor:
-    lam = tpo_lambda(num_actions)
+    lam = one_hot_lambda(num_actions)
     return p * (lam - 1.0) / (1.0 - p + lam * p)
 
 

@@ -22,8 +22,8 @@ from targetpo.runs import plots
 from targetpo.runs.stats import (all_of, at_least, below, bootstrap_interval, curves, exact, final_interval,
                                  first_below, fmt, hit_step, interval_at, ours_vs_paper, paired_interval,
                                  seed_interval, steps_to_interval)
-from targetpo.tabular.bandit import (beta, beta_dg, beta_grpo, beta_pg, beta_tpo, correct_direction, exact_update,
-                                     tpo_inv_lambda)
+from targetpo.objectives.tpo import one_hot_inv_lambda
+from targetpo.tabular.bandit import beta, beta_dg, beta_grpo, beta_pg, beta_tpo, correct_direction, exact_update
 
 NAME = "tabular-multi"
 TITLE = "Tabular multi-context bandit (paper §3.2, Fig. 3)"
@@ -180,7 +180,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
     # Stored [seeds, A, N]: reductions over the 10 actions then run vectorised over the contexts (several times
     # faster on CPU than over a contiguous last dim of 10), and every op stays on contiguous memory.
     logits = logits.transpose(-1, -2).contiguous()
-    inv_lam = tpo_inv_lambda(cfg.actions, cfg.eta)
+    inv_lam = one_hot_inv_lambda(cfg.actions, cfg.eta)
     ws = Workspace(logits)
     # A step keeps four numbers per seed; the metrics are finished and written once per CHUNK steps, a few ms
     # after they are computed: the writes then run back to back (twice as fast as between steps, whose tensors
