@@ -189,9 +189,12 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
     rows = list(zip(*sums))  # step i's three [seeds] rows, views taken once
     for start in range(0, cfg.steps, CHUNK):
         n = min(CHUNK, cfg.steps - start)
-        # The softmax's shift for this chunk: logit_y where that provably stays finite, else the max.
-        ws.shift_by_max = not shift_by_logit_y_is_safe(ws, cfg.lr, n)
-        context_stats_(ws)
+        # The softmax's shift for this chunk: logit_y where that provably stays finite, else the max. The last
+        # step's softmax is read again only where the shift changes (or at the start).
+        by_max = not shift_by_logit_y_is_safe(ws, cfg.lr, n)
+        if start == 0 or by_max != ws.shift_by_max:
+            ws.shift_by_max = by_max
+            context_stats_(ws)
         err = torch.empty(n, cfg.seeds)  # fresh per chunk: a logged row is never overwritten
         for i, err_i in enumerate(err.unbind()):
             population_step_(ws, unit, cfg.lr, cfg.eta, inv_lam, rows[i])
