@@ -52,8 +52,7 @@ class OpTimer(TorchDispatchMode):
 
 def alone_us(func, args, kwargs, repeats: int = 50) -> float:
     """Median µs of `func` on fresh tensors shaped and strided like `args`, run back to back."""
-    fresh = [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype).copy_(a) if isinstance(a, torch.Tensor) else a
-             for a in args]
+    fresh = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # clone keeps a dense tensor's strides
     for _ in range(5):
         func(*fresh, **kwargs)
     runs = []
