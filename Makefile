@@ -15,7 +15,7 @@ JOBS ?=
 .PHONY: reproduce test install bench clean
 
 # constraints.txt pins every package to the versions the tests run with (pyproject.toml keeps the ranges).
-$(VENV)/.installed: pyproject.toml constraints.txt
+$(VENV)/.installed: pyproject.toml constraints.txt src/targetpo/__init__.py  # __init__: the version
 	@echo "installing targetpo with every extra into $(VENV) (first time ~3 min)…"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -c constraints.txt --upgrade pip

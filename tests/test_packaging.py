@@ -62,3 +62,19 @@ def test_constraints_pin_what_ci_installs_and_fit_the_ranges():
     for name, req in declared.items():
         if name in pins and name != "targetpo":
             assert admits(req, pins[name]), f"constraints.txt pins {name}=={pins[name]} outside {req}"
+
+
+def test_version_is_declared_once_and_matches_the_changelog():
+    """pyproject.toml reads the version from `targetpo.__version__`; the installed metadata and run.json (which
+    records `__version__`) agree, and CHANGELOG.md's newest heading is that release."""
+    import tomllib
+
+    import targetpo
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "targetpo.__version__"}
+    assert md.version("targetpo") == targetpo.__version__, "reinstall the package (pip install -e .)"
+    newest = next(line for line in (ROOT / "CHANGELOG.md").read_text(encoding="utf-8").splitlines()
+                  if line.startswith("## "))
+    assert newest.split()[1] == Version(targetpo.__version__).base_version, newest

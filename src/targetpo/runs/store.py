@@ -1,6 +1,6 @@
 """Append-only run storage.
 
-A run directory holds `run.json` (config, versions, seeds, data source, wall time, status) and
+A run directory holds `run.json` (config, which gives the seeds, versions, data source, wall time, status) and
 `metrics.jsonl`, one JSON object per line, each written with a single write and flushed (and fsynced) as
 soon as it is produced, so a killed run keeps every complete line. Records are keyed by (unit, step); on
 resume the runner replays a unit deterministically and skips keys already on disk, so nothing written before
