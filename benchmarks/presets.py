@@ -7,6 +7,9 @@ same machine load, and their metrics.jsonl are compared record by record (wall_*
 
     python benchmarks/presets.py tabular-single:paper tabular-multi:paper --repeats 3
     python benchmarks/presets.py mnist:paper --repeats 3 --data-dir ../shared/data/mnist
+    python benchmarks/presets.py token-terminal:paper mnist:paper --device cuda --data-dir ../shared/data/mnist
+
+On a CUDA device the table adds the peak GPU memory each run recorded in run.json (the largest of the repeats).
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_once(src: Path, name: str, preset: str, out: Path, extra: list[str]) -> tuple[float, float, float]:
-    """(runner wall_time_s, whole-command seconds, whole-command CPU seconds) of one fresh run. On a shared
-    machine the CPU time (user + sys) is the steadier number: it leaves out the time spent waiting for a core."""
+def run_once(src: Path, name: str, preset: str, out: Path, extra: list[str]) -> tuple[float, float, float, int | None]:
+    """(runner wall_time_s, whole-command seconds, whole-command CPU seconds, peak GPU memory in bytes or None off
+    a GPU) of one fresh run. On a shared machine the CPU time (user + sys) is the steadier number: it leaves out
+    the time spent waiting for a core."""
     env = {**os.environ, "PYTHONPATH": str(src)}
     cmd = [sys.executable, "-m", "targetpo.cli", "run", name, "--preset", preset, "--out", str(out), "--force",
            "--no-progress", "--no-report", *extra]
@@ -35,7 +39,8 @@ def run_once(src: Path, name: str, preset: str, out: Path, extra: list[str]) -> 
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
     whole, after = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    return json.loads((out / "run.json").read_text())["wall_time_s"], whole, cpu
+    meta = json.loads((out / "run.json").read_text())
+    return meta["wall_time_s"], whole, cpu, meta.get("peak_gpu_memory_bytes")
 
 
 def stable_lines(path: Path) -> list[dict]:
@@ -55,6 +60,7 @@ def main() -> None:
     ap.add_argument("--data-dir", default=None, help="passed to experiments that read MNIST")
     ap.add_argument("--threads", type=int, default=None, help="torch threads per run (default: the runner's, "
                     "every core)")
+    ap.add_argument("--device", default=None, help="passed to every run (e.g. cuda); default: the CPU")
     ap.add_argument("--out", default=None, help="where the runs go (default: a temporary directory)")
     args = ap.parse_args()
     srcs = [Path(s).resolve() for s in (args.src or [ROOT / "src"])]
@@ -64,6 +70,7 @@ def main() -> None:
         name, _, preset = spec.partition(":")
         extra = ["--data-dir", args.data_dir] if args.data_dir and name.startswith("mnist") else []
         extra += ["--threads", str(args.threads)] if args.threads else []
+        extra += ["--device", args.device] if args.device else []
         times = {s: [] for s in srcs}
         for r in range(args.repeats):
             for i, s in enumerate(srcs):
@@ -77,15 +84,18 @@ def main() -> None:
             wall = statistics.median(t[0] for t in times[s])
             whole = statistics.median(t[1] for t in times[s])
             cpu = statistics.median(t[2] for t in times[s])
+            peaks = [t[3] for t in times[s] if t[3] is not None]
+            gpu = f" {max(peaks) / 2**30:.2f} |" if peaks else ""
             rows.append(f"| `{name}` | {preset} | {s.parent.name if len(srcs) > 1 else ''} | {wall:.2f} | {whole:.2f} | "
                         f"{cpu:.2f} | "
-                        f"{', '.join(f'{t[0]:.2f}' for t in times[s])} | {same} |")
+                        f"{', '.join(f'{t[0]:.2f}' for t in times[s])} | {same} |{gpu}")
     threads = args.threads or len(os.sched_getaffinity(0))
     print(f"median of {args.repeats} runs each, {threads} torch thread(s), load average at the end "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    gpu = " peak GPU memory (GiB) |" if args.device and args.device.startswith("cuda") else ""
     print("\n| experiment | preset | tree | wall_time_s | whole command (s) | whole command CPU (s) | all wall_time_s "
-          "| metrics |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| metrics |" + gpu)
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if gpu else ""))
     print("\n".join(rows))
 
 

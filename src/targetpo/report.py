@@ -153,7 +153,9 @@ class Section:
         head = [f"## {self.title}", "",
                 f"Run `{self.run.path.name}` · preset **{meta.get('preset')}** · {count(seed_count(meta), 'seed')} · "
                 f"wall time {meta.get('wall_time_s', 0):.1f} s · status {status} · "
-                f"data: {meta.get('data_source')} · torch {meta.get('versions', {}).get('torch')}", ""]
+                f"data: {meta.get('data_source')} · torch {meta.get('versions', {}).get('torch')}"
+                + (f" · device {meta.get('device')}, peak GPU memory {meta['peak_gpu_memory_bytes'] / 2**30:.2f} GiB"
+                   if "peak_gpu_memory_bytes" in meta else ""), ""]
         if not self.complete:
             head += [incomplete_note(self.run, self.progress, live), ""]
         diverged = self.run.diverged_units()

@@ -399,13 +399,18 @@ def _run_experiment(
     units = units_of(exp, cfg)
     todo = [u for u in units if u not in done]
     t0, before = time.time(), meta.get("wall_time_s", 0.0)
+    reset_peak_memory(dev)
 
     def record_time(status: str) -> float:
-        """This segment's wall time so far and `status` into run.json; returns the segment's time. Written after
-        every finished batch of units too, so a killed run keeps the time up to its last one and the total after a
-        resume counts every segment."""
+        """This segment's wall time so far (and on a GPU its peak memory) and `status` into run.json; returns the
+        segment's time. Written after every finished batch of units too, so a killed run keeps the time up to its
+        last one and the total after a resume counts every segment."""
         elapsed = time.time() - t0
         meta["wall_time_s"], meta["runs"][-1]["wall_time_s"], meta["status"] = before + elapsed, elapsed, status
+        peak = peak_memory_bytes(dev)
+        if peak is not None:
+            meta["runs"][-1]["peak_gpu_memory_bytes"] = peak
+            meta["peak_gpu_memory_bytes"] = max(peak, meta.get("peak_gpu_memory_bytes", 0))
         write_run_json(run_dir, meta)
         return elapsed
 
@@ -464,6 +469,18 @@ def _run_experiment(
             line += "\n  " + exp.summary(Run.load(run_dir))
         print(line)
     return run_dir
+
+
+def reset_peak_memory(dev: torch.device) -> None:
+    """Start counting a CUDA device's peak memory from now (a run's segment); nothing on other devices."""
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+
+
+def peak_memory_bytes(dev: torch.device) -> int | None:
+    """Peak memory torch allocated on a CUDA device since :func:`reset_peak_memory`; None on other devices
+    (the CPU has no such counter: BENCHMARKS.md measures CPU memory with the profiler)."""
+    return int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None
 
 
 def computes_on(exp: ModuleType, dev: torch.device) -> bool:
