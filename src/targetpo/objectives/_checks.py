@@ -102,7 +102,9 @@ def check_bool(name: str, mask: Tensor) -> None:
     """Masks must be bool: a float mask of 0.5 (or 2) would be neither a selection nor a documented weight."""
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
         got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-        raise ValueError(f"{name} must be a bool tensor (True = valid), got {got}")
+        hint = "; a 0/1 mask (TRL's completion_mask, verl's response_mask) converts with .bool()" \
+            if isinstance(mask, Tensor) else ""
+        raise ValueError(f"{name} must be a bool tensor (True = valid), got {got}{hint}")
 
 
 def check_token_mask(token_mask: Tensor | None, logp: Tensor) -> None:
