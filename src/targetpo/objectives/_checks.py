@@ -102,8 +102,8 @@ def check_bool(name: str, mask: Tensor) -> None:
     """Masks must be bool: a float mask of 0.5 (or 2) would be neither a selection nor a documented weight."""
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
         got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-        hint = "; a 0/1 mask (TRL's completion_mask, verl's response_mask) converts with .bool()" \
-            if isinstance(mask, Tensor) else ""
+        engines = " (TRL's completion_mask, verl's response_mask)" if name == "token_mask" else ""
+        hint = f"; a 0/1 mask{engines} converts with .bool()" if isinstance(mask, Tensor) else ""
         raise ValueError(f"{name} must be a bool tensor (True = valid), got {got}{hint}")
 
 
