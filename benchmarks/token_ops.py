@@ -69,7 +69,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     ap.add_argument("--method", default="tpo_token", help="token-experiment method (default tpo_token)")
     ap.add_argument("--episodes", type=int, default=10, help="episodes timed after a warm-up run (default 10)")
-    ap.add_argument("--top", type=int, default=8, help="how many of the costliest (op, shapes) to re-time alone (default 8; a large N: all)")
+    ap.add_argument("--top", type=int, default=8,
+                    help="how many of the costliest (op, shapes) to re-time alone (default 8; a large N: all)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = te.TrialConfig(task="reverse_copy", reward="bag", length=10, vocab=2, batch=100, k=8,
@@ -90,7 +91,7 @@ def main() -> None:
     for key, (n, total, (func, fargs, fkwargs)) in rows:
         inside = total / n * 1e6
         alone = alone_us(func, fargs, fkwargs)
-        sum_inside, sum_alone = sum_inside + n * inside, sum_alone + n * alone
+        sum_inside, sum_alone = sum_inside + total * 1e6, sum_alone + n * alone
         shapes = ", ".join(str(list(k[0])) for k in key[1:] if isinstance(k, tuple))
         print(f"| {key[0]} | {shapes} | {n} | {inside:.0f} | {alone:.0f} | {inside / alone:.2f} |")
     print(f"these {len(rows)} rows: {sum_inside / args.episodes / 1e3:.1f} ms an episode inside, "

@@ -245,5 +245,6 @@ def test_an_integer_0_1_token_mask_is_refused_with_how_to_convert_it(name):
     """TRL's completion_mask and verl's response_mask are 0/1 integers: refused (masks are bool), saying how."""
     logp = -torch.rand(G, K, T)
     mask = torch.ones(G, K, T, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"token_mask must be a bool tensor .*got torch.int64; a 0/1 mask \(TRL.s completion_mask.*\.bool\(\)"):
+    with pytest.raises(ValueError, match=r"token_mask must be a bool tensor .*got torch.int64; "
+                                         r"a 0/1 mask \(TRL.s completion_mask.*\.bool\(\)"):
         obj.get(name).per_token_fn(logp, logp, torch.rand(G, K), token_mask=mask)
