@@ -98,6 +98,88 @@ def test_ppo_clip_on_hand_made_ratios():
     assert abs(out.metrics["clip_frac"].item() - 2 / 7) < 1e-6
 
 
+def _min_form_surrogate(ratio, adv, eps_low, eps_high):
+    """The textbook min(ρA, clip(ρ)A), written independently of the library's form."""
+    return torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([(0.2, 0.2), (0.2, 0.28), (0.1, 0.5)]))
+def test_property_clipped_surrogate_equals_the_min_form_bit_for_bit(seed, eps):
+    g = torch.Generator().manual_seed(seed)
+    log_ratio = torch.randn(257, generator=g) * 0.5
+    adv = torch.randn(257, generator=g)
+    adv[::7] = 0.0
+    lr1, lr2 = log_ratio.clone().requires_grad_(True), log_ratio.clone().requires_grad_(True)
+    new = O.clipped_surrogate(torch.exp(lr1), adv, *eps)
+    old = _min_form_surrogate(torch.exp(lr2), adv, *eps)
+    assert torch.equal(new, old)
+    new.sum().backward()
+    old.sum().backward()
+    # min() of two rounded products can tie just beyond the clip edge and pass half a gradient there; elsewhere
+    # the gradients agree bit for bit (A inside the range, 0 beyond it).
+    r = log_ratio.exp()
+    edge = ((adv > 0) & (r > 1 + eps[1])) | ((adv < 0) & (r < 1 - eps[0]))
+    assert torch.equal(lr1.grad[~edge], lr2.grad[~edge])
+    assert torch.equal(lr1.grad[edge], torch.zeros_like(lr1.grad[edge]))
+
+
+def test_ratio_exp_is_exp_in_value_first_and_second_derivative_and_under_vmap():
+    from targetpo.objectives.clipped import ratio_exp
+
+    x = torch.randn(64, dtype=torch.float32, requires_grad=True)
+    y = ratio_exp(x)
+    assert torch.equal(y, torch.exp(x.detach()))
+    (g,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+    assert torch.equal(g, torch.exp(x.detach()))
+    (h,) = torch.autograd.grad(g.sum(), x)
+    torch.testing.assert_close(h, torch.exp(x.detach()))
+    assert torch.equal(torch.func.vmap(ratio_exp)(x.detach().view(8, 8)), torch.exp(x.detach()).view(8, 8))
+    # The one difference from torch.exp: a zero incoming gradient on an overflowed value gives 0, not NaN.
+    big = torch.tensor([1000.0], requires_grad=True)
+    (gb,) = torch.autograd.grad(ratio_exp(big), big, grad_outputs=torch.zeros(1))
+    assert gb.item() == 0.0
+
+
+@pytest.mark.parametrize("dual", [None, 3.0])
+def test_ppo_at_an_overflowing_ratio_has_the_exact_loss_and_no_nan_gradient(dual):
+    # log ρ = 1000 overflows exp in float32 and float64 (ρ = ∞). A > 0 and A = 0 sit on flat branches (gradient 0);
+    # A < 0 is unclipped (loss and gradient +∞, unless dual-clip caps it at −cA with gradient 0).
+    logp = torch.zeros(4, requires_grad=True)
+    old = torch.tensor([-1000.0, -1000.0, -1000.0, -0.1])
+    adv = torch.tensor([1.0, 0.0, -1.0, 1.0])
+    out = O.ppo_loss(logp, old, adv, clip_eps=0.2, dual_clip_c=dual)
+    out.loss.backward()
+    expected_grad = [0.0, 0.0, math.inf if dual is None else 0.0, -math.exp(0.1) / 4]  # ρ = e^0.1 < 1.2: −Aρ/4
+    if dual is None:
+        assert out.loss.item() == math.inf
+    else:
+        assert out.loss.item() == pytest.approx(-(1.2 + 0.0 - 3.0 + math.exp(0.1)) / 4, rel=1e-6)
+    assert not logp.grad.isnan().any()
+    torch.testing.assert_close(logp.grad, torch.tensor(expected_grad))
+    # The flat-branch entries alone: a finite loss and an all-zero gradient on them.
+    logp.grad = None
+    out = O.ppo_loss(logp[:2], old[:2], adv[:2], clip_eps=0.2)
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx(-1.2 / 2) and torch.equal(logp.grad[:2], torch.zeros(2))
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo"])
+def test_group_ratio_losses_without_a_log_ratio_clamp_give_no_nan_gradient(name):
+    # The engines' conventions turn the ±20 clamp off (log_ratio_clip=None): a stale candidate with log ρ = 1000
+    # on a positive advantage is clipped, so its gradient is 0, not 0·∞ = NaN.
+    logp = torch.zeros(1, 2, 3, requires_grad=True)
+    old = torch.zeros(1, 2, 3)
+    old[0, 1] = -1000.0
+    scores = torch.tensor([[0.0, 1.0]])
+    mask = torch.ones(1, 2, 3, dtype=torch.bool)
+    fn = O.get(name).fn
+    out = fn(logp, old, scores, token_mask=mask, log_ratio_clip=None, **({"beta": 0.0} if name == "grpo" else {}))
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and not logp.grad.isnan().any()
+    assert torch.equal(logp.grad[0, 1], torch.zeros(3))
+
+
 def test_grpo_sequence_level_sums_candidates_and_kl_is_zero_in_first_epoch():
     gen = torch.Generator().manual_seed(0)
     logp = torch.randn(3, 4, generator=gen).requires_grad_(True)

@@ -52,3 +52,13 @@ def test_default_threads_follow_the_idle_cores(monkeypatch, idle_share, cores, e
 def test_default_threads_is_one_where_the_load_cannot_be_read(monkeypatch):
     monkeypatch.setattr(runner, "_cpu_times", lambda: None)
     assert default_threads(window_s=0) == 1
+
+
+def test_more_threads_than_cores_is_run_with_a_warning(tmp_path, monkeypatch, capsys):
+    # Oversubscribed OpenMP threads spin-wait for descheduled ones (BENCHMARKS.md "Threads": 10–55× slower).
+    monkeypatch.setattr(runner, "available_cores", lambda: 2)
+    assert _threads_after(tmp_path / "w", load("tabular-single"), threads=3) == 3
+    err = capsys.readouterr().err
+    assert "warning: --threads 3 is more than the 2 CPU core(s) this process may use" in err
+    _threads_after(tmp_path / "q", load("tabular-single"), threads=2)
+    assert "warning" not in capsys.readouterr().err

@@ -65,16 +65,46 @@ def masked_log_ratio(logp: Tensor, old_logp: Tensor, valid: Tensor | None) -> Te
     return delta if valid is None else torch.where(valid, delta, torch.zeros_like(delta))
 
 
+class _RatioExp(torch.autograd.Function):
+    """exp(x) whose backward is 0 wherever the incoming gradient is 0, instead of 0·exp(x), which is NaN where
+    exp(x) overflowed. An unclamped log-ratio above ~88 (float32) makes ρ = ∞; on a clipped, flat branch its
+    true gradient is 0, and autograd's 0·∞ would otherwise poison the whole update."""
+
+    generate_vmap_rule = True  # torch.func transforms (vmap, grad) work through it like through torch.exp
+
+    @staticmethod
+    def forward(x: Tensor) -> Tensor:
+        return torch.exp(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (y,) = ctx.saved_tensors
+        return torch.where(grad == 0, torch.zeros_like(grad), grad * y)
+
+
+def ratio_exp(log_ratio: Tensor) -> Tensor:
+    """ρ = exp(log ρ), the same value bit for bit, with a zero gradient wherever ρ's gradient is zero even when ρ
+    is infinite (:class:`_RatioExp`); a nonzero gradient on an infinite ρ stays infinite, as the math says."""
+    return _RatioExp.apply(log_ratio)
+
+
 def importance_ratio(logp: Tensor, old_logp: Tensor, valid: Tensor | None, log_ratio_clip: float | None) -> Tensor:
     """ρ = exp(log π_θ − log π_old), with the log-ratio 0 where `valid` is False (:func:`masked_log_ratio`) and
-    clamped to ±`log_ratio_clip` when given."""
+    clamped to ±`log_ratio_clip` when given (:func:`ratio_exp`: finite gradients on flat branches at any ρ)."""
     delta = masked_log_ratio(logp, old_logp, valid)
-    return torch.exp(delta if log_ratio_clip is None else delta.clamp(-log_ratio_clip, log_ratio_clip))
+    return ratio_exp(delta if log_ratio_clip is None else delta.clamp(-log_ratio_clip, log_ratio_clip))
 
 
 def clipped_surrogate(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> Tensor:
-    """PPO's pessimistic surrogate min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) (Schulman et al. 2017)."""
-    return torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)
+    """PPO's pessimistic surrogate min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) (Schulman et al. 2017), computed as
+    A·min(ρ, 1+ε_high) for A ≥ 0 and A·max(ρ, 1−ε_low) for A < 0: the same values (rounding is monotone), the
+    exact gradient (A inside the clip range, 0 beyond it, where min() of two rounded products could tie and pass
+    half), and 0 rather than 0·∞ = NaN for A = 0 at an infinite ρ."""
+    return torch.where(adv >= 0, adv * ratio.clamp_max(1.0 + eps_high), adv * ratio.clamp_min(1.0 - eps_low))
 
 
 def dual_clip(surrogate: Tensor, adv: Tensor, c: float | None) -> Tensor:
@@ -327,11 +357,11 @@ def gspo_loss(
     if log_ratio_max is not None:
         log_s = log_s.clamp(max=log_ratio_max)
     if loss_agg is None:
-        ratio = torch.exp(log_s)
+        ratio = ratio_exp(log_s)
         per = -clipped_surrogate(ratio, adv, clip_eps, clip_eps_high)
         loss = torch.where(valid, per, torch.zeros_like(per)).sum() / valid.sum().clamp_min(1)
     else:
-        per = -clipped_surrogate(torch.exp(log_s), adv.unsqueeze(-1), clip_eps, clip_eps_high)
+        per = -clipped_surrogate(ratio_exp(log_s), adv.unsqueeze(-1), clip_eps, clip_eps_high)
         loss = aggregate(per, loss_agg, token_mask=tm, per_token=True)
         ratio = torch.exp(log_s.detach()[..., 0])
     with torch.no_grad():
