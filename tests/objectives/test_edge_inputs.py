@@ -57,6 +57,33 @@ def test_a_padding_token_with_an_extreme_log_ratio_changes_nothing(name):
         assert torch.isfinite(v).all() and torch.allclose(v, ref.metrics[k], atol=1e-6), (name, k, v, ref.metrics[k])
 
 
+@pytest.mark.parametrize("name", PER_TOKEN)
+@pytest.mark.parametrize("first", ["best", "worst", "tied"])
+def test_a_valid_token_with_an_overflowing_ratio_gives_no_nan(name, first):
+    """log π − log π_old = 199 on a *valid* token (a very stale sample; the log-ratio clamp off, TRL's setting): ρ is
+    ∞ there. The loss may be ±∞ where the math is (an unclipped ratio term), but neither it nor any gradient is
+    NaN: on a clipped or zero-advantage branch, or a detached Clip-Cov token, the term and its gradient are 0, not
+    0·∞. Its candidate is the group's best, worst, or in a tied group (A = 0)."""
+    fn = obj.get(name).per_token_fn
+    logp, old = _randn(G, K, T, seed=1) - 1.0, _randn(G, K, T, seed=2) - 1.0
+    old[0, 0, 1] = -200.0
+    logp.requires_grad_(True)
+    scores = _randn(G, K, seed=3)
+    if first == "tied":
+        scores[0] = 1.0
+    else:
+        scores[0, 0] = 5.0 if first == "best" else -5.0
+    kw = {"log_ratio_clip": None} if "log_ratio_clip" in inspect.signature(fn).parameters else {}
+    torch.manual_seed(0)  # Clip-Cov's pick
+    out = fn(logp, old, scores, token_mask=torch.ones(G, K, T, dtype=torch.bool), **kw)
+    out.loss.backward()
+    assert not out.loss.isnan() and not logp.grad.isnan().any(), (name, out.loss, logp.grad)
+    # A finite loss unless an unclipped term holds ρ = ∞: A < 0 in the GRPO family, any A ≠ 0 in KL-Cov's −Aρ.
+    # TPO reads old log-probs only through its target, so it stays finite.
+    may_be_infinite = (first == "worst" and not name.startswith("tpo")) or (name == "kl_cov" and first != "tied")
+    assert torch.isfinite(out.loss) or may_be_infinite, (name, out.loss)
+
+
 def test_ppo_ratio_metric_counts_valid_tokens_only():
     lp = torch.full((2, 3), -1.0, requires_grad=True)
     old = torch.full((2, 3), -1.0)

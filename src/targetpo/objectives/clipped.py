@@ -473,9 +473,10 @@ def clip_cov_loss(
     lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps, std_ddof, singleton)
     hi = clip_eps if clip_eps_high is None else clip_eps_high
     a = _token_advantages(tm, adv)
-    ratio = torch.exp(masked_log_ratio(lp, old, tm))
-    pg1, pg2 = -a * ratio, -a * ratio.clamp(1.0 - clip_eps, 1.0 + hi)
+    ratio = ratio_exp(masked_log_ratio(lp, old, tm))
     with torch.no_grad():
+        # verl's two branches, for which tokens PPO clipped (a NaN from A = 0 at ρ = ∞ compares False, as in verl).
+        pg1, pg2 = -a * ratio.detach(), -a * ratio.detach().clamp(1.0 - clip_eps, 1.0 + hi)
         cov = (a - _masked_mean(a, tm)) * (lp - _masked_mean(lp, tm))
         eligible = tm & ~(pg2 > pg1) & (cov > clip_cov_lb) & (cov < clip_cov_ub)
         idx = torch.nonzero(eligible.reshape(-1, lp.shape[-1]))
@@ -485,7 +486,9 @@ def clip_cov_loss(
             pick = idx[torch.randperm(idx.shape[0], generator=generator)[:min(n_clip, idx.shape[0])]]
             corr[pick[:, 0], pick[:, 1]] = 0.0
         corr = corr.reshape(lp.shape)
-    per = torch.maximum(pg1, pg2) * corr
+    # max(pg1, pg2)·corr (verl) as −clipped_surrogate, the same values, and a detached token set to 0 rather than
+    # multiplied by 0 (∞·0 = NaN at an overflowed ρ).
+    per = torch.where(corr == 0, torch.zeros_like(ratio), -clipped_surrogate(ratio, a, clip_eps, hi))
     loss = aggregate(per, loss_agg, token_mask=tm, per_token=True)
     with torch.no_grad():
         metrics = {"cov_clip_frac": (corr == 0)[tm].float().mean(), "clip_frac": (pg2 > pg1)[tm].float().mean()}
@@ -519,8 +522,8 @@ def kl_cov_loss(
     lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps, std_ddof, singleton)
     a = _token_advantages(tm, adv)
     delta = masked_log_ratio(lp, old, tm)
-    ratio = torch.exp(delta)
-    per = -a * ratio
+    # A = 0 contributes 0 (not 0·∞ = NaN at an overflowed ρ); A ≠ 0 keeps −Aρ, ±∞ there as the math says.
+    per = torch.where(a == 0, torch.zeros_like(delta), -a * ratio_exp(delta))
     with torch.no_grad():
         flat_valid = tm.reshape(-1).nonzero(as_tuple=True)[0]
         av, lv = a.reshape(-1)[flat_valid], lp.detach().reshape(-1)[flat_valid]
