@@ -60,8 +60,8 @@ def test_a_padding_token_with_an_extreme_log_ratio_changes_nothing(name):
 @pytest.mark.parametrize("name", PER_TOKEN)
 @pytest.mark.parametrize("first", ["best", "worst", "tied"])
 def test_a_valid_token_with_an_overflowing_ratio_gives_no_nan(name, first):
-    """log π − log π_old = 199 on a *valid* token (a very stale sample; the log-ratio clamp off, TRL's setting): ρ is
-    ∞ there. The loss may be ±∞ where the math is (an unclipped ratio term), but neither it nor any gradient is
+    """log π − log π_old = 199 on a *valid* token (a very stale sample; the log-ratio clamp off, TRL's setting):
+    ρ is ∞ there. The loss may be ±∞ where the math is (an unclipped ratio term), but neither it nor any gradient is
     NaN: on a clipped or zero-advantage branch, or a detached Clip-Cov token, the term and its gradient are 0, not
     0·∞. Its candidate is the group's best, worst, or in a tied group (A = 0)."""
     fn = obj.get(name).per_token_fn
