@@ -139,6 +139,9 @@ def test_ratio_exp_is_exp_in_value_first_and_second_derivative_and_under_vmap():
     big = torch.tensor([1000.0], requires_grad=True)
     (gb,) = torch.autograd.grad(ratio_exp(big), big, grad_outputs=torch.zeros(1))
     assert gb.item() == 0.0
+    # It hides nothing else: a NaN gradient arriving from above stays NaN.
+    (gn,) = torch.autograd.grad(ratio_exp(big), big, grad_outputs=torch.full((1,), math.nan))
+    assert gn.isnan().all()
 
 
 @pytest.mark.parametrize("dual", [None, 3.0])

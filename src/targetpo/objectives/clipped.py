@@ -83,7 +83,7 @@ class _RatioExp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
         (y,) = ctx.saved_tensors
-        return torch.where(grad == 0, torch.zeros_like(grad), grad * y)
+        return torch.where(grad == 0, grad, grad * y)  # a NaN coming from upstream still passes
 
 
 def ratio_exp(log_ratio: Tensor) -> Tensor:
@@ -104,7 +104,7 @@ def clipped_surrogate(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: floa
     A·min(ρ, 1+ε_high) for A ≥ 0 and A·max(ρ, 1−ε_low) for A < 0: the same values (rounding is monotone), the
     exact gradient (A inside the clip range, 0 beyond it, where min() of two rounded products could tie and pass
     half), and 0 rather than 0·∞ = NaN for A = 0 at an infinite ρ."""
-    return torch.where(adv >= 0, adv * ratio.clamp_max(1.0 + eps_high), adv * ratio.clamp_min(1.0 - eps_low))
+    return adv * torch.where(adv >= 0, ratio.clamp_max(1.0 + eps_high), ratio.clamp_min(1.0 - eps_low))
 
 
 def dual_clip(surrogate: Tensor, adv: Tensor, c: float | None) -> Tensor:
