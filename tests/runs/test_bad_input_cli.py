@@ -68,6 +68,9 @@ def test_rlvr_model_path_must_exist_and_is_never_downloaded(tmp_path, capsys):
     code, err = _run(["rlvr", "--preset", "smoke", "--model", str(tmp_path / "notamodel"), "--out", str(out),
                       "--no-progress"], capsys)
     assert code == 2 and "no config.json" in err[0]
+    code, err = _run(["rlvr", "--preset", "smoke", "model=", "--out", str(out), "--no-progress"], capsys)
+    assert code == 2 and len(err) == 1 and "model is empty" in err[0] and "--local-dir DIR" in err[0], err
+    assert not out.exists()
     code, err = _run(["rlvr", "--preset", "smoke", "--task", "gsm8k", "--data-path", str(tmp_path), "--out", str(out),
                       "--no-progress"], capsys)
     assert code == 2 and "lacks train.jsonl, test.jsonl" in err[0]

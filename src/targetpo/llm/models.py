@@ -123,6 +123,9 @@ def load_tokenizer(directory: str | Path):
 def check_model_dir(path: str | Path) -> Path:
     """`path` as a local Hugging Face model directory (with config.json), or a FileNotFoundError that says what is
     wrong. targetpo never downloads a model implicitly: a hub name must be fetched first, by the user."""
+    if not str(path).strip():  # Path("") is the working directory: say what is missing, not that "." is no model
+        raise FileNotFoundError("model is empty: give a local Hugging Face model directory; targetpo never downloads "
+                                "models implicitly (e.g. `hf download ORG/NAME --local-dir DIR`, then model=DIR)")
     p = Path(path).expanduser()
     # A hub id (org/name) is fetched by its id; a local path names where the download should go.
     hub_id = re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", str(path)) is not None and not p.exists()
