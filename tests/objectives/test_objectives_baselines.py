@@ -167,6 +167,18 @@ def test_ppo_at_an_overflowing_ratio_has_the_exact_loss_and_no_nan_gradient(dual
     assert out.loss.item() == pytest.approx(-1.2 / 2) and torch.equal(logp.grad[:2], torch.zeros(2))
 
 
+def test_importance_weighted_pg_at_an_overflowing_ratio_keeps_a_zero_advantage_at_zero():
+    # ρ = ∞ (log ρ = 1000): A = 0 contributes nothing, not 0·∞ = NaN; A > 0 keeps its true infinite weight.
+    logp = torch.full((3,), -0.5, requires_grad=True)
+    behaviour = torch.tensor([-1000.5, -0.5, -1000.5])
+    out = O.importance_weighted_pg_loss(logp, behaviour, torch.tensor([0.0, 1.0, 0.0]))
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx(0.5 / 3) and torch.equal(logp.grad, torch.tensor([0.0, -1 / 3, 0.0]))
+    logp.grad = None
+    O.importance_weighted_pg_loss(logp, behaviour, torch.tensor([1.0, 1.0, 0.0])).loss.backward()
+    assert logp.grad[0].item() == -math.inf and not logp.grad.isnan().any()
+
+
 @pytest.mark.parametrize("name", ["grpo", "gspo"])
 def test_group_ratio_losses_without_a_log_ratio_clamp_give_no_nan_gradient(name):
     # The engines' conventions turn the ±20 clamp off (log_ratio_clip=None): a stale candidate with log ρ = 1000

@@ -6,6 +6,7 @@ they are computed from, are treated as constants (detached).
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from targetpo.objectives._checks import (
@@ -58,7 +59,10 @@ def importance_weighted_pg_loss(
     a = as_float("advantages", advantages).detach()
     check_same_shape(logp=lp, behaviour_logp=b, advantages=a)
     ratio = (lp.detach() - b).exp()
-    loss = aggregate(-ratio * a * lp, _default_agg(lp, loss_agg))
+    # The constant weight ρ·A is 0 for A = 0, not 0·∞ = NaN where a very stale sample's ρ overflowed (as in
+    # kl_cov_loss); −(ρA)·log π is the same value bit for bit as (−ρ)·A·log π.
+    weight = torch.where(a == 0, torch.zeros_like(a), ratio * a)
+    loss = aggregate(-weight * lp, _default_agg(lp, loss_agg))
     return LossOutput(loss, {"ratio_mean": ratio.mean(), "ratio_max": ratio.max()})
 
 

@@ -350,8 +350,8 @@ def _run_experiment(
     dev = resolve_device(exp, device)
     # The idle cores unless asked (or the experiment sets TORCH_THREADS); any count gives the same numbers.
     # `reproduce --jobs N` gives each worker cores // N.
-    if threads is not None and threads > available_cores():
-        print(f"warning: --threads {threads} is more than the {available_cores()} CPU core(s) this process may use; "
+    if threads is not None and threads > (cores := available_cores()):
+        print(f"warning: --threads {threads} is more than the {cores} CPU core(s) this process may use; "
               "the numbers are the same, but each parallel op waits for a descheduled thread and runs can be many "
               "times slower (BENCHMARKS.md, \"Threads\")", file=sys.stderr)
     torch.set_num_threads(threads or getattr(exp, "TORCH_THREADS", None) or default_threads())
