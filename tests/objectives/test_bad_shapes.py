@@ -231,3 +231,125 @@ def test_huge_finite_scores_give_a_finite_loss(name):
         same = torch.allclose(out.loss, ref, rtol=1e-4, atol=1e-5)
         linear = torch.allclose(out.loss / 1e20, ref, rtol=1e-4, atol=1e-5)
         assert same or linear, (name, out.loss, ref)
+
+
+# ----------------------------------------------------------------------------- the exported building blocks
+
+def _logp(*shape):
+    return torch.log_softmax(_randn(*shape), -1)
+
+
+def _mask():
+    return torch.ones(G, K, dtype=torch.bool)
+
+
+# Every exported function that takes two or more tensors and is not a registered objective: well-formed
+# arguments, and the tensors among them that must share one shape (an elementwise pair broadcast by mistake
+# would give a wrong result with no error).
+BLOCKS: dict[str, tuple[dict, tuple[str, ...]]] = {
+    "k3_kl": ({"logp": _logp(G, K), "ref_logp": _logp(G, K)}, ("logp", "ref_logp")),
+    "kl_estimate": ({"logp": _logp(G, K), "ref_logp": _logp(G, K)}, ("logp", "ref_logp")),
+    "clipped_surrogate": ({"ratio": _randn(G, K).exp(), "adv": _randn(G, K), "eps_low": 0.2, "eps_high": 0.28},
+                          ("ratio", "adv")),
+    "dual_clip": ({"surrogate": _randn(G, K), "adv": _randn(G, K), "c": 3.0}, ("surrogate", "adv")),
+    "delight_gate": ({"logp": _logp(G, K), "advantages": _randn(G, K)}, ("logp", "advantages")),
+    "truncated_is_weights": ({"log_p": _logp(G, K), "log_old": _logp(G, K), "is_clip": 2.0}, ("log_p", "log_old")),
+    "corrected_anchor": ({"logp": _logp(G, K), "old_logp": _logp(G, K), "is_clip": 2.0, "mask": _mask()},
+                         ("logp", "old_logp", "mask")),
+    "reverse_kl_projection": ({"log_p": _logp(G, K), "log_q": _logp(G, K), "mask": _mask()},
+                              ("log_p", "log_q", "mask")),
+    "jensen_shannon_projection": ({"log_p": _logp(G, K), "log_q": _logp(G, K), "mask": _mask()},
+                                  ("log_p", "log_q", "mask")),
+    "alpha_projection": ({"log_p": _logp(G, K), "log_q": _logp(G, K), "alpha": 0.5, "mask": _mask()},
+                         ("log_p", "log_q", "mask")),
+    "kl_to_old": ({"log_old": _logp(G, K), "u": _randn(G, K), "eta": torch.ones(G, 1), "mask": _mask()},
+                  ("log_old", "u", "mask")),
+    "adaptive_eta": ({"log_old": _logp(G, K), "u": _randn(G, K), "kl_budget": 0.1, "mask": _mask()},
+                     ("log_old", "u", "mask")),
+    "tpo_target": ({"old_logp": _randn(G, K), "scores": _randn(G, K), "mask": _mask()}, ("old_logp", "scores", "mask")),
+}
+
+
+def _required_tensors(fn) -> list[str]:
+    return [n for n, p in inspect.signature(fn).parameters.items()
+            if p.default is inspect.Parameter.empty and str(p.annotation) == "Tensor"]
+
+
+def test_every_exported_function_of_several_tensors_is_an_objective_or_in_the_table():
+    objective_fns = {f for o in map(obj.get, obj.available()) for f in (o.fn, o.per_token_fn) if f is not None}
+    objective_fns |= {getattr(f, "__wrapped__", f) for f in objective_fns}
+    several = {n for n in obj.__all__ if callable(getattr(obj, n)) and not isinstance(getattr(obj, n), type)
+               and len(_required_tensors(getattr(obj, n))) >= 2}
+    untested = {n for n in several - set(BLOCKS) if getattr(obj, n) not in objective_fns
+                and getattr(getattr(obj, n), "__wrapped__", None) not in objective_fns}
+    assert not untested, f"add {sorted(untested)} to BLOCKS"
+
+
+@pytest.mark.parametrize("name", BLOCKS)
+def test_building_block_accepts_its_well_formed_inputs(name):
+    out = getattr(obj, name)(**BLOCKS[name][0])
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", BLOCKS)
+def test_building_block_refuses_misaligned_tensors_naming_them(name):
+    """A tensor one candidate wider, and one that drops the group axis (it would broadcast over the groups)."""
+    good, aligned = BLOCKS[name]
+    for arg in aligned:
+        for shape in ((G, K + 1), (K,)):
+            bad = torch.ones(shape, dtype=torch.bool) if arg == "mask" else _randn(*shape)
+            with pytest.raises(ValueError) as err:
+                getattr(obj, name)(**{**good, arg: bad})
+            assert arg in str(err.value) and str(tuple(shape)) in str(err.value), (name, arg, str(err.value))
+
+
+@pytest.mark.parametrize("name", [n for n, (_, aligned) in BLOCKS.items() if "mask" in aligned])
+def test_building_block_refuses_a_float_mask(name):
+    good = BLOCKS[name][0]
+    with pytest.raises(ValueError, match="mask must be a bool tensor"):
+        getattr(obj, name)(**{**good, "mask": torch.ones(G, K)})
+
+
+@pytest.mark.parametrize("name", BLOCKS)
+def test_building_block_refuses_bad_hyperparameters_naming_them(name):
+    good = BLOCKS[name][0]
+    params = inspect.signature(getattr(obj, name)).parameters
+    rules = [p for p in good if p in obj._checks.HYPERPARAMETERS and "Tensor" not in str(params[p].annotation)]
+    numbers = [p for p, v in good.items() if not isinstance(v, torch.Tensor)]
+    assert rules == numbers, f"{name}: {sorted(set(numbers) - set(rules))} have no rule in HYPERPARAMETERS"
+    for p in rules:
+        bad = _bad_values(p) + ([] if "None" in str(params[p].annotation) else [None])
+        for value in bad:
+            with pytest.raises(ValueError, match=f"^{p}="):
+                getattr(obj, name)(**{**good, p: value})
+
+
+def test_dual_clip_needs_a_bound_above_one_and_a_clip_range_below_one():
+    """The cases that used to compute silently: c ≤ 1 would cap a negative advantage's loss at or below the
+    unclipped surrogate, and ε_low ≥ 1 would let the ratio's lower bound reach 0."""
+    good = BLOCKS["dual_clip"][0]
+    for c in (1.0, 0.5):
+        with pytest.raises(ValueError, match="^c="):
+            obj.dual_clip(**{**good, "c": c})
+    with pytest.raises(ValueError, match="^eps_low="):
+        obj.clipped_surrogate(**{**BLOCKS["clipped_surrogate"][0], "eps_low": 1.0})
+
+
+def test_kl_to_old_takes_one_temperature_per_group_or_one_for_all():
+    good = BLOCKS["kl_to_old"][0]
+    per_group = obj.kl_to_old(**good)
+    for eta in (torch.ones(1, 1), torch.tensor(1.0)):
+        assert torch.equal(obj.kl_to_old(**{**good, "eta": eta}), per_group)
+    for eta in (torch.ones(G), torch.ones(G, K), 1.0):
+        with pytest.raises(ValueError, match="^eta must be a tensor of shape"):
+            obj.kl_to_old(**{**good, "eta": eta})
+    with pytest.raises(ValueError, match="eta must be > 0 in every group"):
+        obj.kl_to_old(**{**good, "eta": torch.tensor([[1.0], [0.0]])})
+
+
+def test_batch_mean_baseline_refuses_an_axis_rewards_do_not_have():
+    r = _randn(B, T)
+    assert torch.equal(obj.batch_mean_baseline(r, dim=-1), obj.batch_mean_baseline(r, dim=1))
+    for dim in (2, -3, 1.0, True):
+        with pytest.raises(ValueError, match=r"^dim=.*must be an axis of rewards \(6, 3\)"):
+            obj.batch_mean_baseline(r, dim=dim)

@@ -192,14 +192,23 @@ HYPERPARAMETERS: dict[str, tuple[str, object]] = {
     "clip_cov_ub": ("> 0", lambda v: v > 0),
     "kl_cov_ratio": ("> 0 and <= 1 (fraction of tokens)", lambda v: 0 < v <= 1),
     "ppo_kl_coef": (">= 0", lambda v: v >= 0),
+    # The public building blocks (clipped_surrogate, dual_clip).
+    "eps_low": ("in [0, 1) (the ratio's lower clip bound 1 − ε_low must stay positive)", lambda v: 0 <= v < 1),
+    "eps_high": (">= 0", lambda v: v >= 0),
+    "c": ("> 1 or None (dual-clip bound)", lambda v: v is None or v > 1),
 }
 
 
-def check_hyperparameter(name: str, value, words: tuple[str, ...] = ()) -> None:
-    """Raise ValueError unless `value` obeys `name`'s rule in :data:`HYPERPARAMETERS` or is one of `words`."""
+def check_hyperparameter(name: str, value, words: tuple[str, ...] = (), optional: bool = True) -> None:
+    """Raise ValueError unless `value` obeys `name`'s rule in :data:`HYPERPARAMETERS` or is one of `words`.
+    `optional=False` (a function whose annotation does not admit None) refuses None even where the rule allows it."""
     allowed, ok = HYPERPARAMETERS[name]
     if isinstance(value, str) and value in words:
         return
+    if not optional:
+        allowed = allowed.replace(" or None", "")
+        if value is None:
+            raise ValueError(f"{name}=None: must be a finite number, {allowed}")
     if words:
         allowed = f"{allowed}, or one of {', '.join(map(repr, words))}"
     # numbers.Real admits NumPy scalars (np.float32(1.0), np.int64(2)) as well as Python numbers.
@@ -220,17 +229,27 @@ def check_one_device(arguments: dict) -> None:
                              "argument must be on one device")
 
 
-def checked(fn=None, *, words: dict[str, tuple[str, ...]] | None = None):
-    """Validate `fn`'s tensor arguments (one device) and hyperparameters (those named in :data:`HYPERPARAMETERS`)
-    before it runs.
+def checked(fn=None, *, words: dict[str, tuple[str, ...]] | None = None, shapes: tuple[str, ...] = ()):
+    """Validate `fn`'s tensor arguments (one device) and hyperparameters (those named in :data:`HYPERPARAMETERS`;
+    None only where `fn`'s annotation admits it) before it runs.
 
     `@checked(words={"eta": ("adaptive",)})` lets that function (and no other) also take the listed words for a
-    hyperparameter (TPO's per-group η, docs/method.md §8); the function checks the word's companion arguments."""
+    hyperparameter (TPO's per-group η, docs/method.md §8); the function checks the word's companion arguments.
+    `@checked(shapes=("log_p", "log_q", "mask"))` makes those arguments (the ones given) tensors of one shape, and
+    a mask among them bool: an elementwise building block would otherwise broadcast a misaligned pair into a wrong
+    result."""
     if fn is None:
-        return functools.partial(checked, words=words)
+        return functools.partial(checked, words=words, shapes=shapes)
     sig = inspect.signature(fn)
-    names = [n for n in sig.parameters if n in HYPERPARAMETERS]
+    # A tensor-valued argument that shares a hyperparameter's name (kl_to_old's per-group η) is an input, not a
+    # number to check against the rule.
+    names = [n for n, p in sig.parameters.items() if n in HYPERPARAMETERS and "Tensor" not in str(p.annotation)]
+    # With `from __future__ import annotations` an annotation is its source text: "float | None" admits None.
+    optional = {n: "None" in str(sig.parameters[n].annotation) for n in names}
     spread = [n for n, p in sig.parameters.items() if p.kind is p.VAR_KEYWORD]
+    unknown = set(shapes) - set(sig.parameters)
+    if unknown:
+        raise TypeError(f"checked(shapes=...) names {sorted(unknown)}, which {fn.__name__} does not take")
     words = words or {}
 
     @functools.wraps(fn)
@@ -239,9 +258,14 @@ def checked(fn=None, *, words: dict[str, tuple[str, ...]] | None = None):
         given = dict(bound.arguments)
         for n in spread:  # keyword arguments passed on through **kwargs (e.g. dr_grpo_loss's token_mask)
             given |= given.pop(n, {})
+        if shapes:
+            check_same_shape(**{n: given.get(n) for n in shapes})
+            for n in shapes:
+                if n.endswith("mask") and given.get(n) is not None:
+                    check_bool(n, given[n])
         check_one_device(given)
         for n in names:
-            check_hyperparameter(n, bound.arguments.get(n, sig.parameters[n].default), words.get(n, ()))
+            check_hyperparameter(n, bound.arguments.get(n, sig.parameters[n].default), words.get(n, ()), optional[n])
         return fn(*args, **kwargs)
 
     return wrapper

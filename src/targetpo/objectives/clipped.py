@@ -21,7 +21,7 @@ from targetpo.objectives.conventions import with_convention
 from targetpo.objectives.scores import ZERO_VARIANCE_STD, group_advantages, zero_variance_groups
 
 
-@checked
+@checked(shapes=("logp", "ref_logp"))
 def k3_kl(logp: Tensor, ref_logp: Tensor, *, log_ratio_clip: float | None = 20.0) -> Tensor:
     r"""Schulman's k3 estimator of KL(π_θ ‖ π_ref) per sample: exp(−Δ) + Δ − 1 with Δ = log π_θ − log π_ref.
     Non-negative, exactly 0 (with zero gradient) when the policies agree on the sample."""
@@ -34,7 +34,7 @@ def k3_kl(logp: Tensor, ref_logp: Tensor, *, log_ratio_clip: float | None = 20.0
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
 
 
-@checked
+@checked(shapes=("logp", "ref_logp"))
 def kl_estimate(logp: Tensor, ref_logp: Tensor, *, kl_estimator: str = "k3", log_ratio_clip: float | None = 20.0,
                 kl_clip: float | None = None) -> Tensor:
     r"""Per-sample estimators of KL(π_θ ‖ π_ref) from Δ = log π_θ − log π_ref (Schulman 2020, "Approximating
@@ -99,14 +99,17 @@ def importance_ratio(logp: Tensor, old_logp: Tensor, valid: Tensor | None, log_r
     return ratio_exp(delta if log_ratio_clip is None else delta.clamp(-log_ratio_clip, log_ratio_clip))
 
 
+@checked(shapes=("ratio", "adv"))
 def clipped_surrogate(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> Tensor:
     """PPO's pessimistic surrogate min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) (Schulman et al. 2017), computed as
     A·min(ρ, 1+ε_high) for A ≥ 0 and A·max(ρ, 1−ε_low) for A < 0: the same values (rounding is monotone), the
     exact gradient (A inside the clip range, 0 beyond it, where min() of two rounded products could tie and pass
-    half), and 0 rather than 0·∞ = NaN for A = 0 at an infinite ρ."""
+    half), and 0 rather than 0·∞ = NaN for A = 0 at an infinite ρ. `ratio` and `adv` have one shape (expand a
+    per-sequence A over its tokens first: nothing is broadcast)."""
     return adv * torch.where(adv >= 0, ratio.clamp_max(1.0 + eps_high), ratio.clamp_min(1.0 - eps_low))
 
 
+@checked(shapes=("surrogate", "adv"))
 def dual_clip(surrogate: Tensor, adv: Tensor, c: float | None) -> Tensor:
     r"""Dual-clip PPO (Ye et al. 2020, arXiv 1912.09729; verl `compute_policy_loss_vanilla`, core_algos.py):
     for A < 0 the surrogate is bounded below by c·A, max(min(ρA, clip(ρ)A), cA), so a huge ratio on a bad
@@ -242,7 +245,7 @@ def grpo_loss(
         valid = valid & informative.unsqueeze(-1)
     if per_token:
         tm = as_token_mask("token_mask", token_mask, lp) & valid.unsqueeze(-1)
-        adv_b = adv.unsqueeze(-1)
+        adv_b = adv.unsqueeze(-1).expand_as(lp)  # a view: the same values per token, no silent broadcast
     else:
         tm, adv_b = valid, adv
     hi = clip_eps if clip_eps_high is None else clip_eps_high
@@ -361,7 +364,7 @@ def gspo_loss(
         per = -clipped_surrogate(ratio, adv, clip_eps, clip_eps_high)
         loss = torch.where(valid, per, torch.zeros_like(per)).sum() / valid.sum().clamp_min(1)
     else:
-        per = -clipped_surrogate(ratio_exp(log_s), adv.unsqueeze(-1), clip_eps, clip_eps_high)
+        per = -clipped_surrogate(ratio_exp(log_s), adv.unsqueeze(-1).expand_as(log_s), clip_eps, clip_eps_high)
         loss = aggregate(per, loss_agg, token_mask=tm, per_token=True)
         ratio = torch.exp(log_s.detach()[..., 0])
     with torch.no_grad():

@@ -19,7 +19,7 @@ from targetpo.objectives._checks import (
 from targetpo.objectives.aggregation import aggregate
 
 
-@checked
+@checked(shapes=("logp", "advantages"))
 def delight_gate(logp: Tensor, advantages: Tensor, eta: float = 1.0) -> Tensor:
     """σ(A·(−log π)/η), detached."""
     return torch.sigmoid(advantages * (-logp.detach()) / eta)

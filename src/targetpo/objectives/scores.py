@@ -173,4 +173,6 @@ def expected_baseline(probs: Tensor) -> Tensor:
 def batch_mean_baseline(rewards: Tensor, dim: int = 0) -> Tensor:
     """Per-position batch-mean baseline b_t = mean_b r_{b,t} (the paper's transformer PPO/DG/REINFORCE, docs/method.md §3)."""
     r = as_float("rewards", rewards)
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -r.dim() <= dim < r.dim():
+        raise ValueError(f"dim={dim!r}: must be an axis of rewards {tuple(r.shape)}, an integer in [{-r.dim()}, {r.dim()})")
     return r.mean(dim=dim, keepdim=True).expand_as(r)

@@ -88,6 +88,7 @@ def kl_divergence(log_a: Tensor, log_b: Tensor, mask: Tensor | None = None) -> T
     return _valid_sum(log_a.exp() * (log_a - log_b), mask)
 
 
+@checked(shapes=("log_p", "log_q", "mask"))
 def reverse_kl_projection(log_p: Tensor, log_q: Tensor, mask: Tensor | None = None) -> Tensor:
     r"""KL(p_θ ‖ q) per group (the projection of LPO, arXiv 2605.06139): mode-seeking.
 
@@ -95,6 +96,7 @@ def reverse_kl_projection(log_p: Tensor, log_q: Tensor, mask: Tensor | None = No
     return kl_divergence(log_p, log_q, mask)
 
 
+@checked(shapes=("log_p", "log_q", "mask"))
 def jensen_shannon_projection(log_p: Tensor, log_q: Tensor, mask: Tensor | None = None) -> Tensor:
     r"""JS(p_θ, q) = ½ KL(p_θ ‖ m) + ½ KL(q ‖ m), m = (p_θ + q)/2, per group; bounded by log 2.
 
@@ -103,6 +105,7 @@ def jensen_shannon_projection(log_p: Tensor, log_q: Tensor, mask: Tensor | None 
     return 0.5 * (kl_divergence(log_p, log_m, mask) + kl_divergence(log_q, log_m, mask))
 
 
+@checked(shapes=("log_p", "log_q", "mask"))
 def alpha_projection(log_p: Tensor, log_q: Tensor, alpha: float, mask: Tensor | None = None) -> Tensor:
     r"""Amari's α-divergence in Minka's convention, D_α(q ‖ p_θ) = (1 − Σ_i q_i^α p_i^{1−α}) / (α(1 − α)), per group.
 
@@ -131,14 +134,29 @@ def alpha_projection(log_p: Tensor, log_q: Tensor, alpha: float, mask: Tensor | 
     return -_valid_sum(torch.where(big, far, near), mask) / (alpha * (1 - alpha))
 
 
+@checked(shapes=("log_old", "u", "mask"))
 def kl_to_old(log_old: Tensor, u: Tensor, eta: Tensor, mask: Tensor | None = None) -> Tensor:
-    r"""KL(q_η ‖ p_old) per group for q_η ∝ p_old·exp(u/η); `log_old` normalised over the group, η [..., 1].
+    r"""KL(q_η ‖ p_old) per group for q_η ∝ p_old·exp(u/η); `log_old` normalised over the group, η a positive
+    tensor [..., 1] (one temperature per group, or a shape that broadcasts onto [..., 1], e.g. one for all groups).
 
     Decreasing in η: dKL/dη = −Var_{q_η}(u)/η³ ≤ 0, from KL_max = −log p_old(argmax u) as η → 0 to 0 as η → ∞."""
+    groups = tuple(u.shape[:-1]) + (1,)
+    if not isinstance(eta, Tensor) or (eta.dim() and eta.shape[-1] != 1) or eta.dim() > len(groups) or any(
+            e not in (1, g) for e, g in zip(reversed(eta.shape), reversed(groups))):
+        got = f"shape {tuple(eta.shape)}" if isinstance(eta, Tensor) else type(eta).__name__
+        raise ValueError(f"eta must be a tensor of shape {groups} (one temperature per group of u {tuple(u.shape)}) "
+                         f"or one that broadcasts onto it along the groups, got {got}")
+    if not bool((eta > 0).all()):
+        raise ValueError(f"eta must be > 0 in every group (a temperature); its smallest value is {eta.min().item()!r}")
+    return _kl_to_old(log_old, u, eta, mask)
+
+
+def _kl_to_old(log_old: Tensor, u: Tensor, eta: Tensor, mask: Tensor | None) -> Tensor:
     log_q = _masked_log_softmax(log_old + u / eta, mask)
     return kl_divergence(log_q, log_old, mask)
 
 
+@checked(shapes=("log_old", "u", "mask"))
 def adaptive_eta(log_old: Tensor, u: Tensor, kl_budget: float, mask: Tensor | None = None) -> Tensor:
     r"""Per group, the temperature η at which KL(q_η ‖ p_old) = `kl_budget` (the dual of REPS/MPO's
     KL-constrained improvement step, max_q E_q[u] s.t. KL(q ‖ p_old) ≤ ε), as a detached [..., 1] tensor.
@@ -154,16 +172,18 @@ def adaptive_eta(log_old: Tensor, u: Tensor, kl_budget: float, mask: Tensor | No
         hi = torch.full_like(u64[..., :1], float(lo_hi[1]))
         for _ in range(ADAPTIVE_ETA_STEPS):
             mid = 0.5 * (lo + hi)
-            over = (kl_to_old(log_old64, u64, mid.exp(), mask) > kl_budget).unsqueeze(-1)
+            over = (_kl_to_old(log_old64, u64, mid.exp(), mask) > kl_budget).unsqueeze(-1)
             lo, hi = torch.where(over, mid, lo), torch.where(over, hi, mid)
         return hi.exp()  # the end with KL ≤ ε
 
 
+@checked(shapes=("log_p", "log_old"))
 def truncated_is_weights(log_p: Tensor, log_old: Tensor, is_clip: float) -> Tensor:
     r"""c_i = min(c̄, p^θ_i / p^old_i) per candidate, from group-normalised log-probabilities [..., K]."""
     return (log_p - log_old).clamp_max(math.log(is_clip)).exp()
 
 
+@checked(shapes=("logp", "old_logp", "mask"))
 def corrected_anchor(logp: Tensor, old_logp: Tensor, is_clip: float, mask: Tensor | None = None) -> Tensor:
     r"""The log of TPO's importance-corrected anchor a ∝ p^old·c with c_i = min(c̄, p^θ_i/p^old_i), normalised
     over the group (docs/method.md §8): log a = log_softmax(min(log p^old + log c̄, log p^θ)), detached.
