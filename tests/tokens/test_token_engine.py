@@ -131,7 +131,7 @@ def test_run_trial_rejects_bad_input():
         te.trial_config(object(), match="both")
     with pytest.raises(ValueError, match="k"):
         te.TrialConfig(k=1).validate()
-    for seeds in ([1.5], [-1], [True], "01"):  # never truncated, wrapped or read character by character
+    for seeds in ([1.5], [-1], [True], "01", 3, {0, 1}):  # never truncated, wrapped, read character by character or unordered
         with pytest.raises(ValueError, match="seeds must be a sequence of integers >= 0"):
             te.run_trial(te.TrialConfig(**SMALL), "tpo_token", seeds)
     with pytest.raises(ValueError, match="got the string 'tpo'"):
