@@ -353,3 +353,20 @@ def test_batch_mean_baseline_refuses_an_axis_rewards_do_not_have():
     for dim in (2, -3, 1.0, True):
         with pytest.raises(ValueError, match=r"^dim=.*must be an axis of rewards \(6, 3\)"):
             obj.batch_mean_baseline(r, dim=dim)
+
+
+@pytest.mark.parametrize("name", obj.available())
+def test_none_is_refused_where_the_signature_does_not_admit_it(name):
+    """`dapo_loss(clip_eps_high=None)` or `tpo_loss(eta=None)` is refused by name, saying what is allowed (a word
+    such as 'adaptive' included), never a TypeError from comparing None inside a rule."""
+    o = obj.get(name)
+    good = good_inputs(o.level)
+    params = inspect.signature(o.fn).parameters
+    for p in keywords(o) & set(obj._checks.HYPERPARAMETERS):
+        if "None" in str(params[p].annotation) or p in getattr(o.fn, "keywords", {}):
+            continue
+        with pytest.raises(ValueError, match=f"^{p}=None: must be a finite number") as err:
+            call(o, good, **{p: None})
+        assert "or None" not in str(err.value)
+        if p == "eta" and "adaptive" in str(params[p].annotation):
+            assert "'adaptive'" in str(err.value)

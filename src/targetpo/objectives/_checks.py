@@ -207,10 +207,10 @@ def check_hyperparameter(name: str, value, words: tuple[str, ...] = (), optional
         return
     if not optional:
         allowed = allowed.replace(" or None", "")
-        if value is None:
-            raise ValueError(f"{name}=None: must be a finite number, {allowed}")
     if words:
         allowed = f"{allowed}, or one of {', '.join(map(repr, words))}"
+    if value is None and not optional:
+        raise ValueError(f"{name}=None: must be a finite number, {allowed}")
     # numbers.Real admits NumPy scalars (np.float32(1.0), np.int64(2)) as well as Python numbers.
     if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
                               or not math.isfinite(value)):
