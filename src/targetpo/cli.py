@@ -23,7 +23,7 @@ from targetpo.experiments import EXPERIMENTS, SUITES, in_suite, load, suite_of
 from targetpo.runs.config import config_class, field_lines, first_repeat, make_config, override_key
 from targetpo.runs.data import MissingDataError
 from targetpo.runs.runner import (add_runner_arguments, available_cores, computes_on, is_not_run, mark_not_run,
-                                  parse_device, run_experiment)
+                                  parse_device, request_stop, run_experiment)
 from targetpo.runs.stats import count
 
 
@@ -141,16 +141,25 @@ def _exit_on_signal(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
+# How long a worker whose parent died may take to stop by itself before it is ended at once.
+ORPHAN_GRACE_S = 60.0
+
+
 def _stop_with_parent() -> None:
     """SIGTERM this worker when the reproduce process dies (even by SIGKILL): an orphan would go on appending to
-    the run folder that the next reproduce resumes, and both would write the same records."""
+    the run folder that the next reproduce resumes, and both would write the same records. The run's next record
+    raises the SystemExit again should the signal handler's be lost (:func:`targetpo.runs.runner.request_stop`),
+    and a worker still alive :data:`ORPHAN_GRACE_S` later exits without cleaning up."""
     parent = multiprocessing.parent_process()
     if parent is None:
         return
 
     def watch() -> None:
         multiprocessing.connection.wait([parent.sentinel])
+        request_stop()
         os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(ORPHAN_GRACE_S)  # a daemon thread: the interpreter's exit does not wait for it
+        os._exit(128 + signal.SIGTERM)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 

@@ -92,3 +92,39 @@ def test_workers_stop_when_the_reproduce_process_is_killed(tmp_path):
     sizes = [(f / "metrics.jsonl").stat().st_size for f in folders]
     time.sleep(1)
     assert [(f / "metrics.jsonl").stat().st_size for f in folders] == sizes
+
+
+def test_a_stop_whose_signal_exception_was_lost_still_ends_the_run_at_its_next_record(tmp_path):
+    """A `reproduce` worker whose parent died gets SIGTERM, whose SystemExit may be discarded (raised while a
+    finalizer runs): the run's next record raises it again and the run is marked interrupted, not left writing."""
+    from types import ModuleType
+
+    import pytest
+
+    from targetpo.runs import runner
+    from targetpo.runs.config import RunConfig, config, default, param
+    from targetpo.runs.store import read_metrics
+
+    @config
+    class Config(RunConfig):
+        steps: int = param(6, "steps", ge=1)
+        methods = default(("a",))
+
+    def run_unit(cfg, unit, ctx):
+        for t in range(cfg.steps):
+            if t == 2:
+                runner.request_stop()  # what the parent watcher does before its SIGTERM; the SystemExit is lost
+            ctx.log({"step": t, "x": float(t)})
+            ctx.advance()
+
+    exp = ModuleType("toy")
+    exp.NAME, exp.TITLE, exp.PAPER_REF = "toy", "toy", "-"
+    exp.Config, exp.PRESETS, exp.run_unit = Config, {"smoke": Config()}, run_unit
+    try:
+        with pytest.raises(SystemExit) as stop:
+            runner.run_experiment(exp, "smoke", out=tmp_path / "t", progress=False, quiet=True)
+    finally:
+        runner._STOP.clear()
+    assert stop.value.code == 128 + 15
+    assert json.loads((tmp_path / "t" / "run.json").read_text())["status"] == "interrupted"
+    assert [r["step"] for r in read_metrics(tmp_path / "t" / "metrics.jsonl")] == [0, 1]

@@ -12,6 +12,7 @@ import dataclasses
 import os
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -98,6 +99,18 @@ def _has_bad(x: Any, nan_ok: bool) -> bool:
     return False
 
 
+# Set when this process must stop (a `reproduce` worker whose parent died): the SystemExit raised by the SIGTERM
+# handler normally ends the run at once, but an exception raised by a signal handler is lost when it lands in a
+# finalizer, and the unit would go on writing. The unit's next record or progress step then raises it again.
+_STOP = threading.Event()
+_STOP_STATUS = 128 + 15  # a process ended by SIGTERM
+
+
+def request_stop() -> None:
+    """Make this process's next `RunContext.log` or `advance` raise SystemExit (see :data:`_STOP`)."""
+    _STOP.set()
+
+
 class RunContext:
     """What a unit sees of the runner: `log` a metrics record, `advance` the progress bar, a `device`."""
 
@@ -115,6 +128,8 @@ class RunContext:
         """Append one metrics record; a NaN/inf in any of its values ends the unit as diverged at this step
         (the record is not written, so every stored curve is finite). Metrics named in the config class's
         NAN_MEANS_EMPTY may be NaN."""
+        if _STOP.is_set():
+            raise SystemExit(_STOP_STATUS)
         if "step" not in record:
             raise ValueError(f"a metrics record needs a 'step' key; got keys {sorted(record)}")
         # Tensors move to NumPy once, for both the finiteness check and the JSON text (each is several times
@@ -133,6 +148,8 @@ class RunContext:
             raise _Diverged(int(step), bad, self.unit)
 
     def advance(self, n: int = 1) -> None:
+        if _STOP.is_set():
+            raise SystemExit(_STOP_STATUS)
         self._bar.update(n)
 
     def set_data_source(self, description: str) -> None:
