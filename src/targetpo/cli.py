@@ -138,6 +138,7 @@ def _not_run(plan: _Plan, reason: str) -> None:
 
 
 def _exit_on_signal(signum, frame) -> None:
+    request_stop()  # should this SystemExit be lost inside a library, the run's next record raises it again
     raise SystemExit(128 + signum)
 
 
