@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -99,16 +100,20 @@ def _has_bad(x: Any, nan_ok: bool) -> bool:
     return False
 
 
-# Set when this process must stop (a `reproduce` worker whose parent died): the SystemExit raised by the SIGTERM
-# handler normally ends the run at once, but an exception raised by a signal handler is lost when it lands in a
-# finalizer, and the unit would go on writing. The unit's next record or progress step then raises it again.
+# Set when this process must stop (a `reproduce` worker sent SIGTERM): the SystemExit raised by the signal handler
+# normally ends the run at once, but it is lost where it lands in code that swallows it (seen inside an import), and
+# the unit would go on writing. The unit's next record or progress step then raises it again.
 _STOP = threading.Event()
-_STOP_STATUS = 128 + 15  # a process ended by SIGTERM
 
 
 def request_stop() -> None:
     """Make this process's next `RunContext.log` or `advance` raise SystemExit (see :data:`_STOP`)."""
     _STOP.set()
+
+
+def _exit_if_stopping() -> None:
+    if _STOP.is_set():
+        raise SystemExit(128 + signal.SIGTERM)
 
 
 class RunContext:
@@ -128,8 +133,7 @@ class RunContext:
         """Append one metrics record; a NaN/inf in any of its values ends the unit as diverged at this step
         (the record is not written, so every stored curve is finite). Metrics named in the config class's
         NAN_MEANS_EMPTY may be NaN."""
-        if _STOP.is_set():
-            raise SystemExit(_STOP_STATUS)
+        _exit_if_stopping()
         if "step" not in record:
             raise ValueError(f"a metrics record needs a 'step' key; got keys {sorted(record)}")
         # Tensors move to NumPy once, for both the finiteness check and the JSON text (each is several times
@@ -148,8 +152,7 @@ class RunContext:
             raise _Diverged(int(step), bad, self.unit)
 
     def advance(self, n: int = 1) -> None:
-        if _STOP.is_set():
-            raise SystemExit(_STOP_STATUS)
+        _exit_if_stopping()
         self._bar.update(n)
 
     def set_data_source(self, description: str) -> None:

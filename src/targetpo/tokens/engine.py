@@ -675,8 +675,8 @@ def run_trial(cfg: TrialConfig, method: str, seeds: Sequence[int], device: str |
     `check(episode, values)` (the runner's divergence check) sees the rollout and update log-probs and the
     parameters after each update."""
     check_trial(cfg, method)
-    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-                                                    and x >= 0 for x in seeds):
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or not all(
+            isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 0 for x in seeds):
         raise ValueError(f"seeds must be a sequence of integers >= 0 (one per vectorised seed), got {seeds!r}")
     seeds = [int(x) for x in seeds]
     if not seeds:
