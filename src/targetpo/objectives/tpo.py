@@ -141,14 +141,20 @@ def kl_to_old(log_old: Tensor, u: Tensor, eta: Tensor, mask: Tensor | None = Non
 
     Decreasing in η: dKL/dη = −Var_{q_η}(u)/η³ ≤ 0, from KL_max = −log p_old(argmax u) as η → 0 to 0 as η → ∞."""
     groups = tuple(u.shape[:-1]) + (1,)
-    if not isinstance(eta, Tensor) or (eta.dim() and eta.shape[-1] != 1) or eta.dim() > len(groups) or any(
-            e not in (1, g) for e, g in zip(reversed(eta.shape), reversed(groups))):
+    if not isinstance(eta, Tensor) or not _broadcasts_onto(eta.shape, groups):
         got = f"shape {tuple(eta.shape)}" if isinstance(eta, Tensor) else type(eta).__name__
         raise ValueError(f"eta must be a tensor of shape {groups} (one temperature per group of u {tuple(u.shape)}) "
                          f"or one that broadcasts onto it along the groups, got {got}")
     if not bool((eta > 0).all()):
         raise ValueError(f"eta must be > 0 in every group (a temperature); its smallest value is {eta.min().item()!r}")
     return _kl_to_old(log_old, u, eta, mask)
+
+
+def _broadcasts_onto(shape: torch.Size, target: tuple[int, ...]) -> bool:
+    try:
+        return torch.broadcast_shapes(shape, target) == target
+    except RuntimeError:
+        return False
 
 
 def _kl_to_old(log_old: Tensor, u: Tensor, eta: Tensor, mask: Tensor | None) -> Tensor:
