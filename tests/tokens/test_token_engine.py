@@ -134,6 +134,8 @@ def test_run_trial_rejects_bad_input():
     for seeds in ([1.5], [-1], [True], "01", 3, {0, 1}):  # never truncated, wrapped, read character by character or unordered
         with pytest.raises(ValueError, match="seeds must be a sequence of integers >= 0"):
             te.run_trial(te.TrialConfig(**SMALL), "tpo_token", seeds)
+    with pytest.raises(ValueError, match=r"seeds must be distinct, got \[0, 1, 0\]"):
+        te.run_trial(te.TrialConfig(**SMALL), "tpo_token", [0, 1, 0])
     with pytest.raises(ValueError, match="got the string 'tpo'"):
         te.trial_config(object(), methods="tpo")
     # a device this machine lacks was an AssertionError from inside torch ("Torch not compiled with CUDA enabled")

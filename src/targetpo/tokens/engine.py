@@ -681,6 +681,8 @@ def run_trial(cfg: TrialConfig, method: str, seeds: Sequence[int], device: str |
     seeds = [int(x) for x in seeds]
     if not seeds:
         raise ValueError("run_trial needs at least one seed")
+    if len(set(seeds)) != len(seeds):  # a repeated seed is a copied row, counted twice in every seed interval
+        raise ValueError(f"seeds must be distinct, got {seeds!r}")
     device = parse_device(device, name="device=")  # "no CUDA device", not an assertion deep inside torch
     spec = model_spec(cfg)
     params = tfm.init_params(spec, seeds, device)
