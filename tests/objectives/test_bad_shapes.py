@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from targetpo import objectives as obj
+from targetpo.objectives.aggregation import TOKEN_MODES
 
 G, K, T, V, B, C = 2, 4, 3, 5, 6, 10
 
@@ -324,6 +325,47 @@ def test_building_block_refuses_bad_hyperparameters_naming_them(name):
                 getattr(obj, name)(**{**good, p: value})
 
 
+OVERFLOWS = {"clipped_surrogate": "ratio", "dual_clip": "surrogate"}  # exp(log ρ) may overflow; the clip handles it
+CONSTANTS = {"k3_kl": ("ref_logp",), "kl_estimate": ("ref_logp",), "clipped_surrogate": ("adv",), "dual_clip": ("adv",),
+             "delight_gate": ("logp", "advantages"), "reverse_kl_projection": ("log_q",),
+             "jensen_shannon_projection": ("log_q",), "alpha_projection": ("log_q",)}
+
+
+@pytest.mark.parametrize("name", BLOCKS)
+def test_building_block_refuses_nan_and_inf_naming_the_tensor(name):
+    """The blocks computed NaN from NaN input without a word (adaptive_eta even returned η = 1e-3)."""
+    good, aligned = BLOCKS[name]
+    for arg in (a for a in aligned if a != "mask"):
+        for value in (float("nan"), float("inf"), -float("inf")):
+            bad = good[arg].clone()
+            bad[0, 0] = value
+            if value != value or arg != OVERFLOWS.get(name):
+                with pytest.raises(ValueError, match=f"^{arg} contains 1 NaN"):
+                    getattr(obj, name)(**{**good, arg: bad})
+            else:
+                assert not getattr(obj, name)(**{**good, arg: bad}).isnan().any()
+
+
+@pytest.mark.parametrize("name", BLOCKS)
+def test_building_block_computes_half_precision_in_float32(name):
+    good, aligned = BLOCKS[name]
+    half = {k: v.bfloat16() if k in aligned and k != "mask" else v for k, v in good.items()}
+    out = getattr(obj, name)(**half)
+    assert out.dtype in (torch.float32, torch.float64)  # adaptive_eta bisects in float64
+    rounded = {k: v.float() if k in aligned and k != "mask" else v for k, v in half.items()}
+    assert torch.equal(out, getattr(obj, name)(**rounded))
+
+
+@pytest.mark.parametrize("name", CONSTANTS)
+def test_building_block_passes_no_gradient_to_its_constants(name):
+    """`k3_kl(logp, ref_logp)` sent a gradient into the reference, and `delight_gate`, documented as detached,
+    into the advantages."""
+    good = BLOCKS[name][0]
+    given = {k: v.clone().requires_grad_(k in CONSTANTS[name]) if isinstance(v, torch.Tensor) and v.is_floating_point()
+             else v for k, v in good.items()}
+    assert not getattr(obj, name)(**given).requires_grad
+
+
 def test_dual_clip_needs_a_bound_above_one_and_a_clip_range_below_one():
     """The cases that used to compute silently: c ≤ 1 would cap a negative advantage's loss at or below the
     unclipped surrogate, and ε_low ≥ 1 would let the ratio's lower bound reach 0."""
@@ -370,3 +412,127 @@ def test_none_is_refused_where_the_signature_does_not_admit_it(name):
         assert "or None" not in str(err.value)
         if p == "eta" and "adaptive" in str(params[p].annotation):
             assert "'adaptive'" in str(err.value)
+
+
+# ----------------------------------------------------------------------------- masks, switches, metrics
+# What a mask removes has no effect, whatever it holds; switches take True or False; metrics see the valid
+# entries only.
+
+MASKED = [o for o in map(obj.get, obj.available()) if o.level in ("group", "sequence") and "mask" in keywords(o)]
+BIG = (1e20, -1e20, torch.finfo(torch.float32).max, torch.finfo(torch.float32).min)
+
+
+def _drop_last_two() -> torch.Tensor:
+    m = torch.ones(G, K, dtype=torch.bool)
+    m[:, -2:] = False
+    return m
+
+
+def _loss_and_grad(o, inputs, **kw):
+    logp = inputs["logp"].clone().requires_grad_(True)
+    out = call(o, {**inputs, "logp": logp}, **kw)
+    out.loss.backward()
+    return out.loss.detach(), logp.grad
+
+
+@pytest.mark.parametrize("o", MASKED, ids=lambda o: o.name)
+def test_a_masked_candidates_score_has_no_effect_however_large(o):
+    """A masked candidate's score used to overflow its squared deviation (inf·0 = NaN): GRPO's whole group went
+    NaN and TPO's u lost its std."""
+    inputs, m = good_inputs(o.level), _drop_last_two()
+    ref_loss, ref_grad = _loss_and_grad(o, inputs, mask=m)
+    assert torch.isfinite(ref_grad).all()
+    for big in BIG:
+        scores = inputs["scores"].clone()
+        scores[:, -1] = big
+        loss, grad = _loss_and_grad(o, {**inputs, "scores": scores}, mask=m)
+        assert torch.isfinite(loss) and torch.isfinite(grad).all(), (o.name, big)
+        assert torch.allclose(loss, ref_loss, rtol=1e-6, atol=1e-7), (o.name, big, loss, ref_loss)
+        assert torch.allclose(grad, ref_grad, rtol=1e-6, atol=1e-7), (o.name, big)
+
+
+def test_masked_scores_standardize_as_if_the_candidates_were_absent():
+    s = torch.tensor([[0.0, 1.0, 2.0, -1e20]])
+    m = torch.tensor([[True, True, True, False]])
+    expected = obj.standardize_scores(s[:, :3])
+    assert torch.allclose(obj.standardize_scores(s, m)[:, :3], expected)
+    assert torch.allclose(obj.group_advantages(s, m)[:, :3], obj.group_advantages(s[:, :3]))
+
+
+@pytest.mark.parametrize("mode", ["sum-mean", "mean"])
+def test_grpo_per_candidate_loss_over_a_mask_equals_the_loss_without_the_masked_candidates(mode):
+    """loss_agg="mean" used to divide by every candidate, masked ones included: masking two of four halved the
+    gradient."""
+    inputs, m = good_inputs("group"), _drop_last_two()
+    kept = {k: v[:, :-2] for k, v in inputs.items()}
+    for kw in ({}, {"beta": 0.0}, {"mask_zero_var": True}):
+        _same_without_the_masked(inputs, kept, m, loss_agg=mode, **kw)
+
+
+def _same_without_the_masked(inputs, kept, m, **kw):
+    masked, grad = _loss_and_grad(obj.get("grpo"), inputs, mask=m, **kw)
+    alone, grad_alone = _loss_and_grad(obj.get("grpo"), kept, **kw)
+    assert torch.allclose(masked, alone, rtol=1e-6, atol=1e-6), (kw, masked, alone)
+    assert torch.allclose(grad[:, :-2], grad_alone, rtol=1e-6, atol=1e-8), kw
+    assert not grad[:, -2:].any() and grad_alone.abs().max() > 1e-3, kw
+
+
+@pytest.mark.parametrize("mode", ["sum-mean", "mean", *TOKEN_MODES])
+def test_grpo_per_token_loss_over_a_mask_equals_the_loss_without_the_masked_candidates(mode):
+    inputs, m = good_inputs("sequence"), _drop_last_two()
+    kept = {k: v[:, :-2] for k, v in inputs.items()}
+    kw = {"norm_len": float(T)} if mode == "seq-mean-token-sum-norm" else {}
+    # "token-sum" and "sum-mean" are sums: the masked candidates add 0; the rest average over what is valid.
+    _same_without_the_masked(inputs, kept, m, loss_agg=mode, **kw)
+
+
+SWITCHES = [(o, n) for o in map(obj.get, obj.available())
+            for n, p in inspect.signature(o.fn).parameters.items() if p.annotation in ("bool", bool)
+            and n not in getattr(o.fn, "keywords", {})]
+
+
+@pytest.mark.parametrize("o,name", SWITCHES, ids=lambda x: x if isinstance(x, str) else x.name)
+def test_a_switch_takes_true_or_false_only(o, name):
+    """`scale_advantages="no"` was read as True, and None as False (Dr. GRPO's advantages), without a word."""
+    inputs = good_inputs(o.level)
+    for value in ("no", None, 1, 0.0):
+        with pytest.raises(TypeError, match=f"^{name}={value!r}: must be True or False"):
+            call(o, inputs, **{name: value})
+
+
+def test_tpo_counts_zero_variance_groups_by_their_std_as_grpo_does():
+    """TPO tested max|u| ≤ 1e-6, not the documented population std ≤ 1e-6 (docs/method.md §7): a group of std
+    8.7e-7 counted as informative, and a std floor made informative groups count as zero-variance."""
+    lp = torch.zeros(2, 4, dtype=torch.float64)
+    s = torch.tensor([[0.0, 0.0, 0.0, 2e-6], [0.0, 1.0, 0.0, 1.0]], dtype=torch.float64)
+    assert obj.zero_variance_groups(s).tolist() == [True, False]
+    assert obj.tpo_loss(lp, lp, s).metrics["frac_zero_var"] == 0.5
+    assert obj.grpo_loss(lp, lp, s).metrics["frac_zero_var"] == 0.5
+    spread = torch.tensor([[0.0, 0.1, 0.2, 0.3], [0.0, 1.0, 0.0, 1.0]])
+    assert obj.tpo_loss(lp.float(), lp.float(), spread, std_floor=1e6).metrics["frac_zero_var"] == 0.0
+
+
+@pytest.mark.parametrize("name", ["dg", "reinforce"])
+def test_metrics_ignore_padding_tokens(name):
+    o = obj.get(name)
+    lp, adv = _randn(G, T), _randn(G, T)
+    tm = torch.ones(G, T, dtype=torch.bool)
+    tm[:, -1] = False
+    lp2, adv2 = lp.clone(), adv.clone()
+    lp2[:, -1], adv2[:, -1] = -50.0, 100.0
+    a = o.fn(lp, adv, token_mask=tm)
+    b = o.fn(lp2, adv2, token_mask=tm)
+    assert torch.equal(a.loss, b.loss)
+    for k in a.metrics:
+        assert torch.equal(a.metrics[k], b.metrics[k]), (name, k, a.metrics[k], b.metrics[k])
+
+
+def test_reversed_bounds_are_refused():
+    inputs = good_inputs("sequence")
+    with pytest.raises(ValueError, match=r"^ratio_min=3.0 and ratio_max=1.0: need ratio_min <= ratio_max"):
+        call(obj.get("cispo"), inputs, ratio_min=3.0, ratio_max=1.0)
+    for lb, ub in ((5.0, 1.0), (2.0, 2.0)):  # the open interval (lb, ub) selects nothing
+        with pytest.raises(ValueError, match=rf"^clip_cov_lb={lb} and clip_cov_ub={ub}: need clip_cov_lb < "):
+            call(obj.get("clip_cov"), inputs, clip_cov_lb=lb, clip_cov_ub=ub)
+    with pytest.raises(ValueError, match=r"^scale_advantages=True: dr_grpo_loss fixes scale_advantages=False"):
+        call(obj.get("dr_grpo"), inputs, scale_advantages=True)

@@ -219,6 +219,14 @@ def check_hyperparameter(name: str, value, words: tuple[str, ...] = (), optional
         raise ValueError(f"{name}={value!r}: must be {allowed}")
 
 
+def check_range(low_name: str, low: float, high_name: str, high: float, *, strict: bool = False) -> None:
+    """Two bounds of one interval in order (each already checked by its rule): a reversed pair would run with an
+    empty interval, a constant weight or nothing selected."""
+    if low > high or (strict and low == high):
+        raise ValueError(f"{low_name}={low!r} and {high_name}={high!r}: need {low_name} {'<' if strict else '<='} "
+                         f"{high_name} (the interval between them is empty)")
+
+
 def check_one_device(arguments: dict) -> None:
     """ValueError naming two tensor arguments on different devices (a 0-dim tensor aside: torch moves those), before
     an objective computes anything with them."""
@@ -229,17 +237,40 @@ def check_one_device(arguments: dict) -> None:
                              "argument must be on one device")
 
 
-def checked(fn=None, *, words: dict[str, tuple[str, ...]] | None = None, shapes: tuple[str, ...] = ()):
-    """Validate `fn`'s tensor arguments (one device) and hyperparameters (those named in :data:`HYPERPARAMETERS`;
-    None only where `fn`'s annotation admits it) before it runs.
+def check_flag(name: str, value) -> None:
+    """A switch annotated `bool` takes True or False: "no", None or 1 would otherwise be read by truthiness."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r}: must be True or False")
+
+
+def as_block_input(name: str, x, may_overflow: bool = False) -> Tensor:
+    """An exported building block's tensor input, held to the objectives' rules (:func:`as_float`): at least float32,
+    no NaN or inf. `may_overflow` admits ±inf (an importance ratio exp(log ρ) that overflowed: the clip handles
+    it, docs/method.md §3) but still no NaN."""
+    if not may_overflow:
+        return as_float(name, x)
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point() or x.dtype in (torch.float16, torch.bfloat16):
+        x = x.to(torch.float32)
+    if torch.isnan(x.detach().sum()) and torch.isnan(x.detach()).any():
+        raise ValueError(f"{name} contains {int(torch.isnan(x.detach()).sum())} NaN value(s) (shape {tuple(x.shape)})")
+    return x
+
+
+def checked(fn=None, *, words: dict[str, tuple[str, ...]] | None = None, shapes: tuple[str, ...] = (),
+            may_overflow: tuple[str, ...] = ()):
+    """Validate `fn`'s tensor arguments (one device), hyperparameters (those named in :data:`HYPERPARAMETERS`;
+    None only where `fn`'s annotation admits it) and switches (arguments annotated `bool`) before it runs.
 
     `@checked(words={"eta": ("adaptive",)})` lets that function (and no other) also take the listed words for a
     hyperparameter (TPO's per-group η, docs/method.md §8); the function checks the word's companion arguments.
     `@checked(shapes=("log_p", "log_q", "mask"))` makes those arguments (the ones given) tensors of one shape, and
     a mask among them bool: an elementwise building block would otherwise broadcast a misaligned pair into a wrong
-    result."""
+    result. Those tensors (masks aside) are also held to the objectives' rules before `fn` sees them: bf16/fp16 and
+    integers computed in float32, NaN and inf refused (inf allowed in the ones named in `may_overflow`)."""
     if fn is None:
-        return functools.partial(checked, words=words, shapes=shapes)
+        return functools.partial(checked, words=words, shapes=shapes, may_overflow=may_overflow)
     sig = inspect.signature(fn)
     # A tensor-valued argument that shares a hyperparameter's name (kl_to_old's per-group η) is an input, not a
     # number to check against the rule.
@@ -247,7 +278,8 @@ def checked(fn=None, *, words: dict[str, tuple[str, ...]] | None = None, shapes:
     # With `from __future__ import annotations` an annotation is its source text: "float | None" admits None.
     optional = {n: "None" in str(sig.parameters[n].annotation) for n in names}
     spread = [n for n, p in sig.parameters.items() if p.kind is p.VAR_KEYWORD]
-    unknown = set(shapes) - set(sig.parameters)
+    flags = [n for n, p in sig.parameters.items() if p.annotation in ("bool", bool)]
+    unknown = (set(shapes) | set(may_overflow)) - set(sig.parameters)
     if unknown:
         raise TypeError(f"checked(shapes=...) names {sorted(unknown)}, which {fn.__name__} does not take")
     words = words or {}
@@ -266,6 +298,14 @@ def checked(fn=None, *, words: dict[str, tuple[str, ...]] | None = None, shapes:
         check_one_device(given)
         for n in names:
             check_hyperparameter(n, bound.arguments.get(n, sig.parameters[n].default), words.get(n, ()), optional[n])
-        return fn(*args, **kwargs)
+        for n in flags:
+            if n in bound.arguments:
+                check_flag(n, bound.arguments[n])
+        if not shapes:
+            return fn(*args, **kwargs)
+        for n in shapes:
+            if n in bound.arguments and not n.endswith("mask"):
+                bound.arguments[n] = as_block_input(n, bound.arguments[n], n in may_overflow)
+        return fn(*bound.args, **bound.kwargs)
 
     return wrapper

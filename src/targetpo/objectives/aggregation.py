@@ -6,8 +6,8 @@ tokens), or per-token values `[..., K, T]` with a token mask.
 - ``"sum-mean"``: sum over the last dim (candidates, or tokens of a row) and over T if present, mean over the
   remaining leading dims. The paper's convention for PPO/GRPO/REINFORCE/DG (docs/method.md §3,
   docs/differences.md §14): candidates and tokens are *summed*, prompts/states averaged.
-- ``"mean"``: mean over every element (single-sample batches `[B]`, RLOO's 1/K); with per-token values, the
-  mean of each sequence's token mean, as ``"seq-mean-token-mean"``.
+- ``"mean"``: mean over every element (single-sample batches `[B]`, RLOO's 1/K), over the valid ones when a
+  mask is given; with per-token values, the mean of each sequence's token mean, as ``"seq-mean-token-mean"``.
 - ``"token-mean"``: Σ m·x / Σ m over all tokens of the batch (DAPO, Yu et al. 2025; verl's default).
 - ``"token-sum"``: Σ m·x over all tokens of the batch, unnormalised (verl `agg_loss`, core_algos.py).
 - ``"seq-mean-token-mean"``: mean over tokens within a sequence, then over sequences (GRPO, Shao et al. 2024).
@@ -45,8 +45,10 @@ def aggregate(
     if not per_token:
         if mode in TOKEN_MODES:
             raise ValueError(f"loss_agg={mode!r} needs per-token inputs [..., T]; got per-candidate values {tuple(values.shape)}")
-        if mode == "mean" or values.dim() == 0:
-            return values.mean()
+        if values.dim() == 0:
+            return values
+        if mode == "mean":  # over the valid rows: masked candidates do not dilute the mean
+            return values.mean() if token_mask is None else values.sum() / token_mask.sum().clamp_min(1).to(values.dtype)
         return values.sum(dim=-1).mean()
     m = torch.ones_like(values) if token_mask is None else token_mask.to(values.dtype)
     if mode == "token-mean":

@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 
 from targetpo.objectives._checks import (
-    LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_same_shape, check_token_mask,
-    checked, group_layout,
+    LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_range, check_same_shape,
+    check_token_mask, checked, group_layout,
 )
 from targetpo.objectives.aggregation import TOKEN_MODES, aggregate
 from targetpo.objectives.conventions import with_convention
@@ -24,8 +24,9 @@ from targetpo.objectives.scores import ZERO_VARIANCE_STD, group_advantages, zero
 @checked(shapes=("logp", "ref_logp"))
 def k3_kl(logp: Tensor, ref_logp: Tensor, *, log_ratio_clip: float | None = 20.0) -> Tensor:
     r"""Schulman's k3 estimator of KL(π_θ ‖ π_ref) per sample: exp(−Δ) + Δ − 1 with Δ = log π_θ − log π_ref.
-    Non-negative, exactly 0 (with zero gradient) when the policies agree on the sample."""
-    delta = logp - ref_logp
+    Non-negative, exactly 0 (with zero gradient) when the policies agree on the sample. `ref_logp` is a
+    constant (detached): only the policy's log-probs receive a gradient."""
+    delta = logp - ref_logp.detach()
     if log_ratio_clip is not None:
         delta = delta.clamp(-log_ratio_clip, log_ratio_clip)
     return torch.exp(-delta) + delta - 1.0
@@ -46,7 +47,7 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, *, kl_estimator: str = "k3", log
     """
     if kl_estimator not in KL_ESTIMATORS:
         raise ValueError(f"kl_estimator={kl_estimator!r}: must be one of {KL_ESTIMATORS}")
-    delta = logp - ref_logp
+    delta = logp - ref_logp.detach()  # the reference is a constant, as in k3_kl
     if kl_estimator == "k1":
         return delta
     if kl_estimator == "abs":
@@ -99,24 +100,26 @@ def importance_ratio(logp: Tensor, old_logp: Tensor, valid: Tensor | None, log_r
     return ratio_exp(delta if log_ratio_clip is None else delta.clamp(-log_ratio_clip, log_ratio_clip))
 
 
-@checked(shapes=("ratio", "adv"))
+@checked(shapes=("ratio", "adv"), may_overflow=("ratio",))
 def clipped_surrogate(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> Tensor:
     """PPO's pessimistic surrogate min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) (Schulman et al. 2017), computed as
     A·min(ρ, 1+ε_high) for A ≥ 0 and A·max(ρ, 1−ε_low) for A < 0: the same values (rounding is monotone), the
     exact gradient (A inside the clip range, 0 beyond it, where min() of two rounded products could tie and pass
     half), and 0 rather than 0·∞ = NaN for A = 0 at an infinite ρ. `ratio` and `adv` have one shape (expand a
-    per-sequence A over its tokens first: nothing is broadcast)."""
+    per-sequence A over its tokens first: nothing is broadcast). `adv` is a constant (detached); `ratio` may be
+    +inf (an overflowed exp(log ρ)), not NaN."""
+    adv = adv.detach()
     return adv * torch.where(adv >= 0, ratio.clamp_max(1.0 + eps_high), ratio.clamp_min(1.0 - eps_low))
 
 
-@checked(shapes=("surrogate", "adv"))
+@checked(shapes=("surrogate", "adv"), may_overflow=("surrogate",))
 def dual_clip(surrogate: Tensor, adv: Tensor, c: float | None) -> Tensor:
     r"""Dual-clip PPO (Ye et al. 2020, arXiv 1912.09729; verl `compute_policy_loss_vanilla`, core_algos.py):
     for A < 0 the surrogate is bounded below by c·A, max(min(ρA, clip(ρ)A), cA), so a huge ratio on a bad
-    action cannot give an unbounded loss. `c=None` leaves the surrogate as it is."""
+    action cannot give an unbounded loss. `c=None` leaves the surrogate as it is. `adv` is a constant (detached)."""
     if c is None:
         return surrogate
-    return torch.where(adv < 0, torch.maximum(surrogate, c * adv), surrogate)
+    return torch.where(adv < 0, torch.maximum(surrogate, c * adv.detach()), surrogate)
 
 
 def _clip_fraction(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float, valid: Tensor | None) -> Tensor:
@@ -262,10 +265,12 @@ def grpo_loss(
         per = per + beta * kl
     mode = loss_agg if loss_agg is not None else ("seq-mean-token-mean" if per_token else "sum-mean")
     per = torch.where(tm, per, torch.zeros_like(per))
-    loss = aggregate(per, mode, token_mask=tm if per_token else None, per_token=per_token, norm_len=norm_len)
-    if mask_zero_var and (mode == "sum-mean" or (mode == "mean" and not per_token)):
-        # Normalise by informative groups, not all groups (the paper's grpo_masked). The token modes already
-        # count only the valid tokens or sequences, which leave the dropped groups out.
+    # Per candidate, "mean" is over the valid candidates only (masked or dropped ones do not dilute it).
+    rows = tm if per_token or mask is not None or mask_zero_var else None
+    loss = aggregate(per, mode, token_mask=rows, per_token=per_token, norm_len=norm_len)
+    if mask_zero_var and mode == "sum-mean":
+        # Normalise by informative groups, not all groups (the paper's grpo_masked). The other modes already
+        # count only the valid tokens, sequences or candidates, which leave the dropped groups out.
         n_groups = informative.numel()
         loss = loss * n_groups / informative.sum().clamp_min(1).to(loss.dtype)
     with torch.no_grad():
@@ -288,6 +293,9 @@ def dr_grpo_loss(logp: Tensor, old_logp: Tensor, scores: Tensor, *, beta: float 
     Every other `grpo_loss` keyword passes through, `convention=` included (TRL's loss_type "dr_grpo" with
     scale_rewards="none" is `convention="trl", norm_len=max_completion_length`)."""
     group_layout(logp, scores, kwargs.get("token_mask"), candidate=False)
+    if "scale_advantages" in kwargs:
+        raise ValueError(f"scale_advantages={kwargs['scale_advantages']!r}: dr_grpo_loss fixes scale_advantages=False "
+                         "(Dr. GRPO's unscaled advantages); call grpo_loss to choose it")
     kwargs.setdefault("loss_agg", "seq-mean-token-sum-norm")
     return grpo_loss(logp, old_logp, scores, beta=beta, scale_advantages=False, norm_len=norm_len, **kwargs)
 
@@ -423,6 +431,7 @@ def cispo_loss(
     L = −agg(sg[clip(ρ, ratio_min, ratio_max)]·A·log π_θ). Every token keeps a gradient, unlike PPO-style
     clipping which zeroes it outside the trust region. The default has no lower bound (as in MiniMax-M1, and TRL
     with ε_high = 5); verl bounds the weight to [1 − ε_low, 1 + ε_high] = [0.8, 1.2] by default."""
+    check_range("ratio_min", ratio_min, "ratio_max", ratio_max)
     lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps, std_ddof, singleton)
     adv = adv.unsqueeze(-1)
     ratio = importance_ratio(lp.detach(), old, tm, log_ratio_clip)
@@ -473,6 +482,7 @@ def clip_cov_loss(
     drive entropy collapse. At least one token is detached. The pick draws `torch.randperm` from `generator`
     (the global generator when None, which is what verl does, so seeding it reproduces verl's pick).
     """
+    check_range("clip_cov_lb", clip_cov_lb, "clip_cov_ub", clip_cov_ub, strict=True)  # (lb, ub) is open
     lp, old, tm, adv = _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps, std_ddof, singleton)
     hi = clip_eps if clip_eps_high is None else clip_eps_high
     a = _token_advantages(tm, adv)

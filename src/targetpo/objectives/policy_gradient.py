@@ -41,7 +41,8 @@ def reinforce_loss(
     check_token_mask(token_mask, lp)
     per_token = token_mask is not None
     loss = aggregate(-a * lp, _default_agg(lp, loss_agg), token_mask=token_mask, per_token=per_token)
-    return LossOutput(loss, {"adv_mean": a.mean(), "adv_abs_mean": a.abs().mean()})
+    valid = a if token_mask is None else a[token_mask]  # padding's advantages are not the batch's
+    return LossOutput(loss, {"adv_mean": valid.mean(), "adv_abs_mean": valid.abs().mean()})
 
 
 @checked

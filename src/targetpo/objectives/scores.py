@@ -22,7 +22,10 @@ def _masked_moments(s: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Ten
     Scores with a huge but finite range (|s| ~ 1e20) overflow the squared deviations in float32; then the
     moments are recomputed on scores divided by each group's largest |s| (`scale`, [..., 1], else None) and
     scaled back, and :func:`_centred` divides by the same scale, so u and the advantages stay finite. Ordinary
-    scores never take that path, so their numbers are unchanged."""
+    scores never take that path, so their numbers are unchanged. Masked entries are zeroed first: a huge score
+    there would otherwise overflow its (masked-out) squared deviation to inf, and inf·0 = NaN poisons the group."""
+    if mask is not None:
+        s = s.masked_fill(~mask, 0.0)
     m = None if mask is None else mask.to(s.dtype)
     n = torch.full_like(s[..., :1], s.shape[-1]) if m is None else m.sum(dim=-1, keepdim=True).clamp_min(1.0)
 
@@ -87,12 +90,19 @@ def standardize_scores(scores: Tensor, mask: Tensor | None = None, *, eps: float
     s = as_float("scores", scores)
     check_group_size("scores", s, minimum=1)
     mask = as_mask("mask", mask, s)
+    return standardized_with_std(s, mask, eps=eps, std_floor=std_floor, std_shrink=std_shrink)[0]
+
+
+def standardized_with_std(s: Tensor, mask: Tensor | None, *, eps: float = ZERO_VARIANCE_STD, std_floor: float = 0.0,
+                          std_shrink: float = 0.0) -> tuple[Tensor, Tensor]:
+    """:func:`standardize_scores` on checked float scores, with each group's population std [..., 1] beside u:
+    the std, not u, says whether a group has zero variance (docs/method.md §7)."""
     mean, std, _, scale = _masked_moments(s, mask)
     if std_floor == 0 and std_shrink == 0:
         u = torch.where(std > eps, _centred(s, mean, std.clamp_min(eps), scale), s - mean)
     else:
         u = _centred(s, mean, group_scale(std, std_floor=std_floor, std_shrink=std_shrink), scale)
-    return u if mask is None else u.masked_fill(~mask, 0.0)
+    return (u if mask is None else u.masked_fill(~mask, 0.0)), std
 
 
 @checked
@@ -144,6 +154,8 @@ def rloo_advantages(scores: Tensor, mask: Tensor | None = None) -> Tensor:
     check_group_size("scores", s, minimum=2)
     mask = as_mask("mask", mask, s)
     m = torch.ones_like(s) if mask is None else mask.to(s.dtype)
+    if mask is not None:  # a huge masked score would make its (masked-out) term ±inf, and inf·0 = NaN
+        s = s.masked_fill(~mask, 0.0)
     n = m.sum(dim=-1, keepdim=True)
     if (n < 2).any():
         raise ValueError(f"rloo needs >= 2 valid candidates per group; mask leaves fewer (mask shape {tuple(m.shape)})")

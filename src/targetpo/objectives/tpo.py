@@ -38,7 +38,7 @@ from targetpo.objectives._checks import (
     LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_same_shape,
     checked, group_layout, is_integer_tensor,
 )
-from targetpo.objectives.scores import ZERO_VARIANCE_STD, standardize_scores
+from targetpo.objectives.scores import ZERO_VARIANCE_STD, standardized_with_std
 
 _NEG = -1e30  # log-weight of a masked candidate: exp() underflows to exactly 0 without producing NaN
 
@@ -76,6 +76,7 @@ class Target(NamedTuple):
     log_q: Tensor
     u: Tensor
     eta: Tensor | float
+    zero_var: Tensor  # bool [...]: the group's population std is ≤ ZERO_VARIANCE_STD (docs/method.md §7)
 
 
 def _valid_sum(x: Tensor, mask: Tensor | None) -> Tensor:
@@ -93,6 +94,7 @@ def reverse_kl_projection(log_p: Tensor, log_q: Tensor, mask: Tensor | None = No
     r"""KL(p_θ ‖ q) per group (the projection of LPO, arXiv 2605.06139): mode-seeking.
 
     ∂/∂z_i = p_i (log p_i − log q_i − KL(p_θ ‖ q)) on the group logits z; zero iff p_θ = q."""
+    log_q = log_q.detach()  # the target q is a constant: only p_θ is fitted
     return kl_divergence(log_p, log_q, mask)
 
 
@@ -101,6 +103,7 @@ def jensen_shannon_projection(log_p: Tensor, log_q: Tensor, mask: Tensor | None 
     r"""JS(p_θ, q) = ½ KL(p_θ ‖ m) + ½ KL(q ‖ m), m = (p_θ + q)/2, per group; bounded by log 2.
 
     ∂/∂z_i = ½ p_i (log(p_i/m_i) − KL(p_θ ‖ m)) (the terms from m's dependence on p cancel)."""
+    log_q = log_q.detach()  # the target q is a constant: only p_θ is fitted
     log_m = torch.logaddexp(log_p, log_q) - math.log(2.0)
     return 0.5 * (kl_divergence(log_p, log_m, mask) + kl_divergence(log_q, log_m, mask))
 
@@ -119,6 +122,7 @@ def alpha_projection(log_p: Tensor, log_q: Tensor, alpha: float, mask: Tensor | 
     precision however close α is to 0 or 1, where 1 − S itself is far below float32's resolution of 1. An
     exponent above 40 (a candidate far likelier under one distribution) takes the term in log space instead,
     exp(α log q + (1 − α) log p) minus the weight, which cannot overflow."""
+    log_q = log_q.detach()  # the target q is a constant: only p_θ is fitted
     if alpha == 1:
         return kl_divergence(log_q, log_p, mask)
     if alpha == 0:
@@ -203,9 +207,6 @@ def corrected_anchor(logp: Tensor, old_logp: Tensor, is_clip: float, mask: Tenso
 
 
 def _check_options(eta, kl_budget, anchor: bool, projection=None, alpha=None) -> None:
-    if not isinstance(anchor, bool):
-        raise TypeError(f"anchor={anchor!r}: must be True (q ∝ p_old·exp(u/η), the method) or False (the no-anchor "
-                        "ablation)")
     if eta == "adaptive":
         if kl_budget is None:
             raise ValueError("eta='adaptive' needs kl_budget=ε > 0, the KL(q ‖ p_old) each group's η is chosen to reach")
@@ -284,7 +285,7 @@ def _target(old_logp, scores, eta, mask, anchor, kl_budget=None, std_floor=0.0, 
     check_same_shape(old_logp=old, scores=s)
     check_group_size("scores", s, minimum=2)
     mask = as_mask("mask", mask, s)
-    u = standardize_scores(s, mask, std_floor=std_floor, std_shrink=std_shrink)
+    u, std = standardized_with_std(s, mask, std_floor=std_floor, std_shrink=std_shrink)
     dtype = torch.promote_types(old.dtype, u.dtype)
     log_old = _masked_log_softmax(old.detach().to(dtype), mask) if anchor else None
     if eta == "adaptive":
@@ -301,12 +302,12 @@ def _target(old_logp, scores, eta, mask, anchor, kl_budget=None, std_floor=0.0, 
     if anchor:
         logits = logits + log_old
     log_q = _masked_log_softmax(logits, mask).detach()
-    return Target(log_q.exp(), log_q, u, eta)
+    return Target(log_q.exp(), log_q, u, eta, std.squeeze(-1) <= ZERO_VARIANCE_STD)
 
 
 def _tpo_from_group_logp(logp: Tensor, target: Target, mask: Tensor | None, projection: str = "forward_kl",
                          alpha: float | None = None) -> LossOutput:
-    q, u = target.q.to(logp.dtype), target.u
+    q, zero_var = target.q.to(logp.dtype), target.zero_var
     log_p = _masked_log_softmax(logp, mask)
     # q is exactly 0 on masked candidates; where() keeps 0 * (-1e30 - lse) from ever mattering.
     ce = -torch.where(q > 0, q * log_p, torch.zeros_like(log_p)).sum(dim=-1)
@@ -323,7 +324,6 @@ def _tpo_from_group_logp(logp: Tensor, target: Target, mask: Tensor | None, proj
     with torch.no_grad():
         q_log_q = torch.where(q > 0, q * q.clamp_min(1e-38).log(), torch.zeros_like(q)).sum(dim=-1)
         p = log_p.exp()
-        zero_var = (u.abs().amax(dim=-1) <= ZERO_VARIANCE_STD)
         metrics = {
             "target_entropy": -q_log_q.mean(),
             "kl_q_p": (ce + q_log_q).mean(),  # KL(q ‖ p_θ) = CE(q, p_θ) − H(q)
