@@ -20,10 +20,12 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from targetpo.experiments import EXPERIMENTS, SUITES, in_suite, load, suite_of
-from targetpo.runs.config import config_class, field_lines, first_repeat, make_config, override_key
+from targetpo.runs.config import (config_class, config_from_dict, field_lines, first_repeat, make_config, override_key,
+                                  validated)
 from targetpo.runs.data import MissingDataError
-from targetpo.runs.runner import (add_runner_arguments, available_cores, computes_on, is_not_run, mark_not_run,
-                                  parse_device, request_stop, run_experiment)
+from targetpo.runs.runner import (add_runner_arguments, available_cores, computes_on, config_differences, is_not_run,
+                                  mark_not_run, parse_device, request_stop, run_experiment)
+from targetpo.runs.store import read_run_json
 from targetpo.runs.stats import count
 
 
@@ -66,6 +68,8 @@ def _data_overrides(args, exp, strict: bool) -> list[str]:
         flags = ", ".join(DATA_FLAGS[k] for k in given if k not in fields)
         raise ValueError(f"{flags}: experiment {exp.NAME} reads no external data set; these flags apply to "
                          f"{', '.join(users) or 'no experiment'}")
+    if "data_dir" in given:  # stored absolute, so the run resumes from any working directory
+        given["data_dir"] = Path(given["data_dir"]).expanduser().resolve()
     return [f"{k}={v}" for k, v in given.items() if k in fields]
 
 
@@ -122,6 +126,20 @@ def _plan(out: Path, name: str, preset: str, overrides: list[str], fresh: bool, 
     placeholder = is_not_run(run_dir)  # an earlier reproduce lacked the data: start this one afresh
     resume = (run_dir / "run.json").exists() and not fresh and not placeholder
     return _Plan(name, preset, tuple(overrides), run_dir, resume, fresh or placeholder, device)
+
+
+def _check_resumable(plan: _Plan, exp, cfg) -> None:
+    """`reproduce` continues the runs already in --out; one stored with another preset or other settings is named
+    here, before any run starts (it used to fail in every worker with a traceback about `run --resume`)."""
+    meta = read_run_json(plan.run_dir)
+    if meta["experiment"] != plan.name:
+        raise ValueError(f"{plan.run_dir} holds a {meta['experiment']} run, not {plan.name}; use a new --out")
+    differ = config_differences(validated(config_from_dict(exp, meta["config"])), cfg)
+    if meta["preset"] != plan.preset or differ:
+        fields = "; ".join(f"{k}: stored {a!r}, asked {b!r}" for k, (a, b) in differ.items())
+        raise ValueError(f"{plan.run_dir} holds a {meta['preset']} run that this reproduce (preset {plan.preset}) "
+                         f"would not continue{f' ({fields})' if fields else ''}; pass --fresh to replace the runs "
+                         "in --out, or use a new --out")
 
 
 def _run_plan(plan: _Plan, progress: bool, threads: int | None = None, quiet: bool = False) -> None:
@@ -278,11 +296,13 @@ def cmd_reproduce(args) -> int:
         exp = load(name)
         preset = args.preset or exp.REPRODUCE_PRESET
         overrides = _data_overrides(args, exp, strict=False)
-        make_config(exp, preset, overrides=overrides)
+        cfg = make_config(exp, preset, overrides=overrides)
         device = args.device if computes_on(exp, dev) else "cpu"
         if device != args.device:
             cpu_only.append(name)  # an experiment that computes on the CPU only runs there, and is named below
         plans.append(_plan(out, name, preset, overrides, args.fresh, device))
+        if plans[-1].resume:
+            _check_resumable(plans[-1], exp, cfg)
     if cpu_only:
         print(f"--device {args.device}: {', '.join(cpu_only)} compute on the CPU only and run there", file=sys.stderr)
     missing, failed = [], []
@@ -417,6 +437,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _refuse_empty_strings(args) -> None:
+    """An empty flag or argument (`--preset ""`, `-o ""`, `data gsm8k ""`) is an error naming it: each used to
+    mean its default (the cpu preset, DIR/REPORT.md, the current directory, the official URL)."""
+    for key, value in vars(args).items():
+        if isinstance(value, str) and not value.strip():
+            if key in POSITIONAL:
+                raise ValueError(f"{key.upper()} is empty: give a value")
+            raise ValueError(f"--{key.replace('_', '-')} is empty: give a value, or leave the flag out for its default")
+
+
+POSITIONAL = ("name", "dir", "dirs", "dataset", "command")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -427,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         sub.choices.get(getattr(args, "command", None), parser).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        _refuse_empty_strings(args)
         return args.func(args) or 0
     except (ValueError, OSError, KeyError) as exc:
         # A KeyError's str() is the repr of its argument; show the message itself.

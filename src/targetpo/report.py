@@ -31,6 +31,7 @@ import numpy as np
 
 from targetpo.experiments import EXPERIMENTS, UnknownExperiment, load  # noqa: E402
 from targetpo.runs import plots  # noqa: E402
+from targetpo.runs.config import config_from_dict, validated  # noqa: E402
 from targetpo.runs.runner import Progress, run_is_live, run_progress  # noqa: E402
 from targetpo.runs.stats import FAIL_CLASSES, NOT_REPRODUCED, SCALE, Failure, Verdict, count  # noqa: E402
 from targetpo.runs.store import METRICS_FILE, RUN_FILE, Run, RunFileError, find_runs, seed_count  # noqa: E402
@@ -302,6 +303,10 @@ def build_section(run: Run, report_dir: Path) -> Section:
     if run.meta.get("status") == "not run":
         section.text(f"**NOT RUN.** {run.meta.get('reason', '')}")
         return section
+    try:  # a hand-edited config (seeds "two", an unknown method) was reported as 0 seeds or units not started
+        validated(config_from_dict(exp, run.config))
+    except (ValueError, TypeError) as exc:
+        raise RunFileError(f"{run.path / RUN_FILE}: its config is not one {exp.NAME} runs: {exc}") from None
     if not run.records and str(run.meta.get("status", "")).startswith("complete"):
         metrics = run.path / METRICS_FILE
         raise RunFileError(f"{metrics}: {'holds no records' if metrics.exists() else 'missing'}, but "
@@ -355,9 +360,11 @@ def _section_of(path: Path, report_dir: Path, alone: bool) -> Section:
     try:
         return build_section(Run.load(path), report_dir)
     except Exception as exc:  # noqa: BLE001  (any failure of one run must not hide the others)
-        if alone:
-            raise
         what, reason = failure_reason(exc)
+        if alone and what == "read":
+            raise
+        if alone:  # one line naming the run (a hand-edited value used to end in a traceback or a bare "zzz")
+            raise RunFileError(f"{path} could not be {what}: {reason}") from exc
         print(f"warning: {path} could not be {what}: {reason}", file=sys.stderr)
         return unreadable_section(path, report_dir, what, reason)
 
@@ -369,7 +376,12 @@ def write_report(root: str | Path, out: str | Path | None = None) -> Path:
     runs = find_runs(root)
     if not runs:
         raise FileNotFoundError(f"no runs (directories with run.json) found in {root}")
-    report_path = Path(out) if out else root / "REPORT.md"
+    report_path = Path(out) if out is not None else root / "REPORT.md"
+    # Checked before plots are written beside it: the rename at the end would fail after all the work.
+    if report_path.is_dir():
+        raise ValueError(f"-o {report_path}: is a directory; give the report's file, e.g. {report_path / 'REPORT.md'}")
+    if not report_path.parent.is_dir():
+        raise ValueError(f"-o {report_path}: the folder {report_path.parent} does not exist")
     alone = runs == [root]
     sections = [_section_of(p, report_path.parent, alone) for p in runs]
     order = {name: i for i, name in enumerate(EXPERIMENTS)}  # the paper's order, as `targetpo list` shows it
@@ -389,8 +401,11 @@ def write_report(root: str | Path, out: str | Path | None = None) -> Path:
     lines += ["## Contents", ""] + [f"- [{s.title}](#{a})" for s, a in zip(sections, anchors)] + [""]
     # Written beside and moved into place: a kill mid-write leaves the previous report, never half of one.
     tmp = report_path.with_name(report_path.name + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n" + "\n".join(s.render() for s in sections))
-    os.replace(tmp, report_path)
+    try:
+        tmp.write_text("\n".join(lines) + "\n" + "\n".join(s.render() for s in sections))
+        os.replace(tmp, report_path)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed write or rename leaves no stray file
     return report_path
 
 

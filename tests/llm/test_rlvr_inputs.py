@@ -39,8 +39,11 @@ ONE_DIGIT = ("task_options=operators=+,min_terms=2,max_terms=2,min_digits=1,max_
     (["task_options=foo=bar"], "task_options {'foo': 'bar'} of reasoning-gym task 'basic_arithmetic'"),
     (["task=graph_color", "compact=true"], "compact=true: compact prompts exist for"),
     (["eval_size=500", ONE_DIGIT], "could only find"),
-    (["--objective", ""], "--objective '': give at least one objective"),
-    (["--objective", ","], "give at least one objective"),
+    (["--objective", ""], "--objective is empty: give a value"),
+    (["--objective", "tpo,,grpo"], "--objective 'tpo,,grpo': item 2 is empty"),
+    # --seq-logp chooses TPO's sequence log-score: with no TPO objective it was silently unused
+    (["--objective", "grpo", "--seq-logp", "mean"], "--seq-logp mean: only TPO objectives"),
+    (["--objective", ","], "--objective ',': item 1 is empty"),
     # an unknown item was reported as methods=(...) with the method names, which --objective does not take
     (["--objective", "tpo,bogus"], "--objective 'tpo,bogus': 'bogus' is not an objective; allowed: tpo, "
                                    "tpo_no_anchor, grpo"),

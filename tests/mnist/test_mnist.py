@@ -450,7 +450,7 @@ def test_staleness_actor_uses_the_parameters_from_d_updates_ago(mnist_dir, refer
         def check_finite(self, step, values):
             pass
 
-        def set_data_source(self, s):
+        def set_data_source(self, s, fingerprint=None):
             pass
 
     ctx = Ctx()

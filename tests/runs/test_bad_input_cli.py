@@ -45,6 +45,11 @@ def test_unwritable_output_path_is_named(tmp_path, capsys):
     (["steps=ten"], "steps='ten': expected an integer"),
     (["lrr=0.1"], "did you mean 'lr'"),
     (["methods=tpo,foo"], "'foo' must be one of"),
+    # an empty item was dropped, so "tpo,,grpo" ran two methods without a word
+    (["methods=tpo,,grpo"], "methods='tpo,,grpo': item 2 is empty"),
+    # beyond int64 a count passed every bound and failed inside torch after the run folder was written
+    (["actions=99999999999999999999"], "actions=99999999999999999999: must fit in 64 bits"),
+    (["seed=9223372036854775807"], "seed=9223372036854775807 with seeds="),
 ])
 def test_bad_config_values_exit_2_and_leave_no_run_folder(tmp_path, capsys, argv, expected):
     out = tmp_path / "run"
@@ -128,3 +133,41 @@ def test_argument_errors_are_one_line_naming_the_subcommand_help(argv, expected,
     command = " ".join(["targetpo"] + argv[:1])
     assert exit_.value.code == 2 and len(err) == 1, err
     assert err[0].startswith(expected) and err[0].endswith(f"(usage: {command} --help)")
+
+
+@pytest.mark.parametrize("argv,expected", [
+    # each empty value used to mean its default: the cpu preset, DIR/REPORT.md, the current directory
+    (["run", "tabular-single", "--preset", "", "--out", "{tmp}/run"], "--preset is empty: give a value"),
+    (["report", "{tmp}", "-o", ""], "--output is empty: give a value"),
+    (["data", "gsm8k", ""], "DIR is empty: give a value"),
+    (["data", "gsm8k", "{tmp}/d", "--base-url", ""], "--base-url is empty: give a value"),
+])
+def test_an_empty_value_is_refused_naming_it(tmp_path, capsys, argv, expected):
+    code, err = _run([a.format(tmp=tmp_path) for a in argv], capsys)
+    assert code == 2 and len(err) == 1 and expected in err[0], err
+    assert not any(tmp_path.iterdir())
+
+
+def test_report_output_must_be_a_file_in_an_existing_folder(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["run", "tabular-single", "--preset", "smoke", "--out", str(run), "--no-progress", "--no-report"]) == 0
+    capsys.readouterr()
+    code, err = _run(["report", str(run), "-o", str(tmp_path)], capsys)
+    assert code == 2 and len(err) == 1 and f"-o {tmp_path}: is a directory" in err[0], err
+    code, err = _run(["report", str(run), "-o", str(tmp_path / "nodir" / "R.md")], capsys)
+    assert code == 2 and len(err) == 1 and f"the folder {tmp_path / 'nodir'} does not exist" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no stray REPORT.md.tmp or folder
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_reproduce_over_runs_of_another_preset_is_refused_before_any_run(tmp_path, capsys, jobs):
+    """With --jobs 2 every worker used to fail with a traceback about `run --resume`, and REPORT.md was rewritten."""
+    only = ["--only", "tabular-single", "tabular-multi", "--out", str(tmp_path), "--no-progress", "--jobs", jobs]
+    assert main(["reproduce", "--preset", "smoke", *only]) == 0
+    capsys.readouterr()
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    code, err = _run(["reproduce", "--preset", "cpu", *only], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert "tabular-single holds a smoke run that this reproduce (preset cpu) would not continue" in err[0]
+    assert "seeds: stored 2, asked 100" in err[0] and "pass --fresh" in err[0]
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before

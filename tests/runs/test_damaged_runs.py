@@ -39,6 +39,21 @@ def _unknown_experiment(run: Path) -> None:
     (run / "run.json").write_text(json.dumps({**meta, "experiment": "nosuch"}))
 
 
+def _edit_line_10(**changes):
+    def harm(run: Path) -> None:
+        lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+        rec = {k: v for k, v in {**json.loads(lines[9]), **changes}.items() if v is not None}
+        (run / "metrics.jsonl").write_text("".join(lines[:9]) + json.dumps(rec) + "\n" + "".join(lines[10:]))
+    return harm
+
+
+def _edit_run_json(config: dict | None = None, **changes):
+    def harm(run: Path) -> None:
+        meta = json.loads((run / "run.json").read_text())
+        (run / "run.json").write_text(json.dumps({**meta, **changes, "config": {**meta["config"], **(config or {})}}))
+    return harm
+
+
 # (damage, what the report names) for the tabular-single run.
 DAMAGE = {
     "empty metrics": (lambda r: (r / "metrics.jsonl").write_text(""),
@@ -50,6 +65,15 @@ DAMAGE = {
                            "run.json: must be a JSON object as `targetpo run` writes it, got list"),
     "truncated run.json": (_truncate_run_json, "run.json: not valid JSON at line 6 column 3"),
     "unknown experiment": (_unknown_experiment, "run.json: unknown experiment 'nosuch'; available: tabular-single"),
+    # hand-edited values: a traceback (a step "abc" compared with 0), "step 0 was not recorded", "0 seeds",
+    # "Unknown format code 'f'"
+    "a step that is text": (_edit_line_10(step="abc"),
+                            "metrics.jsonl line 10: a metrics record needs a 'step' integer >= 0, got 'abc'"),
+    "a record without a unit": (_edit_line_10(unit=None), "metrics.jsonl line 10: a metrics record needs a 'unit'"),
+    "seeds that are text": (_edit_run_json({"seeds": "two"}),
+                            "run.json: its config is not one tabular-single runs: seeds='two': expected an integer"),
+    "an unknown method": (_edit_run_json({"methods": ["nope"]}), "run.json: its config is not one tabular-single runs"),
+    "a wall time that is text": (_edit_run_json(wall_time_s="x"), "run.json: 'wall_time_s' must be a JSON number"),
 }
 
 

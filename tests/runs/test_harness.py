@@ -210,3 +210,69 @@ def test_a_report_killed_while_writing_leaves_the_previous_one_whole(tmp_path, m
         write_report(tmp_path)
     monkeypatch.undo()
     assert (tmp_path / "REPORT.md").read_text() == before
+
+
+def test_a_run_started_beside_another_on_a_new_folder_is_refused(tmp_path, monkeypatch):
+    """Two runs started together on a new --out both found no folder; the second then wrote beside the first
+    without the lock (every record twice). The other process is simulated filling the folder in between."""
+    from targetpo.runs import runner
+
+    out, make = tmp_path / "run", runner.make_run_dir
+
+    def made_by_another_process_meanwhile(run_dir):
+        make(run_dir)
+        (run_dir / "run.json").write_text("{}")
+
+    monkeypatch.setattr(runner, "make_run_dir", made_by_another_process_meanwhile)
+    with pytest.raises(FileExistsError, match="was filled by another targetpo process while this one started"):
+        run_experiment("tabular-single", "smoke", out=out, progress=False, quiet=True)
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_the_data_source_is_in_run_json_as_soon_as_a_unit_reads_it(tmp_path):
+    from targetpo.runs.runner import RunContext
+
+    meta = {"experiment": "mnist", "data_source": "generated (no external data)", "status": "running"}
+    ctx = RunContext("u", writer=None, bar=None, device=torch.device("cpu"), meta=meta, run_dir=tmp_path)
+    ctx.set_data_source("MNIST from /data", "abc")
+    stored = json.loads((tmp_path / "run.json").read_text())  # a kill -9 now keeps it
+    assert stored["data_source"] == "MNIST from /data" and stored["data_fingerprint"] == "abc"
+
+
+def _relabelled_copy(src: Path, dst: Path) -> Path:
+    import gzip
+    import shutil
+
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name.startswith("t10k-images"):
+            shutil.copy(f, dst / f.name)
+        elif f.name.startswith("t10k-labels"):
+            raw = gzip.decompress(f.read_bytes()) if f.suffix == ".gz" else f.read_bytes()
+            (dst / "t10k-labels-idx1-ubyte").write_bytes(raw[:8] + bytes((b + 1) % 10 for b in raw[8:]))
+    return dst
+
+
+def test_a_resume_on_other_data_is_refused(tmp_path, capsys, monkeypatch, mnist_dir):
+    """The data directory came from $TARGETPO_MNIST_DIR (config data_dir=None): a resume with the variable
+    pointing at relabelled data was accepted, and the curves mixed two data sets."""
+    out = tmp_path / "run"
+    monkeypatch.setenv("TARGETPO_MNIST_DIR", str(mnist_dir))
+    assert main(["run", "mnist", "--preset", "smoke", "--out", str(out), "--no-progress", "--no-report"]) == 0
+    meta = json.loads((out / "run.json").read_text())
+    assert len(meta["data_fingerprint"]) == 16
+    # As if killed after the first half: the later records and the done lines gone, the status "interrupted".
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    kept = "\n".join(lines[: len(lines) // 2]) + "\n"
+    (out / "metrics.jsonl").write_text(kept)
+    (out / "run.json").write_text(json.dumps({**meta, "status": "interrupted"}))
+    capsys.readouterr()
+    monkeypatch.setenv("TARGETPO_MNIST_DIR", str(_relabelled_copy(mnist_dir, tmp_path / "relabelled")))
+    assert main(["run", "mnist", "--out", str(out), "--resume", "--no-progress", "--no-report"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was computed on other data" in err[0] and meta["data_fingerprint"] in err[0], err
+    assert (out / "metrics.jsonl").read_text() == kept
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+    monkeypatch.setenv("TARGETPO_MNIST_DIR", str(mnist_dir))  # its own data: it resumes
+    assert main(["run", "mnist", "--out", str(out), "--resume", "--no-progress", "--no-report"]) == 0
+    assert (out / "metrics.jsonl").read_text().splitlines() == lines

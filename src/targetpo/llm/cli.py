@@ -12,8 +12,11 @@ def _methods(objectives: str, seq_logp: str | None) -> str:
     through and silently ignore --seq-logp."""
     from targetpo.llm.experiment import BASE_OBJECTIVES, METHODS, method_objective
 
+    items = [x.strip() for x in objectives.split(",")]
+    if objectives.strip() and "" in items:  # "tpo,,grpo": a lost item, not a shorter list
+        raise ValueError(f"--objective {objectives!r}: item {items.index('') + 1} is empty")
     out = []
-    for o in (x.strip() for x in objectives.split(",") if x.strip()):
+    for o in (x for x in items if x):
         if o not in BASE_OBJECTIVES:
             # A method name (tpo_sum) is a TPO objective with its sequence log-score: say which flags give it.
             hint = ("; for TPO give --objective {} --seq-logp {} (or methods={})".format(*method_objective(o), o)
@@ -25,6 +28,9 @@ def _methods(objectives: str, seq_logp: str | None) -> str:
             out += [f"{o}_{r}" for r in reds]
         else:
             out.append(o)
+    if seq_logp is not None and not {"tpo", "tpo_no_anchor"} & set(items):
+        raise ValueError(f"--seq-logp {seq_logp}: only TPO objectives (tpo, tpo_no_anchor) have a sequence "
+                         f"log-score, and --objective {objectives!r} has none")
     return ",".join(out)
 
 
@@ -44,13 +50,8 @@ def rlvr_overrides(args) -> list[str]:
     if args.objective is not None or args.seq_logp:
         if "methods" in given:
             raise ValueError("give either --objective/--seq-logp or methods=..., not both")
-        methods = _methods(args.objective if args.objective is not None else "tpo", args.seq_logp)
-        if not methods:
-            from targetpo.llm.experiment import BASE_OBJECTIVES
-
-            raise ValueError(f"--objective {args.objective!r}: give at least one objective (comma-separated: "
-                             f"{', '.join(BASE_OBJECTIVES)})")
-        overrides.append(f"methods={methods}")
+        # An empty --objective is refused with every empty flag (targetpo.cli), so there is at least one method.
+        overrides.append(f"methods={_methods(args.objective if args.objective is not None else 'tpo', args.seq_logp)}")
     if "task" in given or args.task is not None:
         # A new task starts from its own defaults, not the preset's options for another task, unless they are
         # given too (the same for --task and task=).

@@ -19,6 +19,7 @@ the official MD5 of every file before it is used.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import zlib
 from dataclasses import dataclass
@@ -78,6 +79,16 @@ class MnistData:
     dataset: str
     protocol: str  # "official" (train/test files) or "test-split" (seeded split of the test file)
     directory: Path
+
+    @property
+    def fingerprint(self) -> str:
+        """The first 16 hex digits of a SHA-256 over the arrays a run reads: a resume on other data (another copy,
+        relabelled, another split) is refused by it (docs/architecture.md, run folder format)."""
+        h = hashlib.sha256()
+        for t in (self.train_x, self.train_y, self.test_x, self.test_y):
+            h.update(str((tuple(t.shape), t.dtype)).encode())
+            h.update(t.contiguous().numpy().tobytes())
+        return h.hexdigest()[:16]
 
     @property
     def description(self) -> str:

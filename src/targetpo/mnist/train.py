@@ -68,7 +68,7 @@ def check_data(cfg) -> None:
 
 def load_data(cfg, ctx) -> mnist_data.MnistData:
     data = mnist_data.load(cfg.data_dir, cfg.dataset, download=cfg.download)
-    ctx.set_data_source(data.description)
+    ctx.set_data_source(data.description, data.fingerprint)
     return data
 
 

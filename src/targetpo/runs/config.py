@@ -215,6 +215,11 @@ def allowed(meta: typing.Mapping) -> str:
     return " and ".join(rules)
 
 
+# Counts, sizes and seeds become int64 tensors and generator seeds: a larger integer passed every declared bound
+# and then failed inside torch ("Overflow when unpacking long long"), after the run folder was written.
+INT_MAX = 2**63 - 1
+
+
 def _within(x: Any, meta: typing.Mapping) -> bool:
     return ((meta.get("gt") is None or x > meta["gt"]) and (meta.get("ge") is None or x >= meta["ge"])
             and (meta.get("lt") is None or x < meta["lt"]) and (meta.get("le") is None or x <= meta["le"]))
@@ -224,6 +229,8 @@ def _check_item(name: str, shown: Any, x: Any, tp: Any, meta: typing.Mapping, wh
     """`x` (the value of field `name`, or the item `which` of its tuple `shown`) against the declaration."""
     if not _is(x, tp):
         raise ValueError(f"{name}={shown!r}: {which}expected {_TYPE_NAMES.get(tp, tp.__name__)}")
+    if tp is int and abs(x) > INT_MAX:
+        raise ValueError(f"{name}={shown!r}: {which}must fit in 64 bits (|x| <= 2**63 - 1)")
     finite = tp is float and meta.get("finite", True)
     ok = (not finite or math.isfinite(x)) and (tp not in (int, float) or _within(x, meta))
     if meta.get("choices") and x not in meta["choices"]:
@@ -266,6 +273,10 @@ def validate(cfg: Any) -> None:
         dup = first_repeat(value) if unique else None
         if dup is not None:
             raise ValueError(f"{f.name}={value!r}: items must be distinct ({dup!r} is given twice)")
+    seed, seeds = getattr(cfg, "seed", None), getattr(cfg, "seeds", None)
+    if isinstance(seed, int) and isinstance(seeds, int) and seed + seeds - 1 > INT_MAX:
+        raise ValueError(f"seed={seed!r} with seeds={seeds!r}: the last seed, seed + seeds - 1, must fit in 64 bits "
+                         "(<= 2**63 - 1)")
 
 
 # ----------------------------------------------------------------------------- presets and overrides
@@ -284,7 +295,10 @@ def _parse_value(text: str, annotation: Any, name: str) -> Any:
     if optional and text.lower() in ("none", "null"):
         return None
     if item is not None:
-        return tuple(_parse_value(t.strip(), item, name) for t in text.split(",") if t.strip())
+        items = [t.strip() for t in text.split(",")]
+        if text.strip() and "" in items:  # "tpo,,grpo" or "tpo,": a lost item, not a shorter list
+            raise ValueError(f"{name}={text!r}: item {items.index('') + 1} is empty")
+        return tuple(_parse_value(t, item, name) for t in items if t)
     if tp is bool:
         if text.lower() in ("1", "true", "yes", "on"):
             return True

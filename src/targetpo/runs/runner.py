@@ -116,6 +116,10 @@ def _exit_if_stopping() -> None:
         raise SystemExit(128 + signal.SIGTERM)
 
 
+class DataMismatch(ValueError):
+    """A resume reads other data than the stored records were computed on."""
+
+
 class RunContext:
     """What a unit sees of the runner: `log` a metrics record, `advance` the progress bar, a `device`."""
 
@@ -155,9 +159,22 @@ class RunContext:
         _exit_if_stopping()
         self._bar.update(n)
 
-    def set_data_source(self, description: str) -> None:
-        """Recorded in run.json and shown in every report (e.g. which MNIST split was used)."""
+    def set_data_source(self, description: str, fingerprint: str | None = None) -> None:
+        """Recorded in run.json at once (a killed run keeps it) and shown in every report (e.g. which MNIST split
+        was used). `fingerprint` identifies the data's content: a resume whose data differs from what the stored
+        records were computed on is refused (a curve would mix two data sets)."""
+        stored = self._meta.get("data_fingerprint")
+        if fingerprint is not None and stored is not None and stored != fingerprint:
+            raise DataMismatch(f"{self.run_dir or 'this run'} was computed on other data ({self._meta.get('data_source')}, "
+                               f"fingerprint {stored}) than this resume reads ({description}, fingerprint "
+                               f"{fingerprint}); resume with the run's data, or use a new --out")
+        if self._meta.get("data_source") == description and stored == fingerprint:
+            return
         self._meta["data_source"] = description
+        if fingerprint is not None:
+            self._meta["data_fingerprint"] = fingerprint
+        if self.run_dir is not None:
+            write_run_json(self.run_dir, self._meta)
 
 
 # ----------------------------------------------------------------------------- running
@@ -250,6 +267,9 @@ def _on_failure(name: str, cfg: Any, record_status):
     traceback); any other exception is a bug and keeps its traceback."""
     try:
         yield
+    except DataMismatch:
+        record_status("interrupted")  # nothing was written: the run resumes on its own data
+        raise
     except Exception as exc:  # noqa: BLE001
         first_line = (str(exc).strip().splitlines() or [""])[0]
         if not is_out_of_memory(exc):
@@ -377,7 +397,8 @@ def _run_experiment(
     torch.set_num_threads(threads or getattr(exp, "TORCH_THREADS", None) or default_threads())
     run_dir = Path(out) if out is not None else Path("results") / f"{name}-{preset or 'cpu'}"
     meta_path = run_dir / RUN_FILE
-    if run_dir.is_dir():
+    held = run_dir.is_dir()
+    if held:
         hold(run_dir)  # before reading what is there, and before --force deletes it
     if resume and meta_path.exists():
         meta = read_run_json(run_dir)
@@ -411,10 +432,14 @@ def _run_experiment(
                 "device": device,
                 "data_source": getattr(exp, "DATA_SOURCE", "generated (no external data)"),
                 "status": "running", "wall_time_s": 0.0, "runs": []}
-    fresh = not run_dir.is_dir()
     make_run_dir(run_dir)
-    if fresh:
+    if not held:
+        # Also when another process made the folder after this one looked: two runs started together on a new
+        # --out both found no folder, and the second used to write beside the first without the lock.
         hold(run_dir)
+        if meta_path.exists() or (run_dir / METRICS_FILE).exists():
+            raise FileExistsError(f"{run_dir} was filled by another targetpo process while this one started; pass "
+                                  "--resume to continue that run once it stops, or use a new --out")
 
     existing = {record_key(r): r for r in read_metrics(run_dir / METRICS_FILE, repair=True)}
     diverged_before = {k[0] for k in existing if k[2] == "diverged"}

@@ -160,6 +160,17 @@ def _record(line: bytes, path: Path, number: int) -> dict:
     if not isinstance(rec, dict):
         raise RunFileError(f"{path} line {number}: must be a JSON object (a metrics record), got "
                            f"{type(rec).__name__}")
+    # The keys every reader sorts and groups by; a hand-edited value failed deep in a report (a TypeError
+    # comparing "abc" with 0, or "step 0 was not recorded" for a record without a unit).
+    problem = None
+    if not isinstance(rec.get("unit"), str):
+        problem = f"needs a 'unit' string, got {rec.get('unit')!r}"
+    elif "event" in rec and not isinstance(rec["event"], str):
+        problem = f"its 'event' must be a string, got {rec['event']!r}"
+    elif ("step" in rec or "event" not in rec) and not (type(rec.get("step")) is int and rec["step"] >= 0):
+        problem = f"needs a 'step' integer >= 0, got {rec.get('step')!r}"
+    if problem:
+        raise RunFileError(f"{path} line {number}: a metrics record {problem}")
     return rec
 
 
@@ -190,10 +201,14 @@ def read_run_json(run_dir: str | Path) -> dict:
         if not isinstance(meta.get(name), kind):
             got = "missing" if name not in meta else f"got {meta[name]!r:.60}"
             raise RunFileError(f"{path}: {name!r} must be a JSON {_JSON_KIND[kind]} ({got})")
+    for name, kind in RUN_OPTIONAL_FIELDS.items():  # absent in a not-run placeholder; shown in every report
+        if name in meta and (isinstance(meta[name], bool) or not isinstance(meta[name], kind)):
+            raise RunFileError(f"{path}: {name!r} must be a JSON {_JSON_KIND[kind]} (got {meta[name]!r:.60})")
     return meta
 
 
-_JSON_KIND = {str: "string", dict: "object"}
+RUN_OPTIONAL_FIELDS = {"status": str, "wall_time_s": (int, float), "runs": list}
+_JSON_KIND = {str: "string", dict: "object", (int, float): "number", list: "array"}
 
 
 def versions() -> dict[str, str]:
