@@ -20,6 +20,7 @@ a section saying why and the others are reported; a report of that run alone sto
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -31,7 +32,7 @@ import numpy as np
 
 from targetpo.experiments import EXPERIMENTS, UnknownExperiment, load  # noqa: E402
 from targetpo.runs import plots  # noqa: E402
-from targetpo.runs.config import config_from_dict, validated  # noqa: E402
+from targetpo.runs.config import config_class, config_from_dict, validated  # noqa: E402
 from targetpo.runs.runner import Progress, run_is_live, run_progress  # noqa: E402
 from targetpo.runs.stats import FAIL_CLASSES, NOT_REPRODUCED, SCALE, Failure, Verdict, count  # noqa: E402
 from targetpo.runs.store import METRICS_FILE, RUN_FILE, Run, RunFileError, find_runs, seed_count  # noqa: E402
@@ -237,12 +238,23 @@ def _evidence_cell(c: Claim, verdict: Verdict | None) -> str:
     return c.evidence
 
 
+def length_fields(experiment: str) -> tuple[str, ...]:
+    """The config fields that say how long a run of `experiment` trains: `steps` or `episodes`, or, where the
+    experiment fixes that field and sets lengths per part (dg-epochs' `terminal_episodes`, `variant_episodes`),
+    those parts' fields."""
+    fields = {f.name: f for f in dataclasses.fields(config_class(load(experiment)))}
+    for name in ("steps", "episodes"):
+        if name in fields and not fields[name].metadata.get("fixed"):
+            return (name,)
+    return tuple(n for n, f in fields.items() if re.search(r"_(steps|episodes)$", n) and not f.metadata.get("fixed"))
+
+
 def run_scale(run: Run) -> tuple[int, int, int]:
-    """How much a run tests: (preset rank in VERDICT_PRESETS, steps or episodes, seeds)."""
+    """How much a run tests: (preset rank in VERDICT_PRESETS, steps or episodes in all, seeds)."""
     cfg = run.meta.get("config", {})
     rank = VERDICT_PRESETS.index(run.meta["preset"]) if run.meta.get("preset") in VERDICT_PRESETS else -1
-    length = cfg.get("steps") or cfg.get("episodes") or cfg.get("variant_episodes") or 0
-    return rank, int(length), seed_count(run.meta)
+    length = sum(int(cfg.get(n) or 0) for n in length_fields(run.meta["experiment"]))
+    return rank, length, seed_count(run.meta)
 
 
 def is_larger(a: Run, b: Run) -> bool:
@@ -258,7 +270,11 @@ def is_larger(a: Run, b: Run) -> bool:
 
 def _describe(run: Run) -> str:
     _, length, seeds = run_scale(run)
-    return f"run `{run.path.name}` (preset {run.meta.get('preset')}, {count(length, 'step')}, {count(seeds, 'seed')})"
+    fields = length_fields(run.meta["experiment"])
+    word = "episode" if fields and fields[0].endswith("episodes") else "step"
+    parts = " + ".join(f"{int(run.meta['config'].get(n) or 0):,}" for n in fields) if len(fields) > 1 else None
+    size = f"{parts} {word}s" if parts else count(length, word)
+    return f"run `{run.path.name}` (preset {run.meta.get('preset')}, {size}, {count(seeds, 'seed')})"
 
 
 def resolve_failures(sections: list["Section"]) -> None:

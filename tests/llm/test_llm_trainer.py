@@ -263,3 +263,29 @@ def test_the_warm_starts_evaluations_use_the_configured_sampler(tmp_path, monkey
     run_experiment("rlvr", "smoke", out=tmp_path / "run", progress=False, quiet=True,
                    overrides=["sampler=kv_loop", "warmstart_steps=1", "steps=1", "methods=grpo"])
     assert used and set(used) == {"kv_loop"}
+
+
+@pytest.mark.parametrize("layout", [{"updates_per_epoch": 2}, {"micro_batch_size": 2 * K}, {"micro_batch_tokens": 300}])
+def test_first_update_sees_exactly_the_rollout_log_probs_in_any_layout(arithmetic_parts, monkeypatch, layout):
+    """The old log-probs were computed over all rows in group order, the first update over a shuffled mini- or
+    micro-batch with another padding trim: in bf16 its sequence log-probs differed from them by ~1e-3, so p_θ ≠
+    p_old (and ratio ≠ 1) before any step. Now both passes use the first epoch's micro-batches."""
+    tok, task, train, held = arithmetic_parts(max_terms=4, min_digits=1, max_digits=4, heldout=4)
+    model = build_tiny_model(tok, hidden_size=64, num_layers=2).to(torch.bfloat16)
+    cfg = TrainerConfig(k=K, batch_prompts=8, max_new_tokens=24, lr=1e-9, **layout)
+    tr = RLVRTrainer(model, tok, task, Template("plain"), train, held, cfg)
+    batch = with_rewards(tr.rollout(0)[0])
+    gaps, real = [], trainer_mod.policy_loss
+
+    def spy(cfg, logp, old, rewards, token_mask, k):
+        gaps.append(float(((logp.detach() - old) * token_mask).abs().max()))
+        return real(cfg, logp, old, rewards, token_mask, k)
+
+    monkeypatch.setattr(trainer_mod, "policy_loss", spy)
+    first_step = trainer_mod.torch.optim.AdamW.step
+    steps = []
+    monkeypatch.setattr(trainer_mod.torch.optim.AdamW, "step", lambda self, *a, **kw: (steps.append(len(gaps)),
+                                                                                      first_step(self, *a, **kw))[1])
+    tr.update(batch, 0)
+    before_any_step = gaps[: steps[0]]
+    assert before_any_step and max(before_any_step) == 0.0, gaps

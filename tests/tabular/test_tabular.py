@@ -36,3 +36,23 @@ def test_tabular_multi_paper_preset_matches_reference(tmp_path):
         assert got is not None and abs(got - r) <= 0.03 * r, (m, got, r)
     text = write_report(run.path).read_text()
     assert "**FAIL**" not in text and text.count("**PASS**") == 5
+
+
+def _claim_row(text: str, claim: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(f"| {claim}"))
+
+
+@pytest.mark.parametrize("name,overrides,claims", [
+    # No method reaches 1 % in 40 (single) or 300 (multi) steps: every "never" is the same step past the run, so
+    # the lead was a zero-width 0, a PASS for "CE is fastest" and a FAIL for "TPO and DG converge fastest".
+    ("tabular-single", ["steps=40", "seeds=10"], ["TPO and DG converge fastest",
+                                                  # ends at step 39: "end > step 50" compared step 39 with itself
+                                                  "GRPO becomes increasingly misaligned"]),
+    ("tabular-multi", ["steps=300", "seeds=20"], ["CE is fastest"]),
+])
+def test_a_claim_the_run_cannot_test_gets_no_verdict(tmp_path, name, overrides, claims):
+    out = run_experiment(name, "cpu", out=tmp_path / "r", overrides=overrides, progress=False, quiet=True)
+    text = write_report(out).read_text()
+    for claim in claims:
+        row = _claim_row(text, claim)
+        assert "PASS" not in row and "FAIL" not in row and "inconclusive" not in row, row

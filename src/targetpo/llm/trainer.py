@@ -5,8 +5,8 @@ One step t:
   1. rollout: B prompts from the training pool (drawn from a generator seeded by (seed, t)), K completions each,
      sampled at temperature T (``generate``, pure sampling); rewards from the task's verifier; per-token
      log-probs from a no-grad forward (:func:`~targetpo.llm.rollout.token_logprobs`, the path the update
-     differentiates, so the first epoch has ratio exactly 1 and TPO's p_θ = p_old); optional log-probs of a
-     frozen reference.
+     differentiates, on the first epoch's own micro-batches: the same rows, order and padding trim, so the first
+     update has ratio exactly 1 and TPO's p_θ = p_old, in bf16 too); optional log-probs of a frozen reference.
   2. update: μ epochs over the batch. Each epoch shuffles whole groups, splits them into `updates_per_epoch`
      mini-batches (one AdamW step each) and each mini-batch into micro-batches of `micro_batch_size` rows
      (a multiple of K: groups are never split, and every micro-batch is checked). Micro-batch losses are
@@ -375,11 +375,29 @@ class RLVRTrainer:
             return token_micro_batches(prompt_mask, completion_mask, cfg.k, cfg.micro_batch_tokens)
         return group_micro_batches(n // cfg.k, cfg.k, cfg.micro_batch_size or n)
 
+    def _epoch_orders(self, step: int, groups: int) -> list[Tensor]:
+        """Each epoch's shuffle of the groups at `step` (seeded by the step alone)."""
+        gen = torch.Generator().manual_seed(step_seed(self.cfg.seed, step, 3))
+        return [torch.randperm(groups, generator=gen) for _ in range(self.cfg.epochs)]
+
+    def _update_batches(self, order: Tensor, prompt_mask: Tensor, completion_mask: Tensor) -> list[list[Tensor]]:
+        """The mini-batches of an epoch whose groups come in `order`, each as the row indices (into the whole
+        batch) of its micro-batches."""
+        out = []
+        for mini_groups in order.split(order.numel() // self.cfg.updates_per_epoch):
+            mini = group_rows(mini_groups, self.cfg.k).to(prompt_mask.device)
+            out.append([mini[rows.to(mini.device)]
+                        for rows in self._micro_batches(prompt_mask[mini], completion_mask[mini])])
+        return out
+
     @torch.no_grad()
-    def _logprobs(self, model, ids, mask, comp, cmask) -> Tensor:
-        """Rollout-time log-probs [N, C], in the update's micro-batches (same memory bound as the update)."""
+    def _logprobs(self, model, ids, mask, comp, cmask, parts: list[Tensor]) -> Tensor:
+        """Rollout-time log-probs [N, C], computed on `parts`: the first epoch's micro-batches. The same rows, in
+        the same order and with the same padding trim, are what the first update differentiates, so its ratio is
+        exactly 1 and TPO's p_θ = p_old (other batches change the last bits, ~1e-3 in bf16); and the pass needs
+        no more memory than the update."""
         out = torch.zeros(comp.shape, dtype=torch.float32, device=ids.device)
-        for rows in self._micro_batches(mask, cmask):
+        for rows in parts:
             rows = rows.to(ids.device)
             p0, c1 = used_columns(mask[rows], cmask[rows])
             out[rows, :c1] = token_logprobs(model, ids[rows, p0:], mask[rows, p0:], comp[rows, :c1],
@@ -395,11 +413,13 @@ class RLVRTrainer:
                                         sampler=cfg.sampler)
         texts = decode_completions(self.tokenizer, comp, cmask)
         rewards = self.score(problems, texts, cfg.k).to(self.device)
-        old = self._logprobs(self.model, ids, mask, comp, cmask)
+        first = self._update_batches(self._epoch_orders(step, ids.shape[0] // cfg.k)[0], mask, cmask)
+        parts = [rows for mini in first for rows in mini]
+        old = self._logprobs(self.model, ids, mask, comp, cmask, parts)
         ref = None
         if cfg.kl_coef > 0:
             with _reference(self.model, self.ref_model) as ref_model:
-                ref = self._logprobs(ref_model, ids, mask, comp, cmask)
+                ref = self._logprobs(ref_model, ids, mask, comp, cmask, parts)
         n = ids.shape[0]
         group_ids = torch.arange(n, device=self.device) // cfg.k
         return Rollout(ids, mask, comp, cmask, old, rewards, group_ids, cfg.k, ref), texts
@@ -407,20 +427,16 @@ class RLVRTrainer:
     # ---- update
     def update(self, batch: Rollout, step: int) -> dict[str, float]:
         cfg = self.cfg
-        groups = batch.num_groups
-        per_mini = groups // cfg.updates_per_epoch
-        gen = torch.Generator().manual_seed(step_seed(cfg.seed, step, 3))
         first_epoch: dict[str, float] = {}
         losses, norms = [], []
-        for epoch in range(cfg.epochs):
-            order = torch.randperm(groups, generator=gen)
-            for mini_groups in order.split(per_mini):
-                mini = batch.rows(group_rows(mini_groups, cfg.k).to(self.device))
+        for epoch, order in enumerate(self._epoch_orders(step, batch.num_groups)):
+            for micros in self._update_batches(order, batch.prompt_mask, batch.completion_mask):
+                mini = batch.rows(torch.cat(micros).to(self.device))
                 mini_rows, mini_tokens = mini.rewards.shape[0], int(mini.completion_mask.sum())
                 self.optimizer.zero_grad(set_to_none=True)
                 total = 0.0
-                for rows in self._micro_batches(mini.prompt_mask, mini.completion_mask):
-                    micro = mini.rows(rows.to(self.device))
+                for rows in micros:
+                    micro = batch.rows(rows.to(self.device))
                     with _checkpointing(self._checkpoint_layers):
                         loss, out = micro_batch_loss(self.model, cfg, micro, mini_rows, mini_tokens)
                     loss.backward()

@@ -1,0 +1,78 @@
+"""Verdicts of the token reports on hand-made curves: a FAIL is classed from the part that failed, a larger run is
+larger in the lengths the experiment uses, and a one-seed run decides nothing (docs/verdicts.md §1, §3)."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+from targetpo.experiments import load
+from targetpo.report import write_report
+from targetpo.runs.config import make_config
+
+
+def fake_run(path: Path, name: str, overrides: list[str], curves: dict[str, np.ndarray]) -> Path:
+    """A complete cpu-preset run of `name` whose unit `u` logged `curves[u]` ([steps, seeds]) as its error."""
+    path.mkdir(parents=True)
+    cfg = make_config(load(name), "cpu", overrides=overrides)
+    (path / "run.json").write_text(json.dumps({"experiment": name, "preset": "cpu", "status": "complete",
+                                               "config": dataclasses.asdict(cfg)}))
+    with open(path / "metrics.jsonl", "w") as f:
+        for unit, values in curves.items():
+            for step, row in enumerate(values):
+                f.write(json.dumps({"unit": unit, "step": step, "error": row.tolist()}) + "\n")
+            f.write(json.dumps({"unit": unit, "event": "done"}) + "\n")
+    return path
+
+
+def crossing(steps: int, at: list[int]) -> np.ndarray:
+    """Per seed: error 0.5 until step at[s], then 0.001."""
+    return np.where(np.arange(steps)[:, None] < np.array(at)[None, :], 0.5, 0.001)
+
+
+def row(text: str, claim: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(f"| {claim}"))
+
+
+def test_a_fail_is_not_classed_seed_noise_by_a_part_that_passed(tmp_path):
+    """V=2 fails (205–215 episodes vs 2 × 58); V=4 passes and its interval covers the paper's 74. The FAIL was
+    classed "seed noise" from V=4."""
+    flat = np.full((300, 4), 0.5)
+    out = fake_run(tmp_path / "td", "token-dense", ["seeds=4", "episodes=300", "methods=dg,tpo_token"],
+                   {"v2/dg": flat, "v2/tpo_token": crossing(300, [200, 205, 210, 215]),
+                    "v4/dg": flat, "v4/tpo_token": crossing(300, [70, 73, 76, 79])})
+    line = row(write_report(out).read_text(), "TPO_token's episodes to 1% are within 2× the paper's")
+    assert "**FAIL** (does not reproduce)" in line and "seed noise" not in line.lower(), line
+
+
+def test_a_one_seed_run_does_not_fail_the_bag_speed_claim(tmp_path):
+    """TPO_token's single seed never reaching 1 % while PPO's does was a FAIL from one point estimate."""
+    never, ppo = np.full((100, 1), 0.3), crossing(100, [60])
+    out = fake_run(tmp_path / "tv", "token-variants", ["seeds=1", "episodes=100", "variants=bag/copy"],
+                   {"bag/copy/tpo_token": never, "bag/copy/grpo_token": never, "bag/copy/dg": never,
+                    "bag/copy/ppo": ppo})
+    line = row(write_report(out).read_text(), "Under bag reward TPO_token is ≥ 2× faster")
+    assert "| inconclusive |" in line and "never vs 60" in line, line
+
+
+def test_a_run_with_fewer_episodes_is_not_the_larger_run(tmp_path):
+    """dg-epochs fixes `episodes` (1000) and trains terminal_episodes / variant_episodes: a 10-episode run with one
+    more seed counted as larger than a 400 + 300-episode one, and its PASS reclassed the big run's FAILs."""
+    rng = np.random.default_rng(0)
+
+    def dg_run(name, seeds, te, ve, four_epochs_level):
+        curves = {}
+        for unit, steps, n in (("terminal", te, seeds), ("bag/copy", ve, 2), ("sequential/flip", ve, 2)):
+            for ep, level in (("ep1", 0.3), ("ep4", four_epochs_level)):
+                curves[f"{unit}/{ep}"] = level + 0.01 * rng.standard_normal((steps, n))
+        return fake_run(tmp_path / "runs" / name, "dg-epochs",
+                        [f"seeds={seeds}", f"terminal_episodes={te}", f"variant_episodes={ve}", "variant_seeds=2",
+                         "variants=bag/copy,sequential/flip"], curves)
+
+    dg_run("big", 3, 400, 300, 0.1)  # 4 epochs clearly better: FAILs
+    dg_run("tiny", 4, 10, 10, 0.6)   # 4 epochs clearly worse: PASSes, but over 10 episodes
+    text = write_report(tmp_path / "runs").read_text()
+    line = row(text, "On the terminal task 4-epoch DG ends clearly worse")
+    assert "**FAIL** (does not reproduce)" in line and "larger run `tiny`" not in line, line
+    assert "400 + 300 episodes" in text or "does not reproduce" in line
