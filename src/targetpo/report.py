@@ -238,10 +238,12 @@ def _evidence_cell(c: Claim, verdict: Verdict | None) -> str:
     return c.evidence
 
 
-def length_fields(experiment: str) -> tuple[str, ...]:
+def length_fields(experiment: str | None) -> tuple[str, ...]:
     """The config fields that say how long a run of `experiment` trains: `steps` or `episodes`, or, where the
     experiment fixes that field and sets lengths per part (dg-epochs' `terminal_episodes`, `variant_episodes`),
-    those parts' fields."""
+    those parts' fields. An experiment this version does not know: `steps` or `episodes`, whichever it has."""
+    if experiment not in EXPERIMENTS:
+        return ("steps", "episodes")
     fields = {f.name: f for f in dataclasses.fields(config_class(load(experiment)))}
     for name in ("steps", "episodes"):
         if name in fields and not fields[name].metadata.get("fixed"):
@@ -253,7 +255,7 @@ def run_scale(run: Run) -> tuple[int, int, int]:
     """How much a run tests: (preset rank in VERDICT_PRESETS, steps or episodes in all, seeds)."""
     cfg = run.meta.get("config", {})
     rank = VERDICT_PRESETS.index(run.meta["preset"]) if run.meta.get("preset") in VERDICT_PRESETS else -1
-    length = sum(int(cfg.get(n) or 0) for n in length_fields(run.meta["experiment"]))
+    length = sum(int(cfg.get(n) or 0) for n in length_fields(run.meta.get("experiment")))
     return rank, length, seed_count(run.meta)
 
 
@@ -270,7 +272,7 @@ def is_larger(a: Run, b: Run) -> bool:
 
 def _describe(run: Run) -> str:
     _, length, seeds = run_scale(run)
-    fields = length_fields(run.meta["experiment"])
+    fields = length_fields(run.meta.get("experiment"))
     word = "episode" if fields and fields[0].endswith("episodes") else "step"
     parts = " + ".join(f"{int(run.meta['config'].get(n) or 0):,}" for n in fields) if len(fields) > 1 else None
     size = f"{parts} {word}s" if parts else count(length, word)
