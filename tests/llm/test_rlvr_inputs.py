@@ -209,3 +209,31 @@ def test_rlvr_units_of_objectives_without_eta_keep_the_default():
 
     cfg = make_config(rlvr, "smoke", overrides=["methods=tpo_sum,grpo", "eta=0.5"])
     assert rlvr.trainer_config(cfg, "tpo_sum", 0).eta == 0.5 and rlvr.trainer_config(cfg, "grpo", 0).eta == 1.0
+
+
+def test_a_resume_on_other_problems_is_refused(tmp_path, capsys):
+    """run.json keeps a fingerprint of the problems: GSM8K files edited between a kill and the resume (or another
+    reasoning-gym version) would otherwise mix two data sets in one curve."""
+    import json
+
+    d = tmp_path / "gsm8k"
+    d.mkdir()
+    for name, n, op in (("train.jsonl", 50, "+"), ("test.jsonl", 40, "*")):  # held-out questions not in the pool
+        (d / name).write_text("".join(f'{{"question": "{i}{op}1?", "answer": "#### {i}"}}\n' for i in range(n)))
+    out = tmp_path / "run"
+    argv = ["rlvr", "--preset", "smoke", "--out", str(out), "--no-progress", "--no-report", "--task", "gsm8k",
+            "--data-path", str(d), "methods=grpo", "steps=2", "train_size=50"]
+    assert main(argv) == 0
+    meta = json.loads((out / "run.json").read_text())
+    assert len(meta["data_fingerprint"]) == 16
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    kept = "\n".join(line for line in lines if json.loads(line).get("event") != "done"
+                     or json.loads(line)["unit"] == "warmstart") + "\n"
+    (out / "metrics.jsonl").write_text(kept)  # as if killed before the last unit finished
+    (out / "run.json").write_text(json.dumps({**meta, "status": "interrupted"}))
+    (d / "train.jsonl").write_text((d / "train.jsonl").read_text().replace('"#### 1"', '"#### 7"', 1))
+    capsys.readouterr()
+    assert main(["rlvr", "--out", str(out), "--resume", "--no-progress", "--no-report"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "was computed on other data" in err[0] and meta["data_fingerprint"] in err[0], err
+    assert (out / "metrics.jsonl").read_text() == kept

@@ -8,6 +8,7 @@ and a disjoint held-out set from it, deterministically from a seed.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,17 @@ class Problem:
     question: str
     answer: str
     entry: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+
+
+def problems_fingerprint(*pools: list[Problem]) -> str:
+    """The first 16 hex digits of a SHA-256 over every problem's question and answer, pool by pool: a resume
+    whose problems differ (another GSM8K file, another reasoning-gym version) is refused by it (docs/architecture.md)."""
+    h = hashlib.sha256()
+    for pool in pools:
+        for p in pool:
+            h.update(p.question.encode() + b"\0" + p.answer.encode() + b"\0")
+        h.update(b"\1")
+    return h.hexdigest()[:16]
 
 
 class ReasoningGymTask:

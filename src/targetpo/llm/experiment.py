@@ -279,6 +279,7 @@ def warm_start(cfg: Config, run_dir: Path, device, ctx=None) -> Path:
 
 
 def run_unit(cfg: Config, unit: str, ctx) -> None:
+    from targetpo.llm.data import problems_fingerprint
     from targetpo.llm.models import load_model
     from targetpo.llm.trainer import RLVRTrainer, add_lora
 
@@ -287,7 +288,8 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
     hf_logging.disable_progress_bar()  # the runner's bar is the one progress bar
     if ctx.run_dir is None:
         raise ValueError("the rlvr experiment keeps model files in the run directory; run it through run_experiment")
-    ctx.set_data_source(data_source(cfg))
+    _, _, train, heldout = problems(cfg)
+    ctx.set_data_source(data_source(cfg), problems_fingerprint(train, heldout))
     if unit == WARMSTART:
         warm_start(cfg, ctx.run_dir, ctx.device, ctx)
         return

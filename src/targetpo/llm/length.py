@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from targetpo.llm import experiment as rlvr
-from targetpo.llm.data import Problem, train_and_heldout
+from targetpo.llm.data import Problem, problems_fingerprint, train_and_heldout
 from targetpo.llm.trainer import TrainerConfig
 from targetpo.runs import plots
 from targetpo.runs.config import config, default, param, swept, unused
@@ -393,7 +393,8 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
     if ctx.run_dir is None:
         raise ValueError("the llm-length experiment keeps model files in the run directory; run it through "
                          "run_experiment")
-    ctx.set_data_source(data_source(cfg))
+    _, _, train, heldout = problems(cfg)
+    ctx.set_data_source(data_source(cfg), problems_fingerprint(train, heldout))
     if unit == WARMSTART:
         warm_start(cfg, ctx.run_dir, ctx.device, ctx)
         return
