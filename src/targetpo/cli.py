@@ -20,11 +20,11 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from targetpo.experiments import EXPERIMENTS, SUITES, in_suite, load, suite_of
-from targetpo.runs.config import (config_class, config_from_dict, field_lines, first_repeat, make_config, override_key,
-                                  validated)
+from targetpo.runs.config import config_class, field_lines, first_repeat, make_config, override_key
 from targetpo.runs.data import MissingDataError
 from targetpo.runs.runner import (add_runner_arguments, available_cores, computes_on, config_differences, is_not_run,
-                                  mark_not_run, parse_device, request_stop, run_experiment)
+                                  mark_not_run, parse_device, request_stop, run_experiment, show_differences,
+                                  stored_config)
 from targetpo.runs.store import read_run_json
 from targetpo.runs.stats import count
 
@@ -132,11 +132,9 @@ def _check_resumable(plan: _Plan, exp, cfg) -> None:
     """`reproduce` continues the runs already in --out; one stored with another preset or other settings is named
     here, before any run starts (it used to fail in every worker with a traceback about `run --resume`)."""
     meta = read_run_json(plan.run_dir)
-    if meta["experiment"] != plan.name:
-        raise ValueError(f"{plan.run_dir} holds a {meta['experiment']} run, not {plan.name}; use a new --out")
-    differ = config_differences(validated(config_from_dict(exp, meta["config"])), cfg)
+    differ = config_differences(stored_config(exp, plan.run_dir, meta), cfg)
     if meta["preset"] != plan.preset or differ:
-        fields = "; ".join(f"{k}: stored {a!r}, asked {b!r}" for k, (a, b) in differ.items())
+        fields = show_differences(differ)
         raise ValueError(f"{plan.run_dir} holds a {meta['preset']} run that this reproduce (preset {plan.preset}) "
                          f"would not continue{f' ({fields})' if fields else ''}; pass --fresh to replace the runs "
                          "in --out, or use a new --out")
@@ -281,8 +279,6 @@ def cmd_reproduce(args) -> int:
     jobs = available_cores() if args.jobs is None else args.jobs
     if jobs < 1:
         raise ValueError(f"--jobs={jobs}: must be at least 1 (1 runs the experiments one after another)")
-    if not args.out.strip():
-        raise ValueError("--out is empty: give the directory for the runs and REPORT.md (default results)")
     if args.only is not None and not args.only:
         raise ValueError("--only needs at least one experiment name (see `targetpo list`); leave it out to run "
                          f"the --suite ({args.suite})")
@@ -447,7 +443,7 @@ def _refuse_empty_strings(args) -> None:
             raise ValueError(f"--{key.replace('_', '-')} is empty: give a value, or leave the flag out for its default")
 
 
-POSITIONAL = ("name", "dir", "dirs", "dataset", "command")
+POSITIONAL = ("dir",)  # the free-text positional arguments (`report DIR`, `data NAME DIR`); the others have choices
 
 
 def main(argv: list[str] | None = None) -> int:

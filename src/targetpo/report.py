@@ -32,8 +32,8 @@ import numpy as np
 
 from targetpo.experiments import EXPERIMENTS, UnknownExperiment, load  # noqa: E402
 from targetpo.runs import plots  # noqa: E402
-from targetpo.runs.config import config_class, config_from_dict, validated  # noqa: E402
-from targetpo.runs.runner import Progress, run_is_live, run_progress  # noqa: E402
+from targetpo.runs.config import config_class  # noqa: E402
+from targetpo.runs.runner import Progress, run_is_live, run_progress, stored_config  # noqa: E402
 from targetpo.runs.stats import FAIL_CLASSES, NOT_REPRODUCED, SCALE, Failure, Verdict, count  # noqa: E402
 from targetpo.runs.store import METRICS_FILE, RUN_FILE, Run, RunFileError, find_runs, seed_count  # noqa: E402
 
@@ -322,7 +322,7 @@ def build_section(run: Run, report_dir: Path) -> Section:
         section.text(f"**NOT RUN.** {run.meta.get('reason', '')}")
         return section
     try:  # a hand-edited config (seeds "two", an unknown method) was reported as 0 seeds or units not started
-        validated(config_from_dict(exp, run.config))
+        stored_config(exp, run.path, run.meta)
     except (ValueError, TypeError) as exc:
         raise RunFileError(f"{run.path / RUN_FILE}: its config is not one {exp.NAME} runs: {exc}") from None
     if not run.records and str(run.meta.get("status", "")).startswith("complete"):

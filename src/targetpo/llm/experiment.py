@@ -288,7 +288,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
     hf_logging.disable_progress_bar()  # the runner's bar is the one progress bar
     if ctx.run_dir is None:
         raise ValueError("the rlvr experiment keeps model files in the run directory; run it through run_experiment")
-    _, _, train, heldout = problems(cfg)
+    task, template, train, heldout = problems(cfg)  # the same problems for the fingerprint and the trainer
     ctx.set_data_source(data_source(cfg), problems_fingerprint(train, heldout))
     if unit == WARMSTART:
         warm_start(cfg, ctx.run_dir, ctx.device, ctx)
@@ -301,7 +301,6 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
         model, tok = base_model(cfg, ctx.device)
     if cfg.lora_r > 0:
         model = add_lora(model, cfg.lora_r, cfg.lora_alpha or None, seed=cfg.seed + s)
-    task, template, train, heldout = problems(cfg)
     trainer = RLVRTrainer(model, tok, task, template, train, heldout, trainer_config(cfg, method, s))
     ckpt = Path(ctx.run_dir) / "checkpoints" / f"{unit}.pt"
     trainer.train(cfg.steps, log=ctx.log, advance=ctx.advance, checkpoint=ckpt)

@@ -393,7 +393,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
     if ctx.run_dir is None:
         raise ValueError("the llm-length experiment keeps model files in the run directory; run it through "
                          "run_experiment")
-    _, _, train, heldout = problems(cfg)
+    task, template, train, heldout = problems(cfg)  # the same problems for the fingerprint and the trainer
     ctx.set_data_source(data_source(cfg), problems_fingerprint(train, heldout))
     if unit == WARMSTART:
         warm_start(cfg, ctx.run_dir, ctx.device, ctx)
@@ -404,7 +404,6 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
         model = model.to(ctx.device)
     else:
         model, tok = rlvr.base_model(cfg, ctx.device)
-    task, template, train, heldout = problems(cfg)
     tcfg = trainer_config(cfg, method, s)
     evaluate = make_evaluator(cfg, model, tok, task, template, heldout)
 

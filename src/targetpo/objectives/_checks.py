@@ -25,8 +25,10 @@ class LossOutput:
     metrics: dict[str, Tensor] = field(default_factory=dict)
 
 
-def as_float(name: str, x: Tensor) -> Tensor:
-    """Return `x` as a floating tensor of at least float32 precision, rejecting NaN/inf and empty batches."""
+def as_float(name: str, x: Tensor, *, inf_ok: bool = False) -> Tensor:
+    """Return `x` as a floating tensor of at least float32 precision, rejecting NaN/inf and empty batches.
+    `inf_ok` admits ±inf (an importance ratio exp(log ρ) that overflowed: the clip handles it, docs/method.md §3)
+    but still no NaN."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.numel() == 0:
@@ -38,16 +40,17 @@ def as_float(name: str, x: Tensor) -> Tensor:
         x = x.to(torch.float32)
     elif x.dtype in (torch.float16, torch.bfloat16):
         x = x.float()
-    check_finite(name, x)
+    check_finite(name, x, inf_ok=inf_ok)
     return x
 
 
-def check_finite(name: str, x: Tensor) -> None:
+def check_finite(name: str, x: Tensor, *, inf_ok: bool = False) -> None:
     # One reduction instead of isfinite().all(): it allocates no bool tensor of the input's size.
     if not torch.isfinite(x.detach().sum()):
-        bad = (~torch.isfinite(x.detach())).sum().item()
+        bad = (torch.isnan(x.detach()) if inf_ok else ~torch.isfinite(x.detach())).sum().item()
         if bad:
-            raise ValueError(f"{name} contains {bad} NaN/inf value(s) (shape {tuple(x.shape)})")
+            what = "NaN" if inf_ok else "NaN/inf"
+            raise ValueError(f"{name} contains {bad} {what} value(s) (shape {tuple(x.shape)})")
 
 
 def is_integer_tensor(x) -> bool:
@@ -243,21 +246,6 @@ def check_flag(name: str, value) -> None:
         raise TypeError(f"{name}={value!r}: must be True or False")
 
 
-def as_block_input(name: str, x, may_overflow: bool = False) -> Tensor:
-    """An exported building block's tensor input, held to the objectives' rules (:func:`as_float`): at least float32,
-    no NaN or inf. `may_overflow` admits ±inf (an importance ratio exp(log ρ) that overflowed: the clip handles
-    it, docs/method.md §3) but still no NaN."""
-    if not may_overflow:
-        return as_float(name, x)
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point() or x.dtype in (torch.float16, torch.bfloat16):
-        x = x.to(torch.float32)
-    if torch.isnan(x.detach().sum()) and torch.isnan(x.detach()).any():
-        raise ValueError(f"{name} contains {int(torch.isnan(x.detach()).sum())} NaN value(s) (shape {tuple(x.shape)})")
-    return x
-
-
 def checked(fn=None, *, words: dict[str, tuple[str, ...]] | None = None, shapes: tuple[str, ...] = (),
             may_overflow: tuple[str, ...] = ()):
     """Validate `fn`'s tensor arguments (one device), hyperparameters (those named in :data:`HYPERPARAMETERS`;
@@ -305,7 +293,7 @@ def checked(fn=None, *, words: dict[str, tuple[str, ...]] | None = None, shapes:
             return fn(*args, **kwargs)
         for n in shapes:
             if n in bound.arguments and not n.endswith("mask"):
-                bound.arguments[n] = as_block_input(n, bound.arguments[n], n in may_overflow)
+                bound.arguments[n] = as_float(n, bound.arguments[n], inf_ok=n in may_overflow)
         return fn(*bound.args, **bound.kwargs)
 
     return wrapper

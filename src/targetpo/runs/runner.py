@@ -179,6 +179,18 @@ class RunContext:
 
 # ----------------------------------------------------------------------------- running
 
+def stored_config(exp: ModuleType, run_dir: Path, meta: dict) -> Any:
+    """The validated config of the run stored in `run_dir` (`meta`, its run.json), which must be `exp`'s."""
+    if meta["experiment"] != exp.NAME:
+        raise ValueError(f"{run_dir} holds a {meta['experiment']} run, not {exp.NAME}; use a new --out")
+    return validated(config_from_dict(exp, meta["config"]))
+
+
+def show_differences(differ: dict[str, tuple[Any, Any]]) -> str:
+    """:func:`config_differences` as "field: stored a, asked b; …" for an error message."""
+    return "; ".join(f"{k}: stored {a!r}, asked {b!r}" for k, (a, b) in differ.items())
+
+
 def config_differences(a: Any, b: Any) -> dict[str, tuple[Any, Any]]:
     """{field: (value in a, value in b)} for the fields where two configs of one class differ."""
     da, db = dataclasses.asdict(a), dataclasses.asdict(b)
@@ -402,15 +414,13 @@ def _run_experiment(
         hold(run_dir)  # before reading what is there, and before --force deletes it
     if resume and meta_path.exists():
         meta = read_run_json(run_dir)
-        if meta["experiment"] != name:
-            raise ValueError(f"{run_dir} holds a {meta['experiment']} run, not {name}")
-        cfg = validated(config_from_dict(exp, meta["config"]))
+        cfg = stored_config(exp, run_dir, meta)
         other_preset = preset is not None and preset != meta["preset"]
         if other_preset or overrides or seeds is not None:
             differ = config_differences(cfg, make_config(exp, preset or meta["preset"], seeds, overrides))
             if differ or other_preset:
                 what = f"preset {preset!r} differs" if other_preset else "the overrides differ"
-                fields = "; ".join(f"{k}: stored {a!r}, asked {b!r}" for k, (a, b) in differ.items()) or "no field"
+                fields = show_differences(differ) or "no field"
                 raise ValueError(f"--resume continues the {meta['preset']} run stored in {run_dir}, but {what} "
                                  f"({fields}); drop --preset/--seeds/overrides to continue it, or use a new "
                                  f"--out")

@@ -247,6 +247,12 @@ def steps_to_interval(steps, values, threshold: float, level: float = LEVEL) -> 
     return bootstrap_interval(lambda v: hit_step(steps, v, threshold), np.asarray(values, dtype=float), level=level)
 
 
+def reached_by_any(hits) -> bool:
+    """Whether any of these steps-to-threshold intervals has a finite estimate. Where none has, every "never" is the
+    same step past the run, and a lead or order between them is a zero-width 0 that tests no claim."""
+    return any(np.isfinite(h.estimate) for h in hits)
+
+
 class Verdict(str, Enum):
     PASS = "PASS"
     FAIL = "FAIL"

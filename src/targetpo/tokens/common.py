@@ -9,7 +9,7 @@ import numpy as np
 
 from targetpo.runs import plots
 from targetpo.runs.stats import (RATE, Curve, Interval, Verdict, above, all_of, bootstrap_interval, curves, first_below, fmt,
-                                 hit_step, mean_se, paired_interval, seed_interval, steps_to_interval)
+                                 hit_step, mean_se, paired_interval, reached_by_any, seed_interval, steps_to_interval)
 
 LABELS = {"reinforce": "REINFORCE", "ppo": "PPO", "dg": "DG", "tpo": "TPO", "tpo_no_anchor": "TPO (no anchor)",
           "group_pg": "Group PG", "grpo": "GRPO", "grpo_no_kl": "GRPO (no KL)", "grpo_masked": "GRPO (masked)",
@@ -132,7 +132,7 @@ def fastest_verdict(by_method: dict[str, Curve], method: str, threshold: float =
     """Whether `method` reaches `threshold` strictly first: every other method's lead over it (paired bootstrap)
     is above 0. None when no method reaches it."""
     hits = {m: steps_iv(c, threshold) for m, c in by_method.items()}
-    if method not in by_method or len(by_method) < 2 or all(not np.isfinite(h.estimate) for h in hits.values()):
+    if method not in by_method or len(by_method) < 2 or not reached_by_any(hits.values()):
         return None, ", ".join(f"{label(m)} {h.show(-1)}" for m, h in hits.items())
     leads = {m: lead_iv(c, by_method[method], threshold) for m, c in by_method.items() if m != method}
     return (all_of([above(iv, 0) for iv in leads.values()]),
