@@ -152,11 +152,11 @@ K_SWEEP_FINAL_ERROR_PCT = Reference(
     {"K": (4, 8, 16, 32, 64), "tpo": (8.9, 5.2, 5.1, 2.6, 0.36), "grpo": (19.4, 19.8, 9.2, 4.4, 5.6)},
 )
 EPOCH_SWEEP_FINAL_ERROR_PCT = Reference(
-    "final error (%) by epochs per batch, K = 32 (30 seeds)", "paper Fig. 13 (TPO 2/8/16 ep read from the figure)",
+    "final error (%) by epochs per batch, K = 32 (30 seeds)", "paper Fig. 15 (TPO 2/8/16 ep read from the figure)",
     {"epochs": (1, 2, 4, 8, 16), "tpo": (0.02, 2.0, 0.05, 2.3, 2.0), "grpo": (4.3, 37.6, 6.3, 3.3, 1.1)},
 )
 MASKING_FINAL_ERROR_PCT = Reference(
-    "final error (%) with zero-variance masking, K = 32 (30 seeds)", "paper Fig. 15",
+    "final error (%) with zero-variance masking, K = 32 (30 seeds)", "paper Fig. 13",
     {"tpo": 0.05, "grpo": 6.3, "grpo_masked": 29.7},
 )
 

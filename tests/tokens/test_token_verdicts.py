@@ -76,3 +76,34 @@ def test_a_run_with_fewer_episodes_is_not_the_larger_run(tmp_path):
     line = row(text, "On the terminal task 4-epoch DG ends clearly worse")
     assert "**FAIL** (does not reproduce)" in line and "larger run `tiny`" not in line, line
     assert "400 + 300 episodes" in text or "does not reproduce" in line
+
+
+def test_the_paper_s_own_table2_ratio_passes_the_bag_speed_claim(tmp_path):
+    """bag/flip: the paper's Table 2 has TPO_token 56 vs GRPO_token 104 episodes (1.86×), which its text calls
+    "2–6×". A run reproducing 1.9× there was a FAIL against a flat 2×."""
+    late = crossing(300, [290, 290, 290])
+    out = fake_run(tmp_path / "tv", "token-variants", ["seeds=3", "episodes=300", "variants=bag/flip"],
+                   {"bag/flip/tpo_token": crossing(300, [50, 50, 50]), "bag/flip/grpo_token": crossing(300, [95, 95, 95]),
+                    "bag/flip/dg": late, "bag/flip/ppo": late})
+    line = row(write_report(out).read_text(), "Under bag reward TPO_token is ≥ 2× faster")
+    assert "**PASS**" in line and "needs ≥ 1.86×" in line, line
+
+
+def test_the_paper_s_own_epoch_sweep_does_not_fail_the_epoch_claims(tmp_path):
+    """The paper's epoch sweep (K = 32, H = 8): TPO 0.02 / 2.0 / 0.05 / 2.2 / 2.0 %, GRPO 4.3 / 37.6 / 6.3 / 3.3 / 1.1 %.
+    "TPO ends below GRPO at every epoch count" failed on GRPO's 1.1 % at 16 epochs, a claim the paper does not
+    make; its claim, TPO below 2.3 % everywhere, passes."""
+    rng = np.random.default_rng(0)
+    levels = {"tpo": (0.0002, 0.02, 0.0005, 0.022, 0.02), "grpo": (0.043, 0.376, 0.063, 0.033, 0.011)}
+    def curves(k):
+        return {f"k{k}/ep{e}/{m}": np.clip(lv + 0.0003 * rng.standard_normal((2000, 3)), 0, 1)
+                for m, lvs in levels.items() for e, lv in zip((1, 2, 4, 8, 16), lvs)}
+
+    common = ["seeds=3", "episodes=2000", "sweeps=epochs", "epoch_counts=1,2,4,8,16"]
+    paper_scale = common + ["length=8", "batch=256", "k=32"]
+    text = write_report(fake_run(tmp_path / "ts", "token-sweeps", paper_scale, curves(32))).read_text()
+    assert "**FAIL**" not in text, [ln for ln in text.splitlines() if "FAIL" in ln]
+    assert "**PASS**" in row(text, "TPO's error stays below 2.3% at every epoch count")
+    small = fake_run(tmp_path / "small", "token-sweeps", common, curves(8))  # the cpu preset's H = 5, B = 64, K = 8
+    line = row(write_report(small).read_text(), "TPO's error stays below 2.3% at every epoch count")
+    assert "| n/a |" in line and "undecided" in line, line

@@ -4,9 +4,9 @@ docs/experiments.md §E9).
 Reverse copy over V = 2 with an exact-match reward at H = 8, B = 256 prompts, K full answers per prompt, TPO vs
 GRPO (β = 0.04). Three sweeps around the base configuration (K = 32, 4 epochs):
 - K sweep: K ∈ {4, 8, 16, 32, 64} at 4 epochs (Fig. 12);
-- epoch sweep: E ∈ {1, 2, 4, 8, 16} optimizer steps per batch at K = 32 (Fig. 13); 2000·E steps in all;
 - masking: GRPO with zero-variance groups dropped and the loss normalised by the number of informative groups
-  (Fig. 15), next to TPO and GRPO at the base configuration.
+  (Fig. 13), next to TPO and GRPO at the base configuration;
+- epoch sweep: E ∈ {1, 2, 4, 8, 16} optimizer steps per batch at K = 32 (Fig. 15); 2000·E steps in all.
 Configurations shared by several sweeps (K = 32 at 4 epochs) run once. The error is the fraction of the
 episode's B·K sampled answers with a mistake, before the update; "final" is the seed mean at the last episode,
 and the claims use the mean over the last 10% of episodes (the single last episode of few seeds is bimodal:
@@ -41,7 +41,7 @@ SWEEPS = ("k", "epochs", "masking")
 @config
 @group_only
 class Config(TokenConfig):
-    sweeps: tuple[str, ...] = param(SWEEPS, "which sweeps to run: k (Fig. 12), epochs (Fig. 13), masking (Fig. 15)",
+    sweeps: tuple[str, ...] = param(SWEEPS, "which sweeps to run: k (Fig. 12), epochs (Fig. 15), masking (Fig. 13)",
                                     choices=SWEEPS)
     ks: tuple[int, ...] = param((4, 8, 16, 32, 64), "group sizes K of the K sweep (at `epochs` epochs)", ge=2)
     epoch_counts: tuple[int, ...] = param((1, 2, 4, 8, 16), "epochs per batch E of the epoch sweep (at K = `k`)",
@@ -176,7 +176,7 @@ def report(run, section) -> None:
             rows.append(row)
         src = paper.K_SWEEP_FINAL_ERROR_PCT.source if sweep == "k" else paper.EPOCH_SWEEP_FINAL_ERROR_PCT.source
         section.table(["method"] + [f"{axis}={x}" for x in xs], rows,
-                      f"{'Fig. 12 — K sweep' if sweep == 'k' else 'Fig. 13 — epoch sweep'}: final error % "
+                      f"{'Fig. 12 — K sweep' if sweep == 'k' else 'Fig. 15 — epoch sweep'}: final error % "
                       f"(last episode / last-10% mean, each seed mean [95 % t-interval]) ours ({src})")
         for m in methods:
             series = {}
@@ -204,28 +204,36 @@ def _masking(section, cur, present) -> None:
         rows.append([tr.label(m), tc.final_iv(c).show(1, 100), tr.tail_cell(c, digits=1),
                      "n/a" if ref is None else tc.fmt(ref)])
     section.table(["method", "final error % [95 % t-interval]", "last-10% error %", "paper %"], rows,
-                  f"Fig. 15 — zero-variance masking at K = {present[0][0]}, {present[0][1]} epochs "
+                  f"Fig. 13 — zero-variance masking at K = {present[0][0]}, {present[0][1]} epochs "
                   f"({paper.MASKING_FINAL_ERROR_PCT.source})")
 
 
 def _claims(section, cfg, cur, plan) -> None:
     # Tail-mean errors; every comparison a paired interval over the shared seeds (docs/verdicts.md).
     tail = {key: tc.tail_iv(c) for key, c in cur.items()}
-    for sweep, what in (("k", "K"), ("epochs", "epoch count")):
-        verdicts, ev = [], []
-        for k, e, m in plan.get(sweep, []):
-            if m != "tpo" or (k, e, "grpo") not in tail or (k, e, "tpo") not in tail:
-                continue
-            gap = tc.tail_gap(cur[(k, e, "tpo")], cur[(k, e, "grpo")])
-            verdicts.append(below(gap, 0))
-            ev.append(f"{'K' if sweep == 'k' else 'E'}={k if sweep == 'k' else e}: TPO "
-                      f"{tail[(k, e, 'tpo')].show(1, 100)}% vs GRPO {tail[(k, e, 'grpo')].show(1, 100)}%")
-        section.claim(f"TPO ends below GRPO at every {what} (Fig. {12 if sweep == 'k' else 13})",
-                      all_of(verdicts), "; ".join(ev) or f"needs the {sweep} sweep with tpo and grpo")
+    # TPO below GRPO is the paper's claim for every K only: its own epoch sweep has GRPO lower at 16 epochs (1.1%
+    # vs TPO's 2.0%), and it claims an absolute bound there instead (below).
+    verdicts, ev = [], []
+    for k, e, m in plan.get("k", []):
+        if m != "tpo" or (k, e, "grpo") not in tail or (k, e, "tpo") not in tail:
+            continue
+        verdicts.append(below(tc.tail_gap(cur[(k, e, "tpo")], cur[(k, e, "grpo")]), 0))
+        ev.append(f"K={k}: TPO {tail[(k, e, 'tpo')].show(1, 100)}% vs GRPO {tail[(k, e, 'grpo')].show(1, 100)}%")
+    section.claim("TPO ends below GRPO at every K (Fig. 12)", all_of(verdicts),
+                  "; ".join(ev) or "needs the k sweep with tpo and grpo")
+    tpo_e = [(k, e) for k, e, m in plan.get("epochs", []) if m == "tpo" and (k, e, "tpo") in tail]
+    # An absolute error is comparable only at the paper's configuration (a shorter or easier run moves it).
+    at_paper = (cfg["length"], cfg["batch"], cfg["k"]) == (8, 256, 32) and cfg["episodes"] >= 2000
+    section.claim("TPO's error stays below 2.3% at every epoch count (last-10% mean; Fig. 15)",
+                  all_of([below(tail[(k, e, "tpo")], 0.023) for k, e in tpo_e]) if tpo_e and at_paper else None,
+                  ("TPO " + ", ".join(f"E={e} {tail[(k, e, 'tpo')].show(1, 100)}%" for k, e in tpo_e)
+                   + ("" if at_paper else f" (the paper's bound is for H = 8, B = 256, K = 32 over 2000 episodes; this "
+                      f"run: H = {cfg['length']}, B = {cfg['batch']}, K = {cfg['k']}, {cfg['episodes']} episodes, "
+                      "so undecided)")) if tpo_e else "needs the epochs sweep with tpo")
     base = (cfg["k"], cfg["epochs"])
     if (*base, "grpo") in tail and (*base, "grpo_masked") in tail:
         gap = tc.tail_gap(cur[(*base, "grpo_masked")], cur[(*base, "grpo")])
-        section.claim("Masking zero-variance groups hurts GRPO: GRPO (masked) ends worse than GRPO (Fig. 15)",
+        section.claim("Masking zero-variance groups hurts GRPO: GRPO (masked) ends worse than GRPO (Fig. 13)",
                       above(gap, 0), f"GRPO {tail[(*base, 'grpo')].show(1, 100)}%, GRPO (masked) "
                                      f"{tail[(*base, 'grpo_masked')].show(1, 100)}%; masked − GRPO "
                                      f"{gap.show(1, 100)} points")
@@ -239,7 +247,7 @@ def _claims(section, cfg, cur, plan) -> None:
         gap = bootstrap_interval(lambda *v: max(x.mean() for x in v[len(t):]) - max(x.mean() for x in v[:len(t)]),
                                  *t.values(), *g.values()) if g else None
         section.claim("TPO is robust to the number of epochs: its worst final error over the epoch sweep is "
-                      "below GRPO's worst (paper: TPO < 2.3% at every E, GRPO 1.1–37.6%) (Fig. 13)",
+                      "below GRPO's worst (paper: TPO < 2.3% at every E, GRPO 1.1–37.6%) (Fig. 15)",
                       None if gap is None else above(gap, 0),
                       "TPO " + ", ".join(f"E={e} {tail[(k, e, 'tpo')].show(1, 100)}%" for k, e in ep)
                       + ("; GRPO " + ", ".join(f"E={e} {100 * v.mean():.1f}%" for e, v in g.items())

@@ -135,6 +135,14 @@ def summary(run) -> str:
     return "episodes to 1% error — " + "; ".join(parts)
 
 
+def table2_ratio(variant: str) -> float | None:
+    """The paper's Table 2 ratio of the runner-up's episodes to 1% over TPO_token's for `variant` ("bag/flip"), or
+    None where the table has no TPO_token value or no runner-up reaching 1%."""
+    ref = paper.TABLE2_STEPS_TO_1PCT.values.get(tuple(variant.split("/")), {})
+    others = [h for m, h in ref.items() if m != "tpo_token" and h is not None]
+    return min(others) / ref["tpo_token"] if ref.get("tpo_token") and others else None
+
+
 def report(run, section) -> None:
     cfg = run.config
     data = _data(run)
@@ -180,9 +188,10 @@ def _claims(section, cfg, data) -> None:
         ev.append(f"{_name(v)}: {e}")
     section.claim("TPO_token reaches 1% error first on every variant (Table 2)", all_of(verdicts),
                   "; ".join(ev) or "needs tpo_token and another method")
-    # 2. Under bag reward, 2–6× faster than the runner-up (checked: at least 2×), as a paired bootstrap over
-    # seeds of runner-up episodes / TPO_token episodes; a method that never reached 1% counts as reaching it
-    # one episode after the horizon, a lower bound on the ratio.
+    # 2. Under bag reward, 2–6× faster than the runner-up, as a paired bootstrap over seeds of runner-up episodes /
+    # TPO_token episodes; a method that never reached 1% counts as reaching it one episode after the horizon, a
+    # lower bound on the ratio. Checked: at least 2×, or the paper's own Table 2 ratio where that is lower (bag/flip:
+    # 104 / 56 = 1.86×, which its text rounds into "2–6×").
     verdicts, ev, checked = [], [], []
     for v, by_m in data.items():
         if not v.startswith("bag/") or tpo not in by_m or len(by_m) < 2:
@@ -203,18 +212,18 @@ def _claims(section, cfg, data) -> None:
 
         ratio = bootstrap_interval(lambda t, *o: min(reach(x) for x in o) / max(reach(t), 1.0), by_m[tpo].values,
                                    *(by_m[m].values for m in others))
-        # Undecided if nobody else reached 1% and the horizon is too short to show a 2× gap.
-        verdicts.append(at_least(ratio, 2) if (reached or ratio.estimate >= 2) else None)
+        paper_ratio = table2_ratio(v)
+        need = 2.0 if paper_ratio is None else min(2.0, paper_ratio)
+        # Undecided if nobody else reached 1% and the horizon is too short to show the gap.
+        verdicts.append(at_least(ratio, need) if (reached or ratio.estimate >= need) else None)
         runner = min(reached) if reached else None
         ev.append(f"{_name(v)}: {'≥ ' if not reached else ''}{ratio.show(1)}× ({mine if mine is not None else 'never'} vs "
-                  f"{runner if reached else f'> {horizon - 1}'})")
-        ref = paper.TABLE2_STEPS_TO_1PCT.values.get(tuple(v.split("/")), {})
-        ref_others = [h for m, h in ref.items() if m != tpo and h is not None]
-        if ref.get(tpo) and ref_others:
-            paper_ratio = min(ref_others) / ref[tpo]
+                  f"{runner if reached else f'> {horizon - 1}'}){'' if need == 2 else f', needs ≥ {need:.2f}×'}")
+        if paper_ratio is not None:
             checked.append(f"{_name(v)}: the paper's ratio at H = 10 is {paper_ratio:.1f}×, "
                            f"{'inside' if ratio.covers(paper_ratio) else 'outside'} our {ratio.show(1)}")
-    section.claim("Under bag reward TPO_token is ≥ 2× faster to 1% than the runner-up (paper: 2–6×)",
+    section.claim("Under bag reward TPO_token is ≥ 2× faster to 1% than the runner-up (paper: 2–6×; where its "
+                  "Table 2 gives less, that ratio)",
                   all_of(verdicts), "; ".join(ev) or "needs a bag variant with tpo_token and another method",
                   failure=failure(NOT_REPRODUCED, "; ".join(checked + [f"checked: paired bootstrap over {cfg['seeds']} "
                                   f"seeds at H = {cfg['length']}, {horizon} episodes (the paper: H = 10, 10 seeds, "
