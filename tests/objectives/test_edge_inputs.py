@@ -275,3 +275,24 @@ def test_an_integer_0_1_token_mask_is_refused_with_how_to_convert_it(name):
     with pytest.raises(ValueError, match=r"token_mask must be a bool tensor .*got torch.int64; "
                                          r"a 0/1 mask \(TRL.s completion_mask.*\.bool\(\)"):
         obj.get(name).per_token_fn(logp, logp, torch.rand(G, K), token_mask=mask)
+
+
+GROUPED = [n for n in obj.available() if obj.get(n).needs_groups and obj.get(n).level in ("group", "sequence")
+           and n != "tpo_no_anchor"]  # tpo_no_anchor's target is softmax(u/η): uniform, not p_old, on a flat group
+
+
+@pytest.mark.parametrize("name", GROUPED)
+@pytest.mark.parametrize("score", [0.6, 0.7, 0.1, 0.3])
+def test_a_group_of_equal_scores_float32_cannot_hold_gives_no_gradient(name, score):
+    """K = 8 equal scores of 0.6: the float32 mean is one ulp off, so s − s̄ and σ were both ~6e-8 and GRPO's
+    A = (s − s̄)/(σ + 1e-8) ≈ ±0.86 for the whole group: a push from a group with no signal (docs/method.md §3)."""
+    o = obj.get(name)
+    g = torch.Generator().manual_seed(0)
+    shape = (3, 8) if o.level == "group" else (3, 8, 5)
+    logp = -torch.rand(shape, generator=g)
+    lp = logp.clone().requires_grad_(True)
+    sig = inspect.signature(o.fn).parameters
+    args = [lp, logp] if "old_logp" in sig else [lp]
+    out = o.fn(*args, torch.full((3, 8), score))
+    (grad,) = torch.autograd.grad(out.loss, lp)
+    assert float(grad.abs().max()) < 1e-6, (name, float(grad.abs().max()))

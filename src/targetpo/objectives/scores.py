@@ -115,7 +115,8 @@ def group_advantages(scores: Tensor, mask: Tensor | None = None, *, eps: float =
 
     with the population std (`std_ddof=0`), as in the paper's code; `std_ddof=1` is the Bessel-corrected std of
     verl's `compute_grpo_outcome_advantage` (`torch.std`) and TRL's `nanstd` (docs/conventions.md). A
-    zero-variance group gives A = 0. `scale=False` returns s_i − s̄ (Dr. GRPO, Liu et al. 2025).
+    zero-variance group (population std ≤ 1e-6, the rule of :func:`zero_variance_groups`) gives A = 0 exactly,
+    also where its equal scores are not exact in float32. `scale=False` returns s_i − s̄ (Dr. GRPO, Liu et al. 2025).
     `std_floor` / `std_shrink` replace σ by max(√(σ² + c²), σ_min) as in :func:`standardize_scores`
     (docs/method.md §8); they need `scale=True`.
 
@@ -131,6 +132,10 @@ def group_advantages(scores: Tensor, mask: Tensor | None = None, *, eps: float =
     if singleton not in ("zero", "verl"):
         raise ValueError(f"singleton={singleton!r}: must be 'zero' or 'verl'")
     mean, std, n, big = _masked_moments(s, mask)
+    # A zero-variance group (population std ≤ ZERO_VARIANCE_STD, as zero_variance_groups and TPO decide it) gets
+    # A = 0 exactly. Without this, K equal scores that float32 cannot hold (0.6, 0.7, a partial-credit 3/5) have a
+    # mean one ulp off each, so s − s̄ and σ are both ~6e-8 and (s − s̄)/(σ + ε) ≈ ±0.86 for the whole group.
+    flat = std <= ZERO_VARIANCE_STD
     if std_ddof == 1:
         # Bessel's correction; a singleton's variance is undefined and taken as 0 (its centred score is 0 anyway).
         std = torch.where(n > 1, std * (n / (n - 1).clamp_min(1.0)).sqrt(), torch.zeros_like(std))
@@ -138,6 +143,7 @@ def group_advantages(scores: Tensor, mask: Tensor | None = None, *, eps: float =
         a = _centred(s, mean, group_scale(std, std_floor=std_floor, std_shrink=std_shrink) + eps, big)
     else:
         a = s - mean
+    a = a.masked_fill(flat, 0.0)
     if singleton == "verl":
         a = torch.where(n == 1, s / (1.0 + eps) if scale else s, a)
     return a if mask is None else a.masked_fill(~mask, 0.0)
