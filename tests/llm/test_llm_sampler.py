@@ -81,3 +81,22 @@ def test_unknown_sampler_is_refused(tok):
     model = build_tiny_model(tok, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=32)
     with pytest.raises(ValueError, match="sampler='beam'"):
         sample(model, tok, PROMPTS, k=1, max_new_tokens=4, sampler="beam")
+
+
+@pytest.mark.parametrize("setting", [{"repetition_penalty": 50.0}, {"min_new_tokens": 30}, {"no_repeat_ngram_size": 1},
+                                     "suppress"])
+def test_generate_ignores_the_checkpoint_s_own_generation_config(tok, setting):
+    """generate fills what sample's GenerationConfig leaves unset from model.generation_config: a checkpoint's
+    repetition penalty (Qwen2.5-Instruct ships 1.05–1.1) or suppressed tokens bent the samples away from
+    π^(1/T), the distribution the loss scores, and from kv_loop's draws."""
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    kw = dict(k=4, max_new_tokens=12, seed=5)
+    plain = sample(model, tok, PROMPTS, **kw)
+    if setting == "suppress":
+        keep = tok.convert_tokens_to_ids("7")
+        setting = {"suppress_tokens": [i for i in range(len(tok)) if i not in (keep, tok.eos_token_id)]}
+    for name, value in setting.items():
+        setattr(model.generation_config, name, value)
+    poisoned = sample(model, tok, PROMPTS, **kw)
+    assert all(torch.equal(x, y) for x, y in zip(plain, poisoned))
+    assert getattr(model.generation_config, name) == value  # the model's own config is left as it was

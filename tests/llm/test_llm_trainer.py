@@ -107,6 +107,33 @@ def test_gradient_accumulation_over_whole_group_micro_batches_is_exact(setup, ob
     torch.testing.assert_close(per_group, whole, rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.parametrize("objective,options", [("grpo_masked", {}), ("dapo", {"mask_zero_var": True}),
+                                               ("grpo", {"loss_agg": "token-mean"}), ("gspo", {"convention": "verl"})])
+def test_micro_batches_are_refused_where_their_weights_would_not_be_the_loss_s_normaliser(setup, objective, options):
+    """micro_weight weighs a micro-batch by its share of sequences (or tokens): right for each objective's default
+    aggregation only. grpo_masked divides by the informative groups, and a loss_agg / convention override changes
+    the divisor, so micro-batches summed to another gradient (grpo_masked: 0.67× the mini-batch's here)."""
+    tr = make_trainer(setup, objective=objective, objective_options=options)
+    batch = with_rewards(tr.rollout(0)[0])
+    rewards = batch.rewards.clone()
+    rewards[:K] = 1.0  # group 0 without signal: the informative groups differ between micro-batches
+    batch = dataclasses.replace(batch, rewards=rewards)
+    rows_all, tokens_all = batch.rewards.shape[0], int(batch.completion_mask.sum())
+
+    def grads(micro_rows):
+        tr.model.zero_grad()
+        for rows in group_micro_batches(B, K, micro_rows):
+            micro_batch_loss(tr.model, tr.cfg, batch.rows(rows), rows_all, tokens_all)[0].backward()
+        return torch.cat([p.grad.reshape(-1) for p in tr.params])
+
+    assert not torch.allclose(grads(K), grads(B * K), rtol=1e-3, atol=1e-7)  # why it is refused
+    base = {"k": K, "batch_prompts": B, "objective": objective, "objective_options": options}
+    for layout in ({"micro_batch_size": K}, {"micro_batch_tokens": 64}):
+        with pytest.raises(ValueError, match="would not be the mini-batch's"):
+            TrainerConfig(**base, **layout).validate()
+    TrainerConfig(**base, micro_batch_size=B * K).validate()  # one micro-batch per mini-batch: exact
+
+
 def test_layouts_that_would_split_a_group_are_rejected(setup):
     with pytest.raises(ValueError, match="multiple of K"):
         group_micro_batches(3, 4, 6)
@@ -273,7 +300,8 @@ def test_first_update_sees_exactly_the_rollout_log_probs_in_any_layout(arithmeti
     tok, task, train, held = arithmetic_parts(max_terms=4, min_digits=1, max_digits=4, heldout=4)
     model = build_tiny_model(tok, hidden_size=64, num_layers=2).to(torch.bfloat16)
     cfg = TrainerConfig(k=K, batch_prompts=8, max_new_tokens=24, lr=1e-9, **layout)
-    tr = RLVRTrainer(model, tok, task, Template("plain"), train, held, cfg)
+    with pytest.warns(UserWarning, match="trainable parameter tensors are torch.bfloat16: AdamW steps them in place"):
+        tr = RLVRTrainer(model, tok, task, Template("plain"), train, held, cfg)
     batch = with_rewards(tr.rollout(0)[0])
     gaps, real = [], trainer_mod.policy_loss
 

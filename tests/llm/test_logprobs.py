@@ -3,6 +3,8 @@ tied-embedding, LoRA-wrapped and bf16 models, without ever holding the [N, C, V]
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -109,4 +111,41 @@ def test_softcapped_models_use_the_full_logits_with_a_warning():
     assert lm_head_parts(model) is None
     pi, pm, ci, cm = _batch()
     with pytest.warns(UserWarning, match="full logits"):
+        token_logprobs(model, pi, pm, ci, cm)
+
+
+@pytest.mark.parametrize("how", ["unknown transform", "lm_head_multiplier", "text config"])
+def test_a_head_whose_logits_are_transformed_is_not_split_off(how):
+    """FalconH1 multiplies its logits by config.lm_head_multiplier, composite models keep the soft-cap in their text
+    config, and an architecture may do anything after the head: the chunked path then scored tokens under another
+    distribution than the one sampled (0.15 nats off for a multiplier of 0.25), with ratio 1 hiding it."""
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, seed=5)
+    if how == "unknown transform":
+        forward = model.forward
+        model.forward = lambda *a, **kw: forward(*a, **kw).__class__(logits=0.25 * forward(*a, **kw).logits)
+    elif how == "lm_head_multiplier":
+        model.config.lm_head_multiplier = 0.25
+    else:
+        model.config.get_text_config = lambda **kw: type("Text", (), {"final_logit_softcapping": 30.0})()
+    assert lm_head_parts(model) is None
+    pi, pm, ci, cm = _batch()
+    if how == "unknown transform":  # the chunked path falls back to the model's own (transformed) logits
+        with warnings.catch_warnings():  # warned once per class, maybe already by another test
+            warnings.simplefilter("ignore")
+            chunked = token_logprobs(model, pi, pm, ci, cm)
+        torch.testing.assert_close(chunked, token_logprobs(model, pi, pm, ci, cm, chunk_tokens=0))
+
+
+def test_a_plain_head_is_still_split_off():
+    assert lm_head_parts(build_tiny_model(build_char_tokenizer(), seed=5)) is not None
+
+
+def test_right_padded_prompts_are_refused():
+    """The first completion token's logit is read at the last prompt column: a right-padded row scored it from a
+    pad (−4.98 instead of −4.96 in the audit's example) while every other token matched."""
+    model = build_tiny_model(build_char_tokenizer(), seed=5)
+    pi, pm, ci, cm = _batch()
+    pm = pm.flip(1)  # row 0's two pads now at the end
+    with pytest.raises(ValueError, match=r"prompt_mask: rows \[0\] end in padding; prompts must be left-padded"):
         token_logprobs(model, pi, pm, ci, cm)

@@ -115,6 +115,13 @@ class Config(TrainerConfig, RunConfig):
         if self.data_path and self.task != "gsm8k":  # a path no unit reads is refused, not ignored
             raise ValueError(f"data_path={self.data_path!r}: only task=gsm8k reads files; task={self.task} is "
                              "generated offline (drop data_path=, or set task=gsm8k)")
+        if self.dtype != "float32" and not self.lora_r:
+            # AdamW would step the bf16 weights themselves: an update of ~lr = 1e-5 is below half of bf16's spacing
+            # for any |w| > ~2.6e-3, so most updates round away (no fp32 master weights here; LoRA keeps its
+            # adapters in fp32).
+            raise ValueError(f"dtype={self.dtype} with lora_r=0: full fine-tuning would step {self.dtype} weights "
+                             "directly and lose most AdamW updates to rounding; use dtype=float32 for full "
+                             "fine-tuning, or a LoRA adapter (lora_r >= 1), whose weights stay float32")
         if self.lora_alpha and not self.lora_r:  # an alpha with no adapter would be silently unused
             raise ValueError(f"lora_alpha={self.lora_alpha}: scales a LoRA adapter, but lora_r=0 (full fine-tuning); "
                              "set lora_r >= 1 or drop lora_alpha")
@@ -138,7 +145,8 @@ PRESETS = {
     # Paper App. G (GSM8K row): Qwen3-1.7B, K = 16, batch 16 prompts, AdamW 1e-5, LoRA r = 32, KL 1e-3, held-out
     # accuracy every 5 steps (Fig. 10's caption: its "50% 10 steps earlier" needs that grid). Needs a GPU
     # and a local copy of the model; not run by the project's tests. GSM8K needs --data-path DIR (`targetpo data
-    # gsm8k DIR`); for graph coloring / Knights & Knaves use task=graph_color (or knights_knaves) lora_r=0 kl_coef=0.
+    # gsm8k DIR`); for graph coloring / Knights & Knaves use task=graph_color (or knights_knaves) lora_r=0 kl_coef=0
+    # dtype=float32 (full fine-tuning steps the weights themselves: bf16 would round most AdamW updates away).
     "paper": Config(methods=("tpo_sum", "tpo_mean", "grpo"), seeds=1, model="Qwen/Qwen3-1.7B", dtype="bfloat16",
                     task="gsm8k", task_options=(), compact=False, data_path="", template="chat",
                     train_size=7473, eval_size=1319, warmstart_steps=0, steps=300, k=16, batch_prompts=16,

@@ -15,6 +15,7 @@ dtype (bf16/fp16 weights and hidden states are upcast chunk by chunk).
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import torch
 from torch import Tensor
@@ -104,20 +105,50 @@ def _unwrap(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+# Config attributes by which known architectures change their logits after the head.
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale",
+                    "lm_head_multiplier")
+_split_checked: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def lm_head_parts(model):
     """(backbone, lm_head) of a Hugging Face causal LM whose logits are exactly ``lm_head(backbone(...)[0])``,
     or None when the model changes its logits after the head (soft-capping, logit scaling) or has no such
-    split; :func:`token_logprobs` then uses the full-logits path."""
+    split; :func:`token_logprobs` then uses the full-logits path.
+
+    A config attribute names the known transforms (on the model's config or its text config); any other is
+    caught by comparing the two paths once per model on a few tokens, so an unknown architecture falls back to
+    the full logits instead of scoring tokens under another distribution than the one sampled."""
     base = _unwrap(model)
-    cfg = getattr(base, "config", None)
     get_decoder = getattr(base, "get_decoder", None)
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     if get_decoder is None or not isinstance(head, torch.nn.Linear):
         return None
-    for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale"):
-        if getattr(cfg, attr, None) not in (None, 1, 1.0):
-            return None
-    return get_decoder(), head
+    cfg = getattr(base, "config", None)
+    configs = [cfg] + ([cfg.get_text_config()] if hasattr(cfg, "get_text_config") else [])
+    for c in configs:
+        for attr in LOGIT_TRANSFORMS:
+            if getattr(c, attr, None) not in (None, 1, 1.0):
+                return None
+    if base not in _split_checked:
+        _split_checked[base] = _split_matches(base, get_decoder(), head)
+    return (get_decoder(), head) if _split_checked[base] else None
+
+
+@torch.no_grad()
+def _split_matches(base, backbone, head) -> bool:
+    """Whether lm_head(backbone(x)) equals the model's own logits on a few tokens (eval mode: no dropout)."""
+    vocab = head.weight.shape[0]
+    ids = (torch.arange(8, device=head.weight.device) * 7919 % vocab).unsqueeze(0)
+    was_training = base.training
+    base.eval()
+    try:
+        ours = head(backbone(input_ids=ids, use_cache=False)[0]).float()
+        theirs = base(input_ids=ids, use_cache=False).logits.float()
+    finally:
+        base.train(was_training)
+    tol = 1e-4 if head.weight.dtype == torch.float32 else 2e-2
+    return ours.shape == theirs.shape and torch.allclose(ours, theirs, rtol=tol, atol=tol)
 
 
 _warned: set[str] = set()

@@ -166,6 +166,11 @@ def token_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_id
         raise ValueError(f"completion_ids {tuple(completion_ids.shape)} / completion_mask "
                          f"{tuple(completion_mask.shape)} and prompt_ids {tuple(prompt_ids.shape)} / prompt_mask "
                          f"{tuple(prompt_mask.shape)}: each pair must have the same shape")
+    if prompt_ids.shape[1] and not bool(prompt_mask[:, -1].all()):
+        # The logit that predicts a completion's first token is read at the last prompt column: a pad there.
+        rows = (~prompt_mask[:, -1]).nonzero().flatten().tolist()
+        raise ValueError(f"prompt_mask: rows {rows[:5]}{'…' if len(rows) > 5 else ''} end in padding; prompts must be "
+                         "left-padded (their last column a real token), as encode_prompts pads them")
     ids = torch.cat([prompt_ids, completion_ids], dim=1)
     mask = torch.cat([prompt_mask, completion_mask], dim=1)
     p = prompt_ids.shape[1]
@@ -220,7 +225,15 @@ def sample(model, tokenizer, prompts: list[str], *, k: int, max_new_tokens: int,
                                    temperature=temperature if not greedy else None, top_k=None if greedy else 0,
                                    top_p=None if greedy else 1.0, pad_token_id=tokenizer.pad_token_id,
                                    eos_token_id=tokenizer.eos_token_id, num_return_sequences=1)
-            comp = model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=gen)[:, ids.shape[1]:]
+            # generate fills every field `gen` leaves unset from the model's own generation_config; a checkpoint's
+            # repetition_penalty, suppress_tokens, min_new_tokens, … would then bend the samples away from π^(1/T),
+            # the distribution the loss scores (and kv_loop draws from). A neutral config leaves none to inherit.
+            saved, model.generation_config = model.generation_config, GenerationConfig()
+            try:
+                comp = model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=gen)
+            finally:
+                model.generation_config = saved
+            comp = comp[:, ids.shape[1]:]
     finally:
         model.train(was_training)
     cmask = completion_mask(comp, tokenizer.eos_token_id)

@@ -38,6 +38,7 @@ import math
 import os
 import random
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import field
 from pathlib import Path
@@ -154,6 +155,25 @@ class TrainerConfig(Validated):
         if self.micro_batch_tokens and self.micro_batch_size:
             raise ValueError(f"micro_batch_size={self.micro_batch_size} and micro_batch_tokens="
                              f"{self.micro_batch_tokens}: set one of them (the other to 0)")
+        if (self.micro_batch_tokens or 0 < self.micro_batch_size < mini_rows) and (why := inexact_accumulation(self)):
+            raise ValueError(f"micro_batch_size={self.micro_batch_size}, micro_batch_tokens={self.micro_batch_tokens}: "
+                             f"{why}, so summed micro-batch gradients would not be the mini-batch's; leave both at 0 "
+                             "(one forward per mini-batch) or use more updates_per_epoch instead")
+
+
+def inexact_accumulation(cfg: TrainerConfig) -> str:
+    """Why gradient accumulation over micro-batches would not be exact for `cfg`'s loss ('' when it is):
+    :func:`micro_weight` weighs a micro-batch by its share of the mini-batch's sequences or valid tokens, which is
+    the loss's own normaliser only for the objective's default aggregation over all groups."""
+    fixed = getattr(obj.get(cfg.objective).per_token_fn, "keywords", {})
+    if fixed.get("mask_zero_var") or cfg.objective_options.get("mask_zero_var"):
+        return (f"objective {cfg.objective!r} with {dict(cfg.objective_options)} normalises by the informative "
+                "groups (mask_zero_var), which differ between micro-batches")
+    changed = sorted(set(cfg.objective_options) & {"loss_agg", "convention"})
+    if changed:
+        return (f"objective_options sets {', '.join(changed)}, which changes what the loss divides by from the "
+                f"objective's default")
+    return ""
 
 
 def step_seed(seed: int, step: int, salt: int = 0) -> int:
@@ -353,6 +373,12 @@ class RLVRTrainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters")
+        half = sorted({str(p.dtype) for p in self.params if p.dtype in (torch.bfloat16, torch.float16)})
+        if half:  # no fp32 master weights: an AdamW step far below a weight's spacing rounds away
+            warnings.warn(f"{sum(p.dtype in (torch.bfloat16, torch.float16) for p in self.params)} trainable "
+                          f"parameter tensors are {', '.join(half)}: AdamW steps them in place, so updates smaller "
+                          "than half their spacing (lr 1e-5 on |w| > ~2.6e-3 in bf16) are lost; train float32 "
+                          "weights or a LoRA adapter", stacklevel=2)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.adam_betas),
                                            weight_decay=cfg.weight_decay)
         self.device = next(model.parameters()).device
