@@ -147,9 +147,16 @@ def _run_plan(plan: _Plan, progress: bool, threads: int | None = None, quiet: bo
 
 
 def _not_run(plan: _Plan, reason: str) -> None:
-    cmd = f"targetpo run {plan.name} --preset {plan.preset} --data-dir DIR"
-    mark_not_run(plan.run_dir, load(plan.name), plan.preset,
-                 f"{reason}. To run it: `{cmd}` (or `make reproduce MNIST_DIR=DIR`)")
+    exp = load(plan.name)
+    fields = {f.name for f in dataclasses.fields(config_class(exp))}
+    if "data_dir" in fields:  # MNIST: reproduce passes --data-dir
+        cmd = f"targetpo reproduce --out {plan.run_dir.parent} --only {plan.name} --preset {plan.preset} --data-dir DIR"
+        also = " (or `make reproduce MNIST_DIR=DIR`)"
+    else:  # what reproduce cannot pass (a model directory, GSM8K's path): a run of its own into the same folder
+        paths = " ".join(f"{n}=DIR" for n in ("model", "data_path") if n in fields)
+        cmd = f"targetpo run {plan.name} --preset {plan.preset} --out {plan.run_dir} --force {paths}".rstrip()
+        also = ""
+    mark_not_run(plan.run_dir, exp, plan.preset, f"{reason}. To run it: `{cmd}`{also}")
     print(f"\n{'!' * 78}\n!! {plan.name} NOT RUN: {reason}\n!! run it with: {cmd}\n{'!' * 78}\n", file=sys.stderr)
 
 
@@ -309,6 +316,10 @@ def cmd_reproduce(args) -> int:
             except MissingDataError as exc:
                 missing.append(plan.name)
                 _not_run(plan, str(exc))
+            except Exception:  # noqa: BLE001  (as in the parallel path: reported, and the other experiments go on)
+                failed.append(plan.name)
+                print(f"\n{plan.name} FAILED (the other experiments go on):\n{traceback.format_exc().rstrip()}",
+                      file=sys.stderr)
     else:
         try:
             missing, failed = _run_parallel(plans, min(jobs, len(plans)), progress=not args.no_progress)
@@ -443,6 +454,10 @@ def _refuse_empty_strings(args) -> None:
             raise ValueError(f"--{key.replace('_', '-')} is empty: give a value, or leave the flag out for its default")
 
 
+# Modules of the optional extras (pyproject.toml): a command that needs one says which extra to install.
+OPTIONAL_MODULES = {"transformers": "llm", "tokenizers": "llm", "accelerate": "llm", "peft": "llm",
+                    "reasoning_gym": "llm", "math_verify": "llm", "trl": "trl", "verl": "verl"}
+
 POSITIONAL = ("dir",)  # the free-text positional arguments (`report DIR`, `data NAME DIR`); the others have choices
 
 
@@ -462,6 +477,13 @@ def main(argv: list[str] | None = None) -> int:
         # A KeyError's str() is the repr of its argument; show the message itself.
         message = exc.args[0] if isinstance(exc, KeyError) and len(exc.args) == 1 else exc
         print(f"targetpo: error: {message}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        extra = OPTIONAL_MODULES.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(f"targetpo: error: {args.command} needs the {extra} extra (no module named {exc.name!r}): "
+              f"pip install -e '.[{extra}]' in a checkout, or pip install 'targetpo[{extra}]'", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         again = {"run": "the same command with --resume", "rlvr": "the same command with --resume",

@@ -32,9 +32,9 @@ import numpy as np
 
 from targetpo.experiments import EXPERIMENTS, UnknownExperiment, load  # noqa: E402
 from targetpo.runs import plots  # noqa: E402
-from targetpo.runs.config import config_class  # noqa: E402
-from targetpo.runs.runner import Progress, run_is_live, run_progress, stored_config  # noqa: E402
-from targetpo.runs.stats import FAIL_CLASSES, NOT_REPRODUCED, SCALE, Failure, Verdict, count  # noqa: E402
+from targetpo.runs.config import config_class, make_config  # noqa: E402
+from targetpo.runs.runner import Progress, config_differences, run_is_live, run_progress, stored_config  # noqa: E402
+from targetpo.runs.stats import FAIL_CLASSES, NOT_REPRODUCED, SCALE, SETTINGS, Failure, Verdict, count  # noqa: E402
 from targetpo.runs.store import METRICS_FILE, RUN_FILE, Run, RunFileError, find_runs, seed_count  # noqa: E402
 
 
@@ -79,6 +79,7 @@ class Section:
     blocks: list[str] = field(default_factory=list)
     claims: list[Claim] = field(default_factory=list)
     progress: Progress | None = None  # None: not checked (a section built by hand), taken as complete
+    overrides: dict = field(default_factory=dict)  # {field: (this run's, its preset's)} (preset_overrides)
     error: str | None = None  # why this run could not be read or reported; the section then says only that
 
     def text(self, markdown: str) -> None:
@@ -158,6 +159,10 @@ class Section:
                 f"data: {meta.get('data_source')} · torch {meta.get('versions', {}).get('torch')}"
                 + (f" · device {meta.get('device')}, peak GPU memory {meta['peak_gpu_memory_bytes'] / 2**30:.2f} GiB"
                    if "peak_gpu_memory_bytes" in meta else ""), ""]
+        if self.overrides:
+            head += [f"**Overrides:** {show_overrides(self.overrides, self.run)}; the paper's claims are checked at "
+                     "these settings (a FAIL is classed *settings differ from the preset* unless something else "
+                     "explains it).", ""]
         if not self.complete:
             head += [incomplete_note(self.run, self.progress, live), ""]
         diverged = self.run.diverged_units()
@@ -303,11 +308,32 @@ def resolve_failures(sections: list["Section"]) -> None:
             elif passing:
                 c.failure = Failure(SCALE, f"the same claim is PASS in the larger {_describe(passing[0])}; this run "
                                            f"has {count(run_scale(s.run)[1], 'step')} and {count(run_scale(s.run)[2], 'seed')}")
+            elif s.overrides:
+                c.failure = Failure(SETTINGS, f"this run changes {show_overrides(s.overrides, s.run)}; the claim "
+                                              "is the paper's at its own settings, so this FAIL is about these ones")
             else:
                 base = c.candidates[0] if c.candidates else Failure(
                     NOT_REPRODUCED, "no oracle floor, larger run or seed interval in this report explains it")
                 extra = "".join(f"; the same claim also FAILs in the larger {_describe(r)}" for r in also)
                 c.failure = base._replace(evidence=base.evidence + extra)
+
+
+def preset_overrides(exp, preset: str | None, cfg) -> dict[str, tuple]:
+    """{field: (this run's value, its preset's)} for the config fields a run changed from the preset it names.
+    The seed count is left out: more or fewer seeds change the intervals, which the verdicts already read."""
+    if preset not in getattr(exp, "PRESETS", {}):
+        return {}
+    return {k: v for k, v in config_differences(cfg, make_config(exp, preset)).items() if k != "seeds"}
+
+
+def show_overrides(overrides: dict[str, tuple], run: Run) -> str:
+    """"lr=0.05 (cpu preset: 0.1), steps=20 (cpu preset: 1000)"."""
+    preset = run.meta.get("preset")
+    return ", ".join(f"{k}={_value(a)} ({preset} preset: {_value(b)})" for k, (a, b) in overrides.items())
+
+
+def _value(v) -> str:
+    return ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
 
 
 def build_section(run: Run, report_dir: Path) -> Section:
@@ -322,9 +348,10 @@ def build_section(run: Run, report_dir: Path) -> Section:
         section.text(f"**NOT RUN.** {run.meta.get('reason', '')}")
         return section
     try:  # a hand-edited config (seeds "two", an unknown method) was reported as 0 seeds or units not started
-        stored_config(exp, run.path, run.meta)
+        cfg = stored_config(exp, run.path, run.meta)
     except (ValueError, TypeError) as exc:
         raise RunFileError(f"{run.path / RUN_FILE}: its config is not one {exp.NAME} runs: {exc}") from None
+    section.overrides = preset_overrides(exp, run.meta.get("preset"), cfg)
     if not run.records and str(run.meta.get("status", "")).startswith("complete"):
         metrics = run.path / METRICS_FILE
         raise RunFileError(f"{metrics}: {'holds no records' if metrics.exists() else 'missing'}, but "

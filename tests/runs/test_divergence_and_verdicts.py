@@ -108,3 +108,18 @@ def test_verdicts_only_on_presets_that_can_test_the_claims():
         "decided on point estimates (no seed interval); 1 n/a (not decidable from the data); 3 claims n/a on smoke runs")
     assert claim_count([cpu]).startswith("**2 PASS, 1 FAIL (1 does not reproduce), 0 inconclusive** over the cpu preset")
     assert claim_count([smoke]).startswith("no verdicts")
+
+
+def test_a_run_with_overrides_says_so_and_its_fails_are_not_called_irreproducible(tmp_path):
+    """`seeds=20 lr=0.05` (the README's override example) gave "2 FAIL (2 does not reproduce)" with lr=0.05 shown
+    nowhere, next to the reference's lr-0.1 numbers."""
+    out = run_experiment("tabular-single", "cpu", out=tmp_path / "o", overrides=["lr=0.05", "seeds=5"],
+                         progress=False, quiet=True)
+    text = write_report(out).read_text()
+    assert "**Overrides:** lr=0.05 (cpu preset: 0.1);" in text and "seeds=5" not in text.split("**Overrides:**")[1][:80]
+    fails = [ln for ln in text.splitlines() if "| **FAIL**" in ln]
+    assert fails and all("(settings differ from the preset)" in ln for ln in fails), fails
+    assert "does not reproduce" not in text
+    plain = run_experiment("tabular-single", "cpu", out=tmp_path / "p", overrides=["seeds=5"], progress=False,
+                           quiet=True)
+    assert "**Overrides:**" not in write_report(plain).read_text()  # a seed count is not an override of the protocol

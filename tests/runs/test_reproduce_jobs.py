@@ -3,6 +3,8 @@
 import json
 import math
 
+import pytest
+
 from targetpo.cli import estimated_seconds, main
 from targetpo.experiments import load
 from targetpo.runs.runner import available_cores
@@ -48,18 +50,21 @@ def test_longest_first_order_reads_the_runtime_note():
     assert estimated_seconds(type("E", (), {"RUNTIME": "no estimate"})) == math.inf
 
 
-def test_a_failing_experiment_is_reported_and_the_others_finish(tmp_path, capsys):
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_failing_experiment_is_reported_and_the_others_finish(tmp_path, capsys, jobs):
+    """With --jobs 1 the first failure ended the whole reproduce (exit 2, no report) where --jobs 2 went on."""
     bad = tmp_path / "bad-data"  # files with the right names and wrong contents: a ValueError, not missing data
     bad.mkdir()
     for name in ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
         (bad / name).write_bytes(b"not an IDX file")
     out = tmp_path / "par"
-    rc = main(["reproduce", "--out", str(out), "--only", "tabular-single", "mnist", "--preset", "smoke",
-               "--jobs", "2", "--no-progress", "--data-dir", str(bad)])
+    rc = main(["reproduce", "--out", str(out), "--only", "mnist", "tabular-single", "--preset", "smoke",
+               "--jobs", jobs, "--no-progress", "--data-dir", str(bad)])
     captured = capsys.readouterr()
     assert rc == 1
     assert json.loads((out / "tabular-single" / "run.json").read_text())["status"] == "complete"
-    assert "mnist [smoke] FAILED" in captured.err and "1 experiment FAILED: mnist" in captured.err
+    assert "1 experiment FAILED: mnist" in captured.err
+    assert ("mnist [smoke] FAILED" if jobs == "2" else "mnist FAILED (the other experiments go on)") in captured.err
     assert (out / "REPORT.md").exists()
 
 
@@ -128,3 +133,26 @@ def test_a_stop_whose_signal_exception_was_lost_still_ends_the_run_at_its_next_r
     assert stop.value.code == 128 + 15
     assert json.loads((tmp_path / "t" / "run.json").read_text())["status"] == "interrupted"
     assert [r["step"] for r in read_metrics(tmp_path / "t" / "metrics.jsonl")] == [0, 1]
+
+
+def test_an_experiment_whose_model_is_not_on_disk_is_not_run_and_says_how(tmp_path, capsys):
+    """`reproduce --preset paper` reached rlvr's paper preset (model=Qwen/Qwen3-1.7B, a hub id) and stopped with
+    "no such directory" (exit 2, no report), since reproduce cannot pass a model directory."""
+    pytest.importorskip("transformers", reason="needs the llm extra: pip install -e '.[llm]'")
+    out = tmp_path / "r"
+    assert main(["reproduce", "--out", str(out), "--only", "rlvr", "--preset", "paper", "--jobs", "1",
+                 "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "rlvr NOT RUN: model 'Qwen/Qwen3-1.7B': no such directory" in err
+    assert f"targetpo run rlvr --preset paper --out {out / 'rlvr'} --force model=DIR data_path=DIR" in err
+    assert json.loads((out / "rlvr" / "run.json").read_text())["status"] == "not run"
+    assert "**NOT RUN.** model 'Qwen/Qwen3-1.7B'" in (out / "REPORT.md").read_text()
+
+
+def test_a_missing_optional_extra_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    """Without the llm extra, `rlvr` ended in a ModuleNotFoundError traceback."""
+    monkeypatch.setitem(__import__("sys").modules, "reasoning_gym", None)  # import fails as if not installed
+    assert main(["rlvr", "--preset", "smoke", "--out", str(tmp_path / "x"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("targetpo: error: rlvr needs the llm extra (no module named 'reasoning_gym')"), err
+    assert "\n" not in err and not (tmp_path / "x").exists()

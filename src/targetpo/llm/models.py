@@ -12,6 +12,8 @@ import re
 import string
 from pathlib import Path
 
+from targetpo.runs.data import MissingDataError
+
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
 # Printable ASCII minus vertical tab / form feed: enough for arithmetic, GSM8K, JSON answers and <answer> tags.
@@ -131,8 +133,8 @@ def check_model_dir(path: str | Path) -> Path:
     hub_id = re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", str(path)) is not None and not p.exists()
     example = f"hf download {path} --local-dir DIR" if hub_id else f"hf download ORG/NAME --local-dir {path}"
     fetch = f"targetpo never downloads models implicitly: fetch it first (e.g. `{example}`) and pass the directory"
-    if not p.exists():
-        raise FileNotFoundError(f"model {str(path)!r}: no such directory; {fetch}")
+    if not p.exists():  # missing like a data set (reproduce reports the experiment as not run, and goes on)
+        raise MissingDataError(f"model {str(path)!r}: no such directory; {fetch}")
     if not p.is_dir() or not (p / "config.json").is_file():
         raise FileNotFoundError(f"model {str(path)!r} is not a Hugging Face model directory (it has no config.json); "
                                 f"{fetch}")

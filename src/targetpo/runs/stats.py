@@ -356,7 +356,8 @@ def final_interval(curve: Curve, level: float = LEVEL, bounds: tuple[float, floa
 SCALE = "scale or data"
 NOISE = "seed noise"
 NOT_REPRODUCED = "does not reproduce"
-FAIL_CLASSES = (SCALE, NOISE, NOT_REPRODUCED)
+SETTINGS = "settings differ from the preset"  # a run with overrides: its FAILs say how they fare, not the paper's
+FAIL_CLASSES = (SCALE, NOISE, NOT_REPRODUCED, SETTINGS)
 
 
 class Failure(NamedTuple):

@@ -166,7 +166,7 @@ def _claims(err, mis, section) -> None:
     ratio = bootstrap_interval(lambda t, p, g: min(g[-1].mean(), p[-1].mean()) / max(t[-1].mean(), 1e-12),
                                *(err[m].values for m in ("tpo", "pg", "grpo")))
     section.claim("GRPO and PG plateau at higher error (final ≥ 5× TPO's)", above(ratio, 5),
-                  f"min(GRPO, PG)/TPO = {ratio.show(0)}× (bootstrap)")
+                  f"min(GRPO, PG)/TPO = {ratio.show(-1)}× (bootstrap)")
     late = mis["tpo"].steps >= min(25, mis["tpo"].steps[-1])
     avg = {m: mis[m].values[late].mean(axis=0) for m in mis}  # per seed: mean misalignment over steps ≥ 25
     gaps = {m: paired_interval(avg["tpo"], avg[m]) for m in mis if m != "tpo"}
