@@ -75,9 +75,17 @@ def _data_overrides(args, exp, strict: bool) -> list[str]:
 
 def _run_and_report(exp, args, overrides: list[str], seeds: int | None = None) -> int:
     """`targetpo run` and `targetpo rlvr`: run (or resume) one experiment, then write its REPORT.md."""
-    run_dir = run_experiment(exp, args.preset, out=args.out, seeds=seeds, overrides=overrides, resume=args.resume,
-                             force=args.force, device=args.device, progress=not args.no_progress,
-                             threads=args.threads)
+    # SIGTERM (a scheduler's stop, `kill`) ends the run like Ctrl-C: status "interrupted", every line kept. Without
+    # a handler the process died at once and run.json kept saying "running".
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_signal) if main_thread else None
+    try:
+        run_dir = run_experiment(exp, args.preset, out=args.out, seeds=seeds, overrides=overrides,
+                                 resume=args.resume, force=args.force, device=args.device,
+                                 progress=not args.no_progress, threads=args.threads)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     if not args.no_report:
         from targetpo.report import write_report
 

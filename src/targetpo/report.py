@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -107,7 +108,8 @@ class Section:
         fig.savefig(path, dpi=110, bbox_inches="tight")
         plots.pyplot().close(fig)
         rel = os.path.relpath(path, self.report_dir)
-        self.blocks.append(f"![{caption}]({rel})\n\n*{caption}*\n")
+        # <…> keeps a path with spaces one link target (CommonMark ends a bare target at the first space).
+        self.blocks.append(f"![{caption}]({f'<{rel}>' if ' ' in rel else rel})\n\n*{caption}*\n")
         return path
 
     def claim(self, text: str, passed, evidence: str, *, failure: Failure | list | tuple | None = None,
@@ -159,6 +161,13 @@ class Section:
                 f"data: {meta.get('data_source')} · torch {meta.get('versions', {}).get('torch')}"
                 + (f" · device {meta.get('device')}, peak GPU memory {meta['peak_gpu_memory_bytes'] / 2**30:.2f} GiB"
                    if "peak_gpu_memory_bytes" in meta else ""), ""]
+        mismatches = meta.get("resume_mismatches") or []
+        if mismatches:
+            units = sorted({str(m[0]) for m in mismatches})
+            head += [f"**Resumed on other numbers:** {count(len(mismatches), 'replayed record')} of {_units(units)} "
+                     "differed from the lines already on disk (another torch, CPU or device, or a hand edit), so "
+                     "these curves mix two computations; the original lines were kept. Rerun with --force for "
+                     "curves from one.", ""]
         if self.overrides:
             head += [f"**Overrides:** {show_overrides(self.overrides, self.run)}; the paper's claims are checked at "
                      "these settings (a FAIL is classed *settings differ from the preset* unless something else "
@@ -179,6 +188,13 @@ class Section:
                 head.append(f"| {c.text} | {_result_cell(c, verdict, na)} | {_evidence_cell(c, verdict)} |")
             head.append("")
         return "\n".join(head) + "\n" + "\n".join(self.blocks)
+
+
+def resume_command(run: Run) -> str:
+    """The command that continues `run`: its folder quoted for a shell, and the device it ran on."""
+    device = run.meta.get("device") or "cpu"
+    return (f"targetpo run {run.meta.get('experiment')} --out {shlex.quote(str(run.path))} --resume"
+            + ("" if device == "cpu" else f" --device {device}"))
 
 
 def step_word(run: Run) -> str:
@@ -209,7 +225,7 @@ def incomplete_note(run: Run, progress: Progress, live: bool | None = None) -> s
     why = {True: "still running", False: "stopped before the end"}.get(live, "killed, or still running")
     return (f"**Incomplete run** ({why}): {'; '.join(parts)}. {lead} claims are n/a until "
             "every unit is finished: resume it with "
-            f"`targetpo run {run.meta.get('experiment')} --out {run.path} --resume`.")
+            f"`{resume_command(run)}`.")
 
 
 def _plain(text: str) -> str:
@@ -447,7 +463,7 @@ def write_report(root: str | Path, out: str | Path | None = None) -> Path:
     # Written beside and moved into place: a kill mid-write leaves the previous report, never half of one.
     tmp = report_path.with_name(report_path.name + ".tmp")
     try:
-        tmp.write_text("\n".join(lines) + "\n" + "\n".join(s.render() for s in sections))
+        tmp.write_text("\n".join(lines) + "\n" + "\n".join(s.render() for s in sections), encoding="utf-8")
         os.replace(tmp, report_path)
     finally:
         tmp.unlink(missing_ok=True)  # a failed write or rename leaves no stray file

@@ -183,6 +183,9 @@ def stored_config(exp: ModuleType, run_dir: Path, meta: dict) -> Any:
     """The validated config of the run stored in `run_dir` (`meta`, its run.json), which must be `exp`'s."""
     if meta["experiment"] != exp.NAME:
         raise ValueError(f"{run_dir} holds a {meta['experiment']} run, not {exp.NAME}; use a new --out")
+    if not meta.get("config"):  # an empty config would read as the class defaults, which no preset is
+        raise ValueError(f"{run_dir / RUN_FILE}: holds no config (status {meta.get('status')!r}), so there is no run "
+                         "to continue or report; start one without --resume")
     return validated(config_from_dict(exp, meta["config"]))
 
 
@@ -309,12 +312,22 @@ def mark_not_run(run_dir: str | Path, exp: ModuleType, preset: str, reason: str)
     if (run_dir / RUN_FILE).exists() or (run_dir / METRICS_FILE).exists():
         if not is_not_run(run_dir):
             return  # never overwrite a real run
-        shutil.rmtree(run_dir)
+        empty_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_run_json(run_dir, {"experiment": exp.NAME, "title": exp.TITLE, "paper_ref": exp.PAPER_REF,
                              "preset": preset, "config": {}, "command": " ".join(sys.argv),
                              "versions": versions(), "data_source": "not available", "status": "not run",
                              "reason": reason, "wall_time_s": 0.0, "runs": []})
+
+
+def empty_dir(run_dir: Path) -> None:
+    """Delete everything `run_dir` holds but keep the folder: its lock (an flock on the folder, :func:`_run_dir_lock`)
+    stays held. Deleting and re-making the folder left the new one unlocked, so a second run could write into it."""
+    for child in run_dir.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
 
 
 @contextlib.contextmanager
@@ -412,6 +425,14 @@ def _run_experiment(
     held = run_dir.is_dir()
     if held:
         hold(run_dir)  # before reading what is there, and before --force deletes it
+    placeholder = meta_path.exists() and is_not_run(run_dir)  # reproduce's NOT RUN record: no run to keep
+    if resume and not meta_path.exists() and not (run_dir / METRICS_FILE).exists():
+        # A typo in --out would otherwise start a new run (perhaps of an hour) where a resume was asked.
+        raise FileNotFoundError(f"--resume: {run_dir} holds no run to continue (no {RUN_FILE}); check --out, or "
+                                "drop --resume to start a new run there")
+    if resume and placeholder:
+        raise FileNotFoundError(f"--resume: {run_dir} holds no run to continue, only the record that `reproduce` "
+                                "could not run it; drop --resume to run it there")
     if resume and meta_path.exists():
         meta = read_run_json(run_dir)
         cfg = stored_config(exp, run_dir, meta)
@@ -425,6 +446,10 @@ def _run_experiment(
                                  f"({fields}); drop --preset/--seeds/overrides to continue it, or use a new "
                                  f"--out")
         preset = meta["preset"]
+        if meta.get("device", device) != device:  # the other half of the curves would come from another device
+            raise ValueError(f"--resume continues the run stored in {run_dir}, which ran on --device "
+                             f"{meta['device']}; asked --device {device}: pass --device {meta['device']} to "
+                             "continue it, or use a new --out")
         _check_data(exp, cfg)
     else:
         preset = preset or "cpu"
@@ -434,9 +459,9 @@ def _run_experiment(
             if not force and resume:  # metrics without their run.json: nothing says which config they came from
                 raise FileExistsError(f"{run_dir} holds {METRICS_FILE} but no {RUN_FILE}, so it cannot be resumed; "
                                       "--force replaces it")
-            if not force:
+            if not force and not placeholder:
                 raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or --force to replace it")
-            shutil.rmtree(run_dir)
+            empty_dir(run_dir)  # the folder itself stays: the lock this process holds on it stays valid
         meta = {"experiment": name, "title": exp.TITLE, "paper_ref": exp.PAPER_REF, "preset": preset,
                 "config": dataclasses.asdict(cfg), "command": " ".join(sys.argv), "versions": versions(),
                 "device": device,
@@ -475,7 +500,8 @@ def _run_experiment(
 
     meta["status"] = "running"
     meta.setdefault("runs", []).append({"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumed": bool(done) or bool(existing),
-                         "units": todo, "torch_threads": torch.get_num_threads()})  # for reading wall times
+                         "units": todo, "torch_threads": torch.get_num_threads(),
+                         "device": device})  # for reading wall times
     # From before run.json says "running" to the last record: a Ctrl-C or SIGTERM anywhere in between (even while
     # the metrics file is being created) leaves the status "interrupted", never a stale "running".
     with (_on_interrupt(lambda: record_time("interrupted")), _on_failure(name, cfg, record_time),

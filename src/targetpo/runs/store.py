@@ -1,8 +1,9 @@
 """Append-only run storage.
 
 A run directory holds `run.json` (config, which gives the seeds, versions, data source, wall time, status) and
-`metrics.jsonl`, one JSON object per line, each written with a single write and flushed (and fsynced) as
-soon as it is produced, so a killed run keeps every complete line. Records are keyed by (unit, step); on
+`metrics.jsonl`, one JSON object per line, each written with a single write and flushed as soon as it is
+produced, so a killed process keeps every complete line (an operating-system crash or power loss may still lose
+the lines the kernel had not written out: `MetricsWriter(fsync=True)` syncs each one, at a cost per record). Records are keyed by (unit, step); on
 resume the runner replays a unit deterministically and skips keys already on disk, so nothing written before
 a kill is lost or duplicated. A unit is finished when its `{"unit": u, "event": "done"}` line exists, or its
 `{"unit": u, "event": "diverged", "step": N, "metric": name}` line (a NaN/inf at step N; no record of step N
