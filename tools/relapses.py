@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gap", type=int, default=10, help="relapse stretches this close (episodes) are one")
     args = ap.parse_args(argv)
     src = Path(args.source)
+    if not src.exists():
+        ap.error(f"{src}: no such run folder or .npz file")
     if src.suffix == ".npz":
         data = np.load(src)
         series = {k: np.asarray(data[k], dtype=float).T for k in data.files if k.endswith("_errors")}

@@ -53,7 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="K completions per prompt, at least 2 (default: %(default)s)")
     add("--prompts-per-step", type=POSITIVE_INT, default=16, help="prompts per optimizer step (default: %(default)s)")
     add("--per-device-batch", type=POSITIVE_INT, default=16,
-        help="completions per micro-batch; must divide prompts-per-step x K (default: %(default)s)")
+        help="completions per micro-batch; a multiple of K that divides prompts-per-step x K (default: %(default)s)")
     add("--max-completion-length", type=POSITIVE_INT, default=1024,
         help="new tokens per completion, at most (default: %(default)s)")
     add("--lr", type=POSITIVE, default=1e-5, help="AdamW learning rate (default: %(default)s)")
@@ -129,6 +129,9 @@ def config_kwargs(method: str, args: argparse.Namespace) -> dict:
     if generation_batch % args.per_device_batch:
         raise ValueError(f"--per-device-batch {args.per_device_batch} must divide --prompts-per-step x "
                          f"--num-generations = {generation_batch}")
+    if args.per_device_batch % k:  # TargetPOConfig's rule: a micro-batch holds whole groups
+        raise ValueError(f"--per-device-batch {args.per_device_batch} must be a multiple of --num-generations {k} "
+                         "(each micro-batch holds whole groups of K completions)")
     common = dict(
         output_dir=str(args.out / method), seed=args.seed, max_steps=args.max_steps, learning_rate=args.lr,
         optim="adamw_torch", num_generations=k, per_device_train_batch_size=args.per_device_batch,

@@ -87,6 +87,9 @@ def test_one_step_of_each_trainer_on_a_tiny_model_with_lora(method, tmp_path, gs
     (["--gsm8k-dir", "{tmp}"], "has no train.jsonl"),
     (["--train-size", "4"], "holds only 3 problems"),
     (["--per-device-batch", "48"], "--per-device-batch 48 must divide --prompts-per-step x --num-generations = 256"),
+    # divides 2 x 4 but splits a group: a traceback from inside TargetPOConfig after the checks
+    (["--num-generations", "4", "--prompts-per-step", "2", "--per-device-batch", "2"],
+     "--per-device-batch 2 must be a multiple of --num-generations 4"),
 ])
 def test_bad_arguments_exit_2_with_one_line_before_a_model_is_loaded(argv, message, tmp_path):
     model_dir = save_tiny_model(tmp_path / "tiny", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,

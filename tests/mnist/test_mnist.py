@@ -377,7 +377,8 @@ def test_cli_data_flags(tmp_path, monkeypatch, capsys):
                  "--no-progress"]) == 0
     assert "mnist NOT RUN" in capsys.readouterr().err
     report = (tmp_path / "r" / "REPORT.md").read_text()
-    assert "**NOT RUN.**" in report and "targetpo run mnist --preset smoke --data-dir DIR" in report
+    hint = f"targetpo reproduce --out {tmp_path / 'r'} --only mnist --preset smoke --data-dir DIR"  # the same folder
+    assert "**NOT RUN.**" in report and hint in report
 
 
 def test_mnist_mechanism_smoke(tmp_path, mnist_dir):
@@ -496,3 +497,16 @@ def test_staleness_actor_uses_the_parameters_from_d_updates_ago(mnist_dir, refer
             assert ctx.records[-1][f"{m}.error.D{d}"] == pytest.approx(err[:, g, i].tolist(), abs=1e-6)
     # The delays matter: a stale actor chose different actions than a fresh one.
     assert ctx.records[-1]["tpo.reward.D0"] != ctx.records[-1]["tpo.reward.D4"]
+
+
+def test_a_failed_download_leaves_no_run_folder(tmp_path, monkeypatch, capsys):
+    """`run mnist --download` failed inside the run: its folder said "generated (no external data)" and blocked
+    the retry with --data-dir ("already holds a run", then "download: stored True" on --resume)."""
+    from targetpo.cli import main
+
+    monkeypatch.setitem(D.URLS, "mnist", (tmp_path / "no-server").as_uri())  # nothing to fetch there
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("TARGETPO_MNIST_DIR", raising=False)
+    out = tmp_path / "run"
+    assert main(["run", "mnist", "--preset", "smoke", "--download", "--out", str(out), "--no-progress"]) == 2
+    assert "targetpo: error:" in capsys.readouterr().err and not out.exists()

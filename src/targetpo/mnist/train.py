@@ -61,9 +61,10 @@ RUNTIME = "6 methods, ~2 min"
 
 def check_data(cfg) -> None:
     """Before a run starts: MissingDataError (with how to provide the data) or a ValueError naming a malformed
-    file (every IDX file is read and validated, ~1 s); downloads are checked when they happen."""
-    if not cfg.download:
-        mnist_data.load(cfg.data_dir, cfg.dataset)
+    file (every IDX file is read and validated, ~1 s). `download` fetches the files here, before the run folder
+    exists, so a failed download leaves no run behind (it used to fail inside the run, leaving a folder that said
+    "generated (no external data)" and blocked the retry)."""
+    mnist_data.load(cfg.data_dir, cfg.dataset, download=cfg.download)
 
 
 def load_data(cfg, ctx) -> mnist_data.MnistData:

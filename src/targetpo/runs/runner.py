@@ -465,7 +465,8 @@ def _run_experiment(
         meta = {"experiment": name, "title": exp.TITLE, "paper_ref": exp.PAPER_REF, "preset": preset,
                 "config": dataclasses.asdict(cfg), "command": " ".join(sys.argv), "versions": versions(),
                 "device": device,
-                "data_source": getattr(exp, "DATA_SOURCE", "generated (no external data)"),
+                # An experiment that reads data names it once a unit has loaded it (RunContext.set_data_source).
+                "data_source": "not loaded yet" if hasattr(exp, "check_data") else "generated (no external data)",
                 "status": "running", "wall_time_s": 0.0, "runs": []}
     make_run_dir(run_dir)
     if not held:
