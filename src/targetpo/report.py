@@ -335,11 +335,22 @@ def resolve_failures(sections: list["Section"]) -> None:
 
 
 def preset_overrides(exp, preset: str | None, cfg) -> dict[str, tuple]:
-    """{field: (this run's value, its preset's)} for the config fields a run changed from the preset it names.
-    The seed count is left out: more or fewer seeds change the intervals, which the verdicts already read."""
+    """{field: (this run's value, its preset's)} for the config fields a run changed from the preset it names,
+    leaving out what keeps the preset's protocol for the parts that run: the seed count (the intervals read it),
+    a subset of a list field (fewer methods, variants, lengths) and a longer run (the larger-run rule reads it)."""
     if preset not in getattr(exp, "PRESETS", {}):
         return {}
-    return {k: v for k, v in config_differences(cfg, make_config(exp, preset)).items() if k != "seeds"}
+    longer = length_fields(exp.NAME)
+
+    def keeps_protocol(name, mine, theirs) -> bool:
+        if name == "seeds":
+            return True
+        if isinstance(mine, (list, tuple)) and isinstance(theirs, (list, tuple)):
+            return set(mine) <= set(theirs)
+        return name in longer and isinstance(mine, (int, float)) and mine >= theirs
+
+    return {k: (a, b) for k, (a, b) in config_differences(cfg, make_config(exp, preset)).items()
+            if not keeps_protocol(k, a, b)}
 
 
 def show_overrides(overrides: dict[str, tuple], run: Run) -> str:

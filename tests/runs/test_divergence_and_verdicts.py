@@ -120,6 +120,10 @@ def test_a_run_with_overrides_says_so_and_its_fails_are_not_called_irreproducibl
     fails = [ln for ln in text.splitlines() if "| **FAIL**" in ln]
     assert fails and all("(settings differ from the preset)" in ln for ln in fails), fails
     assert "does not reproduce" not in text
-    plain = run_experiment("tabular-single", "cpu", out=tmp_path / "p", overrides=["seeds=5"], progress=False,
-                           quiet=True)
-    assert "**Overrides:**" not in write_report(plain).read_text()  # a seed count is not an override of the protocol
+    # A seed count, a subset of the methods and a longer run keep the preset's protocol for what runs.
+    plain = run_experiment("tabular-single", "cpu", out=tmp_path / "p", overrides=["seeds=5", "methods=tpo,pg",
+                                                                                   "steps=160"], progress=False, quiet=True)
+    assert "**Overrides:**" not in write_report(plain).read_text()
+    short = run_experiment("tabular-single", "cpu", out=tmp_path / "s", overrides=["seeds=5", "steps=20"],
+                           progress=False, quiet=True)
+    assert "**Overrides:** steps=20 (cpu preset: 150);" in write_report(short).read_text()
