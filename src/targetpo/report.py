@@ -337,14 +337,15 @@ def resolve_failures(sections: list["Section"]) -> None:
 def preset_overrides(exp, preset: str | None, cfg) -> dict[str, tuple]:
     """{field: (this run's value, its preset's)} for the config fields a run changed from the preset it names,
     leaving out what keeps the preset's protocol for the parts that run: the seed count (the intervals read it),
-    a subset of a list field (fewer methods, variants, lengths) and a longer run (the larger-run rule reads it)."""
+    where the data is read from, a subset of a list field (fewer methods, variants, lengths) and a longer run (the
+    larger-run rule reads it)."""
     if preset not in getattr(exp, "PRESETS", {}):
         return {}
     longer = length_fields(exp.NAME)
 
     def keeps_protocol(name, mine, theirs) -> bool:
-        if name == "seeds":
-            return True
+        if name in ("seeds", "data_dir", "data_path", "download"):  # where the data is read from: run.json's
+            return True                                             # data_source and fingerprint say what it was
         if isinstance(mine, (list, tuple)) and isinstance(theirs, (list, tuple)):
             return set(mine) <= set(theirs)
         return name in longer and isinstance(mine, (int, float)) and mine >= theirs

@@ -127,3 +127,14 @@ def test_a_run_with_overrides_says_so_and_its_fails_are_not_called_irreproducibl
     short = run_experiment("tabular-single", "cpu", out=tmp_path / "s", overrides=["seeds=5", "steps=20"],
                            progress=False, quiet=True)
     assert "**Overrides:** steps=20 (cpu preset: 150);" in write_report(short).read_text()
+
+
+def test_where_the_data_is_read_from_is_no_override():
+    """Every MNIST run of `make reproduce` (--data-dir ../shared/data/mnist) was listed as overriding its preset."""
+    from targetpo.experiments import load
+    from targetpo.report import preset_overrides
+    from targetpo.runs.config import make_config
+
+    exp = load("mnist")
+    cfg = make_config(exp, "cpu", overrides=["data_dir=/somewhere/mnist", "lr=0.5"])
+    assert list(preset_overrides(exp, "cpu", cfg)) == ["lr"]
