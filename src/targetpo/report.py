@@ -222,7 +222,9 @@ def incomplete_note(run: Run, progress: Progress, live: bool | None = None) -> s
                 "*partial*)"] if progress.partial else []) + (["units not started are absent"] if progress.missing else [])
     caveat = ", ".join(caveats)
     lead = f"{caveat[0].upper()}{caveat[1:]}; the" if caveat else "The"
-    why = {True: "still running", False: "stopped before the end"}.get(live, "killed, or still running")
+    status = str(run.meta.get("status", ""))
+    why = (status if status.startswith("failed") else  # e.g. "failed (OutOfMemoryError: ...)": it did not stop by itself
+           {True: "still running", False: "stopped before the end"}.get(live, "killed, or still running"))
     return (f"**Incomplete run** ({why}): {'; '.join(parts)}. {lead} claims are n/a until "
             "every unit is finished: resume it with "
             f"`{resume_command(run)}`.")

@@ -136,3 +136,15 @@ def test_the_report_is_utf8_whatever_the_locale(tmp_path, locale):
                           text=True)
     assert done.returncode == 0, done.stderr
     assert "≥" in (out / "REPORT.md").read_text(encoding="utf-8") or "§" in (out / "REPORT.md").read_text(encoding="utf-8")
+
+
+def test_a_failed_run_says_it_failed_not_that_it_was_killed(tmp_path):
+    out = run_experiment("tabular-single", "smoke", out=tmp_path / "r", progress=False, quiet=True)
+    meta = json.loads((out / "run.json").read_text())
+    meta["status"] = "failed (OutOfMemoryError: CUDA out of memory)"
+    (out / "run.json").write_text(json.dumps(meta))
+    with open(out / "metrics.jsonl") as f:
+        kept = [ln for ln in f if '"event"' not in ln]
+    (out / "metrics.jsonl").write_text("".join(kept[:3]))
+    text = write_report(out).read_text()
+    assert "**Incomplete run** (failed (OutOfMemoryError: CUDA out of memory))" in text, text[:600]
