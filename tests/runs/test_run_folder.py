@@ -148,3 +148,14 @@ def test_a_failed_run_says_it_failed_not_that_it_was_killed(tmp_path):
     (out / "metrics.jsonl").write_text("".join(kept[:3]))
     text = write_report(out).read_text()
     assert "**Incomplete run** (failed (OutOfMemoryError: CUDA out of memory))" in text, text[:600]
+
+
+def test_resume_refuses_config_fields_it_does_not_know(tmp_path, capsys):
+    """A field in run.json's config that this version does not take (a hand edit, a removed option) was dropped
+    on resume, and the replay continued as another run."""
+    out = run_experiment("tabular-single", "smoke", out=tmp_path / "r", progress=False, quiet=True)
+    meta = json.loads((out / "run.json").read_text())
+    meta["config"]["bogus"], meta["status"] = 1, "interrupted"
+    (out / "run.json").write_text(json.dumps(meta))
+    assert main(["run", "tabular-single", "--out", str(out), "--resume", "--no-progress"]) == 2
+    assert "has config fields tabular-single does not take (bogus)" in capsys.readouterr().err

@@ -436,6 +436,11 @@ def _run_experiment(
     if resume and meta_path.exists():
         meta = read_run_json(run_dir)
         cfg = stored_config(exp, run_dir, meta)
+        unknown = sorted(set(meta["config"]) - {f.name for f in dataclasses.fields(cfg)})
+        if unknown:  # a hand edit, or a field this version no longer has: the replay would not be that run's
+            raise ValueError(f"--resume: {run_dir / RUN_FILE} has config fields {exp.NAME} does not take "
+                             f"({', '.join(unknown)}), so this version cannot replay that run; start it anew with "
+                             "--force (or use the version that wrote it)")
         other_preset = preset is not None and preset != meta["preset"]
         if other_preset or overrides or seeds is not None:
             differ = config_differences(cfg, make_config(exp, preset or meta["preset"], seeds, overrides))
