@@ -21,6 +21,7 @@ a section saying why and the others are reported; a report of that run alone sto
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
 import shlex
@@ -105,6 +106,11 @@ class Section:
     def figure(self, fig, name: str, caption: str) -> Path:
         path = self.run.path / f"{name}.png"
         plots.finish_figure(fig)
+        if not os.access(self.run.path, os.W_OK):
+            # A read-only run folder (an archive, another user's results) is still reported: its plots go beside
+            # the report instead, and the caption says so.
+            path = self.report_dir / f"{self.run.path.name}-{name}.png"
+            caption += f" (saved beside the report: the run folder {self.run.path} is read-only)"
         fig.savefig(path, dpi=110, bbox_inches="tight")
         plots.pyplot().close(fig)
         rel = os.path.relpath(path, self.report_dir)
@@ -417,7 +423,8 @@ def failure_reason(exc: Exception) -> tuple[str, str]:
     """("read", the error naming the file) for a RunFileError or OSError; ("reported", the error named by its
     type) for an experiment's report that failed."""
     if isinstance(exc, (RunFileError, OSError)):
-        return "read", str(exc)
+        return ("written" if isinstance(exc, OSError) and getattr(exc, "filename", None) and
+                exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC) else "read"), str(exc)
     return "reported", f"its report failed: {type(exc).__name__}: {exc}"
 
 
@@ -436,7 +443,7 @@ def _section_of(path: Path, report_dir: Path, alone: bool) -> Section:
         return build_section(Run.load(path), report_dir)
     except Exception as exc:  # noqa: BLE001  (any failure of one run must not hide the others)
         what, reason = failure_reason(exc)
-        if alone and what == "read":
+        if alone and what in ("read", "written"):
             raise
         if alone:  # one line naming the run (a hand-edited value used to end in a traceback or a bare "zzz")
             raise RunFileError(f"{path} could not be {what}: {reason}") from exc

@@ -159,3 +159,18 @@ def test_resume_refuses_config_fields_it_does_not_know(tmp_path, capsys):
     (out / "run.json").write_text(json.dumps(meta))
     assert main(["run", "tabular-single", "--out", str(out), "--resume", "--no-progress"]) == 2
     assert "has config fields tabular-single does not take (bogus)" in capsys.readouterr().err
+
+
+def test_a_read_only_run_folder_is_reported_with_its_plots_beside_the_report(tmp_path, monkeypatch):
+    """Plots always went into the run folder: a read-only one (an archive, `chattr +i`) could not be reported,
+    even with -o elsewhere, and a multi-run report said the run "could not be read"."""
+    import targetpo.report as rep
+
+    out = run_experiment("tabular-single", "smoke", out=tmp_path / "r", progress=False, quiet=True)
+    real = os.access
+    monkeypatch.setattr(rep.os, "access", lambda p, mode: False if Path(p) == out else real(p, mode))
+    dest = tmp_path / "elsewhere"
+    dest.mkdir()
+    text = write_report(out, dest / "REPORT.md").read_text()
+    assert (dest / "r-tabular_single.png").exists() and not (out / "tabular_single.png").exists()
+    assert "(saved beside the report: the run folder" in text
