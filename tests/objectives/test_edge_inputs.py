@@ -296,3 +296,13 @@ def test_a_group_of_equal_scores_float32_cannot_hold_gives_no_gradient(name, sco
     out = o.fn(*args, torch.full((3, 8), score))
     (grad,) = torch.autograd.grad(out.loss, lp)
     assert float(grad.abs().max()) < 1e-6, (name, float(grad.abs().max()))
+
+
+def test_advantage_metrics_average_the_valid_candidates_only():
+    """Masked candidates (A = u = 0) were counted: every valid |A| = |u| = 1 here, but grpo_loss reported
+    adv_abs_mean 0.75 and group_pg_loss u_abs_mean 0.75 (and |u|/η rather than |u|)."""
+    s = torch.tensor([[0.0, 1.0, 5.0, 5.0], [0.0, 1.0, 0.0, 1.0]])
+    mask = torch.tensor([[True, True, False, False], [True, True, True, True]])
+    lp = -torch.rand(2, 4)
+    assert obj.grpo_loss(lp, lp, s, mask=mask).metrics["adv_abs_mean"].item() == pytest.approx(1.0, abs=1e-6)
+    assert obj.group_pg_loss(lp, s, eta=0.5, mask=mask).metrics["u_abs_mean"].item() == pytest.approx(1.0, abs=1e-6)

@@ -402,3 +402,23 @@ def test_projection_settings_map_to_tpo_loss_keywords_and_refuse_bad_names():
     for bad in ("alpha1.5", "kl0", "klx", "hellinger"):
         with pytest.raises(ValueError, match=f"setting '{bad}'"):
             projection_setting(bad)
+
+
+def test_a_kl_budget_no_eta_in_the_bracket_reaches_is_refused_not_exceeded():
+    """Below the KL at η = 1e4 (~5e-9 here) bisection stopped at η = 1e4 and the target's KL was 48× a 1e-10
+    budget, silently."""
+    old = torch.log_softmax(torch.tensor([[0.5, -0.2, 0.1, 0.0]], dtype=torch.float64), -1)
+    s = torch.tensor([[0.0, 1.0, 0.0, 1.0]], dtype=torch.float64)
+    u = obj.standardize_scores(s)
+    assert obj.adaptive_eta(old, u, 1e-8).item() < 1e4  # reachable: met
+    with pytest.raises(ValueError, match=r"kl_budget=1e-10: below the KL\(q ‖ p_old\) = 4.79e-09 that even η = 10000"):
+        obj.adaptive_eta(old, u, 1e-10)
+
+
+def test_a_floor_below_the_zero_variance_threshold_keeps_a_near_tie_flat():
+    """std_floor=1e-9 turned a group of σ = 1.7e-7 (a zero-variance group by the 1e-6 rule) into z-scores
+    (−0.58, −0.58, −0.58, 1.73): q = 0.77 on the last candidate, the opposite of what a floor is for."""
+    s = torch.tensor([[1.0, 1.0, 1.0, 1.0 + 4e-7]], dtype=torch.float64)
+    for kw in ({"std_floor": 1e-9}, {"std_shrink": 1e-9}):
+        assert obj.standardize_scores(s, **kw).abs().max() < 1e-6
+        torch.testing.assert_close(obj.standardize_scores(s, **kw), obj.standardize_scores(s))

@@ -243,6 +243,7 @@ def grpo_loss(
     adv = group_advantages(s, mask, eps=adv_eps, scale=scale_advantages, std_ddof=std_ddof, singleton=singleton,
                            std_floor=std_floor, std_shrink=std_shrink)
     valid = torch.ones_like(s, dtype=torch.bool) if mask is None else mask
+    candidates = valid  # the metrics' denominator: masked candidates hold A = 0 and are no samples
     informative = ~zero_variance_groups(s, mask, eps=ZERO_VARIANCE_STD)
     if mask_zero_var:
         valid = valid & informative.unsqueeze(-1)
@@ -277,7 +278,7 @@ def grpo_loss(
         metrics = {
             "clip_frac": _clip_fraction(ratio, adv_b.expand_as(ratio), clip_eps, hi, tm),
             "frac_zero_var": (~informative).float().mean(),
-            "adv_abs_mean": adv.abs().mean(),
+            "adv_abs_mean": adv.abs()[candidates].mean(),
         }
         if kl is not None:
             metrics["kl"] = kl[tm].mean() if tm.any() else kl.new_zeros(())

@@ -134,5 +134,7 @@ def group_pg_loss(
     s = as_float("scores", scores).detach()
     group_layout(lp, s, token=False)
     check_group_size("scores", s)
-    u = standardize_scores(s, mask) / eta
-    return LossOutput(-(u * lp).sum(dim=-1).mean(), {"u_abs_mean": u.abs().mean()})
+    u = standardize_scores(s, mask)
+    valid = torch.ones_like(u, dtype=torch.bool) if mask is None else mask
+    # |u| over the valid candidates (a masked one holds u = 0 and is no sample), before the 1/η of the weight.
+    return LossOutput(-(u / eta * lp).sum(dim=-1).mean(), {"u_abs_mean": u.abs()[valid].mean()})

@@ -101,7 +101,10 @@ def standardized_with_std(s: Tensor, mask: Tensor | None, *, eps: float = ZERO_V
     if std_floor == 0 and std_shrink == 0:
         u = torch.where(std > eps, _centred(s, mean, std.clamp_min(eps), scale), s - mean)
     else:
-        u = _centred(s, mean, group_scale(std, std_floor=std_floor, std_shrink=std_shrink), scale)
+        # The ε fallback stays: a floor or shrinkage below ε would otherwise give a near-tie (σ ≤ 1e-6, counted as
+        # zero-variance) its full z-scores, the opposite of what the options are for.
+        divisor = group_scale(std, std_floor=std_floor, std_shrink=std_shrink).clamp_min(eps)
+        u = torch.where(std > eps, _centred(s, mean, divisor, scale), s - mean)
     return (u if mask is None else u.masked_fill(~mask, 0.0)), std
 
 

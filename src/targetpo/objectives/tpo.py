@@ -180,6 +180,10 @@ def adaptive_eta(log_old: Tensor, u: Tensor, kl_budget: float, mask: Tensor | No
         log_old64, u64 = log_old.detach().double(), u.detach().double()
         lo = torch.full_like(u64[..., :1], float(lo_hi[0]))
         hi = torch.full_like(u64[..., :1], float(lo_hi[1]))
+        top = _kl_to_old(log_old64, u64, hi.exp(), mask)
+        if (top > kl_budget).any():  # η would stop at the bracket's top with KL above ε: the budget not kept
+            raise ValueError(f"kl_budget={kl_budget!r}: below the KL(q ‖ p_old) = {float(top.max()):.3g} that even "
+                             f"η = {ADAPTIVE_ETA_BRACKET[1]:g} leaves in some group; give a budget of at least that")
         for _ in range(ADAPTIVE_ETA_STEPS):
             mid = 0.5 * (lo + hi)
             over = (_kl_to_old(log_old64, u64, mid.exp(), mask) > kl_budget).unsqueeze(-1)
