@@ -526,3 +526,22 @@ def test_the_verl_extra_lets_import_verl_register_tpo_sync_for_real():
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split()[-2:] == ["targetpo.integrations.verl_plugin", "True"], proc.stdout
+
+
+def test_the_recommended_sequence_parallel_key_sets_the_data_parallel_size():
+    """fsdp_config.ulysses_sequence_parallel_size (verl's key; the actor-level one is deprecated) was not read: 4 GPUs
+    with sequence parallel 2 (2 data-parallel ranks) refused a 2-prompt mini-batch as needing a multiple of 4."""
+    layout = [o for o in TPO_LAYOUT if not o.startswith(("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini",
+                                                          "trainer.n_gpus"))]
+    layout += ["data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "trainer.n_gpus_per_node=4"]
+    verl_trainer.check_config(compose_verl(layout + ["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2"]))
+    with pytest.raises(ValueError, match="fsdp_config.ulysses_sequence_parallel_size=3: must divide the 4 GPUs"):
+        verl_trainer.check_config(compose_verl(layout + ["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=3"]))
+
+
+def test_the_tpo_trainer_runs_verls_synchronous_paths(monkeypatch):
+    """trainer_mode=tpo_sync was copied into self.trainer_mode, and every `== "sync"` test in verl's base class
+    then took the async path (ReplayBufferAsync, one prompt per fetch, TransferQueue state in checkpoints)."""
+    monkeypatch.setenv(verl_trainer.ETA_ENV, "1.0")
+    trainer = verl_trainer.register_tpo_trainer()(compose_verl(TPO_LAYOUT))  # builds on the CPU, nothing started
+    assert trainer.trainer_mode == "sync" and type(trainer.replay_buffer).__name__ == "ReplayBuffer"

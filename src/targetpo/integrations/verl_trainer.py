@@ -138,12 +138,17 @@ def layout_problems(config) -> list[str]:
         bad(f"{key}={mbs}: must be a multiple of K = rollout.n = {k}")
     nodes = count("trainer.nnodes", trainer.nnodes, "must be an integer >= 1")
     gpus = count("trainer.n_gpus_per_node", trainer.n_gpus_per_node, "must be an integer >= 1")
-    sp = count("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-               actor.get("ulysses_sequence_parallel_size", 1) or 1, "must be an integer >= 1")
+    # verl reads fsdp_config.ulysses_sequence_parallel_size; the actor-level key is deprecated and, when > 1,
+    # copied over it (FSDPActorConfig.__post_init__).
+    legacy = actor.get("ulysses_sequence_parallel_size", 1) or 1
+    sp_key, sp_value = (("actor_rollout_ref.actor.ulysses_sequence_parallel_size", legacy) if legacy != 1 else
+                        ("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
+                         (actor.get("fsdp_config") or {}).get("ulysses_sequence_parallel_size", 1) or 1))
+    sp = count(sp_key, sp_value, "must be an integer >= 1")
     dp = None
     if None not in (nodes, gpus, sp):
         if (nodes * gpus) % sp:
-            bad(f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp}: must divide the {nodes * gpus} GPUs")
+            bad(f"{sp_key}={sp}: must divide the {nodes * gpus} GPUs")
         else:
             dp = nodes * gpus // sp
     mini = count("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size,
@@ -251,6 +256,11 @@ def register_tpo_trainer():
 
     class TPOTrainerSync(PPOTrainerSync):
         """verl's synchronous trainer; batches are balanced over whole groups, TPO settings checked at step 0."""
+
+        # verl's base class copies config.trainer.v1.trainer_mode ("tpo_sync") into self.trainer_mode and tests it
+        # against "sync" (replay buffer, prompt fetching, TransferQueue state in checkpoints): without this the
+        # synchronous trainer took verl's async paths.
+        trainer_mode = property(lambda self: "sync", lambda self, value: None)
 
         def __init__(self, config):
             eta = check_config(config)["eta"]
