@@ -351,6 +351,8 @@ def test_mnist_smoke_run_report_and_determinism(tmp_path, mnist_dir):
     assert np.mean(last["tpo.error"]) < np.mean(first["tpo.error"])
     text = write_report(run_dir).read_text()
     assert "TEST SPLIT ONLY" in text and "mnist_error.png" in text and (run_dir / "mnist_error.png").exists()
+    # The protocol text says "every 200 steps" (the paper's); the run's own grid is stated beside it.
+    assert "**This run:** 100 steps, batch 100, Adam(0.001), hidden 50, η = 1, greedy test error every 20 steps" in text
     assert "TPO reaches 5 % test error before DG" in text
     # Neither reaches 5 % in 100 updates: the evidence says so instead of a lead of "0 [0, 0]" or nothing.
     assert "neither reaches it in this run" in text and "no level reached by both in this run" in text

@@ -194,7 +194,10 @@ def report(run, section) -> None:
     cfg = run.config
     cur = error_curves(run)
     section.text(__doc__.split("\n\n", 1)[1])
-    section.text(f"**Data:** {run.meta.get('data_source')}.")
+    # The text above is the paper's protocol; this run's own settings may differ (a smoke run evaluates every 20).
+    section.text(f"**This run:** {cfg['steps']:,} steps, batch {cfg['batch']}, Adam({cfg['lr']:g}), hidden "
+                 f"{cfg['hidden']}, η = {cfg['eta']:g}, greedy test error every {cfg['eval_every']} steps. "
+                 f"**Data:** {run.meta.get('data_source')}.")
     if not cur:
         section.text("No evaluation points were recorded.")
         return
