@@ -64,6 +64,8 @@ ONE_DIGIT = ("task_options=operators=+,min_terms=2,max_terms=2,min_digits=1,max_
     # full fine-tuning of bf16 weights: AdamW's ~1e-5 steps round away on most weights (86% of them changed in
     # fp32 after one update, 13% in bf16)
     (["dtype=bfloat16"], "dtype=bfloat16 with lora_r=0: full fine-tuning would step bfloat16 weights directly"),
+    # a key given twice: the last one won silently
+    (["task_options=operators=+,min_digits=2,min_digits=1"], "task option 'min_digits' is given twice"),
 ])
 def test_bad_rlvr_input_is_refused_before_the_run_directory_exists(tmp_path, capsys, argv, expected):
     line = _refused(argv, tmp_path / "run", capsys)

@@ -85,6 +85,16 @@ def test_tabular_run_that_diverges_before_its_first_record(tmp_path):
     assert "every unit diverged before its first record" in text and "`tpo` at step 0 (error)" in text
 
 
+def test_tabular_multi_run_with_a_unit_that_diverges_later_is_reported(tmp_path):
+    """lr=1e20: GRPO diverges at step 1 and the others run on; the report indexed every curve at step 49 and
+    failed (IndexError), so no REPORT.md was written."""
+    out = run_experiment("tabular-multi", "smoke", out=tmp_path / "m", overrides=["lr=1e20"], progress=False,
+                         quiet=True)
+    assert "grpo" in Run.load(out).diverged_units()
+    text = write_report(out).read_text()
+    assert "curves end at different steps (a diverged unit stops at its divergence)" in text
+
+
 def _section(preset: str, verdicts: list[bool | None]) -> Section:
     run = Run(path=Path("/nonexistent"), meta={"preset": preset})
     s = Section("t", run, run.path)

@@ -174,3 +174,13 @@ def test_a_read_only_run_folder_is_reported_with_its_plots_beside_the_report(tmp
     text = write_report(out, dest / "REPORT.md").read_text()
     assert (dest / "r-tabular_single.png").exists() and not (out / "tabular_single.png").exists()
     assert "(saved beside the report: the run folder" in text
+
+
+def test_run_json_keeps_the_config_s_floats_exactly(tmp_path, capsys):
+    """run.json wrote lr=0.123456789 as 0.1234568: a resume then trained on another lr (3,304 replayed records
+    differed), and `--resume lr=0.123456789` was refused as another config."""
+    out = run_experiment("tabular-single", "smoke", out=tmp_path / "r", overrides=["lr=0.123456789"], progress=False,
+                         quiet=True)
+    assert json.loads((out / "run.json").read_text())["config"]["lr"] == 0.123456789
+    assert main(["run", "tabular-single", "--out", str(out), "--resume", "lr=0.123456789", "--no-progress",
+                 "--no-report"]) == 0

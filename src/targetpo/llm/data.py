@@ -186,6 +186,9 @@ def parse_options(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise ValueError(f"task option {item!r} must look like key=value")
         key, value = (s.strip() for s in item.split("=", 1))
+        if key in out:  # the last would win silently (min_digits=2, ..., min_digits=1 ran with 1)
+            same = [i for i in items if i.split("=", 1)[0].strip() == key]
+            raise ValueError(f"task option {key!r} is given twice ({', '.join(same)}); give each key once")
         low = value.lower()
         if low in ("true", "false"):
             out[key] = low == "true"

@@ -36,7 +36,8 @@ class Config(TabularConfig):
     contexts: int = param(100, "N, independent contexts", ge=1)
     methods = default(METHODS, choices=METHODS)
     READ_BY = {"eta": ("dg", "tpo")}
-    seed = default(42, help="base seed of the logit initialisation")
+    seed = default(42, help="seeds the one generator every seed's initial logits come from (seed s of a run with n "
+                            "seeds is not the run of seed=s with one seed)")
 
 
 # The paper's protocol runs in seconds on a CPU, so the cpu preset is the paper's.
@@ -267,6 +268,12 @@ def report(run, section) -> None:
 
     if not set(METHODS) <= set(err):
         section.claim("all five methods present", None, f"ran {sorted(err)}")
+        return
+    ends = {m: int(c.steps[-1]) for m, c in err.items()}
+    if len(set(ends.values())) > 1:  # a diverged unit stops early: the claims compare every method at one step
+        section.claim("the paper's claims (every method's curve over the same steps)", None,
+                      "curves end at different steps (a diverged unit stops at its divergence): "
+                      + ", ".join(f"{LABELS[m]} {e}" for m, e in ends.items()))
         return
     steps = err["ce"].steps
 

@@ -37,6 +37,9 @@ METHODS = ("pg", "dg", "tpo", "grpo")
 class Config(TabularConfig):
     steps = 150
     actions = 100
+    # As the authors' code: one generator for all seeds, so a seed's draws depend on how many seeds run.
+    seed = default(0, help="seeds the one generator every seed's draws come from (as the authors' code): seed s of "
+                           "a run with n seeds is not the run of seed=s with one seed")
     batch: int = param(100, "B, actions sampled per step", ge=1)
     baseline: float = param(0.5, "the constant baseline of PG, DG and TPO's per-action scores (the authors' code "
                             "uses 0.5)")
