@@ -40,7 +40,9 @@ def test_unwritable_output_path_is_named(tmp_path, capsys):
 @pytest.mark.parametrize("argv,expected", [
     (["lr=-1"], "lr=-1.0: must be > 0"),
     (["lr=nan"], "lr=nan"),
-    (["eta=0"], "eta=0.0: must be > 0"),
+    (["eta=0"], "eta=0.0: must be >= 1e-30"),
+    # an η so small that u/η leaves float32 passed "> 0" and failed inside the objective, after the folder existed
+    (["eta=1e-300"], "eta=1e-300: must be >= 1e-30 and finite"),
     (["seeds=0"], "seeds=0: must be >= 1"),
     (["steps=ten"], "steps='ten': expected an integer"),
     (["lrr=0.1"], "did you mean 'lr'"),

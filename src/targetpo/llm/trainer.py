@@ -62,7 +62,7 @@ from targetpo.llm.rollout import (
     token_micro_batches,
     used_columns,
 )
-from targetpo.runs.config import Validated, config, config_fields, param
+from targetpo.runs.config import ETA_MIN, Validated, config, config_fields, param
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class TrainerConfig(Validated):
                            choices=OBJECTIVES)
     seq_logp: str = param("sum", "TPO's sequence log-score: sum of token log-probs (the paper) or mean "
                           "(length-normalised)", choices=("sum", "mean"))
-    eta: float = param(1.0, "TPO target temperature η", gt=0)
+    eta: float = param(1.0, "TPO target temperature η", ge=ETA_MIN)
     eta_length_ref: float = param(0.0, "TPO with seq_logp=sum: per group, η_g = η·L_ref/L̄_g with L̄_g the group's "
                                   "mean completion length in tokens, so the score tilt u/η_g grows with length as "
                                   "the sum log-score does (docs/experiments.md §E19); 0 = off, one η", ge=0)

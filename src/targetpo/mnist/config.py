@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from targetpo.mnist.data import DATASETS
-from targetpo.runs.config import RunConfig, config, default, param
+from targetpo.runs.config import ETA_MIN, RunConfig, config, default, param
 
 
 @config
@@ -14,7 +14,7 @@ class MnistConfig(RunConfig):
     batch: int = param(100, "images per update, drawn uniformly with replacement (GRPO standardizes over it)",
                        ge=2)
     lr: float = param(1e-3, "Adam learning rate", gt=0)
-    eta: float = param(1.0, "temperature of TPO's target and DG's gate", gt=0)
+    eta: float = param(1.0, "temperature of TPO's target and DG's gate", ge=ETA_MIN)
     eval_every: int = param(200, "updates between test-error evaluations (steps must be a multiple)", ge=1)
     hidden: int = param(50, "width of both hidden layers", ge=1)
     dataset: str = param("mnist", "mnist or fashion-mnist (same IDX format)", choices=DATASETS)

@@ -135,6 +135,11 @@ class Validated:
         return {}
 
 
+# The smallest temperature η a config takes: below it u/η (|u| ≤ √(K−1)) leaves float32's range for any K that
+# fits in memory, and the objectives refuse such an η only when they run, after the run folder is written.
+ETA_MIN = 1e-30
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig(Validated):
     """The fields every experiment has. `check` holds an experiment's rules across fields."""

@@ -3,7 +3,7 @@ of their reports."""
 
 from __future__ import annotations
 
-from targetpo.runs.config import RunConfig, config, default, param
+from targetpo.runs.config import ETA_MIN, RunConfig, config, default, param
 from targetpo.runs.stats import fmt, ours_vs_paper, steps_to_interval
 
 
@@ -14,7 +14,7 @@ class TabularConfig(RunConfig):
     steps: int = param(1000, "normalized logit steps", ge=1)
     actions: int = param(10, "A, actions per context (action 0 is correct)", ge=2)
     lr: float = param(0.1, "α, the length of every normalized logit step", gt=0)
-    eta: float = param(1.0, "η, temperature of DG's gate and TPO's target", gt=0)
+    eta: float = param(1.0, "η, temperature of DG's gate and TPO's target", ge=ETA_MIN)
 
 
 def error_rows(err: dict, ref: dict, labels: dict[str, str]) -> tuple[list[int], list[list[str]]]:

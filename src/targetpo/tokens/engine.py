@@ -99,7 +99,7 @@ from targetpo import objectives as obj
 from targetpo.tokens import transformer as tfm
 from targetpo.optim import OPTIMIZERS, make_optimizer
 from targetpo.tokens import tasks
-from targetpo.runs.config import config_fields, param, validate
+from targetpo.runs.config import ETA_MIN, config_fields, param, validate
 from targetpo.runs.runner import parse_device
 
 
@@ -168,8 +168,8 @@ class TrialConfig:
     lr: float = param(1e-3, "effective learning rate of Muon and AdamW (the code's 10 × 1e-4)", gt=0)
     clip_eps: float = param(0.2, "PPO/GRPO clip range ε", gt=0, lt=1)
     grpo_beta: float = param(0.04, "GRPO's k3-KL weight β (to the rollout policy)", ge=0)
-    dg_eta: float = param(1.0, "DG gate temperature η", gt=0)
-    tpo_eta: float = param(1.0, "TPO target temperature η", gt=0)
+    dg_eta: float = param(1.0, "DG gate temperature η", ge=ETA_MIN)
+    tpo_eta: float = param(1.0, "TPO target temperature η", ge=ETA_MIN)
     # Options beyond the paper (its §6 open questions; docs/method.md §8, docs/experiments.md §E14–§E16), all off
     # by default.
     tpo_projection: str = param("forward_kl", "how TPO fits its target: forward_kl (the paper), reverse_kl, js or "

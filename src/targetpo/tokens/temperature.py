@@ -20,7 +20,7 @@ from __future__ import annotations
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
-from targetpo.runs.config import config, default, param, swept, unused
+from targetpo.runs.config import ETA_MIN, config, default, param, swept, unused
 from targetpo.runs.stats import above, all_of, at_most, count
 from targetpo.tokens.config import TokenConfig, tpo_only
 from targetpo.tokens.engine import trial_config
@@ -34,7 +34,7 @@ LEVELS = {"token": "tpo_token", "sequence": "tpo"}
 @config
 @tpo_only
 class Config(TokenConfig):
-    etas: tuple[float, ...] = param((0.25, 0.5, 1.0, 2.0, 4.0), "TPO target temperatures η to sweep", gt=0)
+    etas: tuple[float, ...] = param((0.25, 0.5, 1.0, 2.0, 4.0), "TPO target temperatures η to sweep", ge=ETA_MIN)
     level: str = param("token", "token (TPO_token over K next-token candidates per state; default, the authors' "
                        "closest command) or sequence (TPO over K full answers scored by fraction correct); the "
                        "paper does not say which (docs/differences.md §9)", choices=tuple(LEVELS))
