@@ -65,9 +65,11 @@ def test_zeroing_all_fail_groups():
     assert torch.equal(obj.group_advantages(z)[0], torch.zeros(4))
 
 
-def test_zeroing_all_fail_groups_is_a_no_op_under_binary_reward():
-    a, b = _run(length=2), _run(length=2, zero_all_fail=True)
-    assert all(np.array_equal(a[k], b[k], equal_nan=True) for k in a)
+def test_zeroing_all_fail_groups_under_binary_reward_is_refused_as_a_no_op():
+    """Under exact-match reward an all-fail group's scores are all 0 already: the option changed no bit, silently."""
+    with pytest.raises(ValueError, match="zero_all_fail=True with reward='terminal' and no score_noise changes nothing"):
+        _run(length=2, zero_all_fail=True)
+    _run(length=2, zero_all_fail=True, score_noise=0.1)  # with noisy scores it is read
 
 
 def test_zeroing_all_fail_groups_changes_partial_credit_training():

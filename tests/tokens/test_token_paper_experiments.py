@@ -217,7 +217,12 @@ def test_resolve():  # claim parts are joined by runs.stats.all_of (tests/runs/t
     ("token-dense", ["reward=terminal"], "tpo_token needs a dense reward"),
     ("token-dense", ["tpo_projection=js"], "not read by method 'ppo'"),
     ("token-dense", ["score_noise=0.1"], "score_noise=0.1: fixed"),
-    ("token-terminal", ["zero_all_fail=true"], "not read by method 'ppo'"),
+    ("token-terminal", ["zero_all_fail=true", "score_noise=0.1"], "not read by method 'ppo'"),
+    # 0/1 scores: zeroing all-fail groups changed nothing (the metrics were byte-identical)
+    ("token-terminal", ["methods=tpo,grpo", "zero_all_fail=true"], "zero_all_fail=True with reward='terminal' and no "
+                                                                   "score_noise changes nothing"),
+    # c² or the noise overflowed float32 inside the objective, after the run folder was written
+    ("token-terminal", ["methods=tpo", "std_shrink=1e160"], "std_shrink=1e.160: must be >= 0 and <= 1e.06"),
     ("token-variants", ["score_noise=0.1"], "not read by method 'tpo_token'"),
     ("token-ablations", ["tpo_projection=js"], "not read by method 'grpo'"),
     ("token-diagnostics", ["score_noise=0.1"], "not read by method 'ppo'"),

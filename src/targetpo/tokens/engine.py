@@ -149,6 +149,11 @@ METHODS: dict[str, Method] = {
 MATCHES = ("prompts", "interactions")
 METRICS = ("error", "grad_norm", "frac_success", "all_fail", "frac_zero_var", "weight_winners", "weight_losers")
 
+# Scores are rewards in [0, 1]: a std floor, shrinkage or noise beyond this overflows float32 (c² at 1e160, a
+# noise of 1e300) inside the objectives, after the run folder is written.
+SCORE_SCALE_MAX = 1e6
+
+
 @dataclass(frozen=True)
 class TrialConfig:
     """Every knob of one trial; :func:`trial_config` builds one from an experiment's config."""
@@ -179,11 +184,11 @@ class TrialConfig:
     tpo_kl_budget: float = param(0.0, "0: TPO's η is tpo_eta; > 0: η chosen per group so that KL(q ‖ p_old) is "
                                  "this budget (eta='adaptive', docs/method.md §8)", ge=0)
     std_floor: float = param(0.0, "σ_min, the smallest group std TPO's u and GRPO's A divide by (0: the paper's "
-                             "z-score; docs/method.md §8)", ge=0)
+                             "z-score; docs/method.md §8)", ge=0, le=SCORE_SCALE_MAX)
     std_shrink: float = param(0.0, "c, TPO's and GRPO's group std becomes √(σ² + c²) (0: the paper's z-score)",
-                              ge=0)
+                              ge=0, le=SCORE_SCALE_MAX)
     score_noise: float = param(0.0, "σ of Gaussian noise added to every sequence-level candidate's score (0: none)",
-                               ge=0)
+                               ge=0, le=SCORE_SCALE_MAX)
     zero_all_fail: bool = param(False, "sequence-level groups in which no candidate is exactly right get equal "
                                 "scores, so u = 0 and A = 0 (for partial-credit reward)")
     match: str = param("prompts", "prompts (every method sees B prompts) or interactions (single-sample methods "
@@ -211,6 +216,11 @@ class TrialConfig:
         if (self.tpo_projection == "alpha") != (self.tpo_alpha is not None):
             raise ValueError(f"tpo_alpha={self.tpo_alpha!r} with tpo_projection={self.tpo_projection!r}: tpo_alpha "
                              "is required by, and only read with, tpo_projection='alpha'")
+        if self.zero_all_fail and self.reward == "terminal" and self.score_noise == 0:
+            # 0/1 scores: an all-fail group already has equal scores, so zeroing it changes nothing
+            raise ValueError("zero_all_fail=True with reward='terminal' and no score_noise changes nothing (an "
+                             "all-fail group's exact-match scores are all 0 already); it is for partial credit or "
+                             "noisy scores")
         eta = config_fields(TrialConfig)["tpo_eta"].default
         if self.tpo_kl_budget > 0 and self.tpo_eta != eta:
             raise ValueError(f"tpo_eta={self.tpo_eta!r} with tpo_kl_budget={self.tpo_kl_budget!r}: a KL budget "

@@ -24,7 +24,7 @@ from targetpo.tokens import common as tc
 from targetpo.tokens import open_questions as oq
 from targetpo.tokens.config import group_only
 from targetpo.tokens import report as tr
-from targetpo.tokens.engine import trial_config
+from targetpo.tokens.engine import SCORE_SCALE_MAX, trial_config
 
 NAME = "token-low-variance"
 TITLE = "Open question: low-variance groups (noisy near-constant scores), terminal-reward token reversal"
@@ -42,9 +42,9 @@ GROUPED = ("tpo", "grpo", "grpo_no_kl")  # the sequence-level methods with a z-s
 class Config(oq.OpenQuestionConfig):
     settings: tuple[str, ...] = param(SETTINGS, "score settings to compare (see the module docstring)",
                                       choices=SETTINGS, unique=True)
-    noise: float = param(0.01, "σ_noise of the noisy settings' N(0, σ_noise²) score noise", gt=0)
-    floor: float = param(0.1, "σ_min of the noise + floor setting", gt=0)
-    shrink: float = param(0.1, "c of the noise + shrink setting", gt=0)
+    noise: float = param(0.01, "σ_noise of the noisy settings' N(0, σ_noise²) score noise", gt=0, le=SCORE_SCALE_MAX)
+    floor: float = param(0.1, "σ_min of the noise + floor setting", gt=0, le=SCORE_SCALE_MAX)
+    shrink: float = param(0.1, "c of the noise + shrink setting", gt=0, le=SCORE_SCALE_MAX)
     score_noise = swept("noise and settings")
     std_floor = swept("floor and settings")
     std_shrink = swept("shrink and settings")
