@@ -512,3 +512,14 @@ def test_a_failed_download_leaves_no_run_folder(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     assert main(["run", "mnist", "--preset", "smoke", "--download", "--out", str(out), "--no-progress"]) == 2
     assert "targetpo: error:" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("name, override", [("mnist-replay", "is_clips=1,1.000001"),
+                                            ("mnist-friction", "flip_fractions=0.3,0.3000001")])
+def test_list_values_that_share_a_name_are_refused(name, override):
+    """Both items were named tpo_is1 (flip0.3): one condition's metrics overwrote the other's, and the run exited 0."""
+    from targetpo.experiments import load
+    from targetpo.runs.config import make_config
+
+    with pytest.raises(ValueError, match="must be written with at most 6 significant digits"):
+        make_config(load(name), "smoke", overrides=[override])

@@ -36,7 +36,7 @@ from targetpo.mnist.mlp import bank_forward, init_bank
 from targetpo.mnist.replay import paired, pm, pm_text
 from targetpo.mnist.train import LABELS, gather_batch, init_policies, load_data, seed_values, test_probs
 from targetpo.runs import plots
-from targetpo.runs.config import config, default, param
+from targetpo.runs.config import check_named_values, config, default, param
 from targetpo.runs.stats import count, fmt
 
 NAME = "mnist-friction"
@@ -71,6 +71,12 @@ class Config(MnistConfig):
                                           unique=True)
     methods = default(METHODS, choices=METHODS + ("group_pg",))
     READ_BY = {"eta": READS_ETA}
+
+    def check(self) -> None:
+        super().check()
+        for field in ("flip_fractions", "random_fractions", "uniform_actor_fractions", "frozen_actor_fractions",
+                      "rare_biases"):
+            check_named_values(field, getattr(self, field))  # <kind><level:g> names the metrics
 
 
 PRESETS = {

@@ -37,7 +37,7 @@ from targetpo.mnist.train import LABELS, gather_batch, init_policies, load_data,
 from targetpo.objectives import expected_baseline, tpo_loss
 from targetpo.objectives._checks import LossOutput
 from targetpo.runs import plots
-from targetpo.runs.config import config, default, param
+from targetpo.runs.config import check_named_values, config, default, param
 from targetpo.runs.stats import count, t_quantile
 
 NAME = "mnist-replay"
@@ -64,6 +64,10 @@ class Config(MnistConfig):
                                         "(method tpo_is runs once per value)", gt=0, le=1e6, unique=True)
     methods = default(METHODS, choices=CHOICES)
     READ_BY = {"eta": ("tpo", "tpo_is", "dg"), "clip_eps": ("ppo",), "is_clips": ("tpo_is",)}
+
+    def check(self) -> None:
+        super().check()
+        check_named_values("is_clips", self.is_clips)  # tpo_is<c̄:g> names the metrics
 
 
 PRESETS = {

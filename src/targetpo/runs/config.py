@@ -135,6 +135,16 @@ class Validated:
         return {}
 
 
+def check_named_values(name: str, values) -> None:
+    """ValueError unless each value of the list field `name` reads back from its "%g" text: the text names the
+    value's unit or metric keys (eta0.25, tpo_is10, flip0.3), so 0.3 and 0.3000001 would share one name and one
+    would overwrite the other's records."""
+    for v in values:
+        if float(f"{v:g}") != v:
+            raise ValueError(f"{name}={tuple(values)!r}: item {v!r} must be written with at most 6 significant "
+                             f"digits (it is named {v:g}, as its unit and metrics are)")
+
+
 # The smallest temperature η a config takes: below it u/η (|u| ≤ √(K−1)) leaves float32's range for any K that
 # fits in memory, and the objectives refuse such an η only when they run, after the run folder is written.
 ETA_MIN = 1e-30

@@ -20,7 +20,7 @@ from __future__ import annotations
 from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
-from targetpo.runs.config import ETA_MIN, config, default, param, swept, unused
+from targetpo.runs.config import ETA_MIN, check_named_values, config, default, param, swept, unused
 from targetpo.runs.stats import above, all_of, at_most, count
 from targetpo.tokens.config import TokenConfig, tpo_only
 from targetpo.tokens.engine import trial_config
@@ -46,9 +46,8 @@ class Config(TokenConfig):
     def check(self) -> None:
         if self.level == "token" and self.reward == "terminal":
             raise ValueError("level=token needs a dense reward (bag or sequential), got reward=terminal")
+        check_named_values("etas", self.etas)  # the unit name eta<η:g> is what run_unit reads back
         for eta in self.etas:
-            if float(f"{eta:g}") != eta:  # the unit name eta<η:g> is what run_unit reads back
-                raise ValueError(f"etas={self.etas!r}: item {eta!r} must be written with at most 6 significant digits")
             trial_config(self, tpo_eta=eta, methods=(LEVELS[self.level],))
 
 
