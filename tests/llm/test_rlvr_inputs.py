@@ -66,6 +66,9 @@ ONE_DIGIT = ("task_options=operators=+,min_terms=2,max_terms=2,min_digits=1,max_
     (["dtype=bfloat16"], "dtype=bfloat16 with lora_r=0: full fine-tuning would step bfloat16 weights directly"),
     # a key given twice: the last one won silently
     (["task_options=operators=+,min_digits=2,min_digits=1"], "task option 'min_digits' is given twice"),
+    # values that could only overflow (a traceback from AdamW or multinomial after the run folder was written)
+    (["lr=1e300"], "lr=1e+300: must be > 0 and <= 1"),
+    (["temperature=1e-300"], "temperature=1e-300: must be >= 0.001"),
 ])
 def test_bad_rlvr_input_is_refused_before_the_run_directory_exists(tmp_path, capsys, argv, expected):
     line = _refused(argv, tmp_path / "run", capsys)

@@ -83,10 +83,10 @@ class Config(TrainerConfig, RunConfig):
     warmstart_steps: int = param(600, "supervised steps on the gold answers before RL (0 = start RL from the "
                                  "model as given)", ge=0)
     warmstart_batch: int = param(64, "warm-start batch size", ge=1)
-    warmstart_lr: float = param(3e-3, "warm-start AdamW learning rate", gt=0)
+    warmstart_lr: float = param(3e-3, "warm-start AdamW learning rate", gt=0, le=1)
     steps: int = param(200, "RL steps per method (one rollout batch each)", ge=1)
     lora_r: int = param(0, "LoRA rank (0 = full fine-tuning)", ge=0)
-    lora_alpha: float = param(0.0, "LoRA alpha (0 = 2·rank)", ge=0)
+    lora_alpha: float = param(0.0, "LoRA alpha (0 = 2·rank)", ge=0, le=1e4)
     READ_BY = {"eta": tuple(m for m in METHODS if "eta" in objective_fields(method_objective(m)[0]))}
     # TrainerConfig's fields, with this experiment's defaults (help and bounds are declared there)
     objective = swept("methods")

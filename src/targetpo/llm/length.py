@@ -70,7 +70,8 @@ class Config(rlvr.Config):
                            le=len(LETTERS))
     length_edges: tuple[int, ...] = param((100, 150, 200), "completion-length bucket edges (tokens) of the by-length "
                                           "breakdown", ge=1, unique=True)
-    len_ref: float = param(1.0, "L_ref of tpo_sum_len: η_g = η·L_ref/L̄_g (1 = η per token of completion)", gt=0)
+    len_ref: float = param(1.0, "L_ref of tpo_sum_len: η_g = η·L_ref/L̄_g (1 = η per token of completion)", ge=1e-6,
+                           le=1e6)
     reward: str = param("answer", "answer: 1 iff the final answer is right (reasoning-gym's score); prefix: the "
                         "fraction of the gold scratchpad's lines (answer line included) right before the first wrong "
                         "one, the sequential reward of the token tasks (docs/method.md §6) at line level",

@@ -99,7 +99,7 @@ class TrainerConfig(Validated):
     eta: float = param(1.0, "TPO target temperature η", ge=ETA_MIN)
     eta_length_ref: float = param(0.0, "TPO with seq_logp=sum: per group, η_g = η·L_ref/L̄_g with L̄_g the group's "
                                   "mean completion length in tokens, so the score tilt u/η_g grows with length as "
-                                  "the sum log-score does (docs/experiments.md §E19); 0 = off, one η", ge=0)
+                                  "the sum log-score does (docs/experiments.md §E19); 0 = off, one η", ge=0, le=1e6)
     objective_options: dict = field(default_factory=dict, metadata={
         "help": "extra keyword arguments of the objective, e.g. {\"clip_eps\": 0.2} (Python API only)"})
     k: int = param(8, "completions per prompt (K)", ge=2)
@@ -112,12 +112,14 @@ class TrainerConfig(Validated):
                                     "many padded tokens, padding trimmed (0 = off)", ge=0)
     gradient_checkpointing: bool = param(False, "recompute decoder-layer activations in backward (less memory, "
                                          "~1 more forward; dropout stays off)")
-    lr: float = param(1e-5, "RL AdamW learning rate", gt=0)
-    weight_decay: float = param(0.0, "AdamW weight decay", ge=0)
+    # Upper bounds where a larger value can only overflow the weights (AdamW on lr·wd ≥ 1 flips their sign).
+    lr: float = param(1e-5, "RL AdamW learning rate", gt=0, le=1)
+    weight_decay: float = param(0.0, "AdamW weight decay", ge=0, le=100)
     adam_betas: tuple[float, float] = param((0.9, 0.999), "AdamW (β1, β2)", ge=0, lt=1)
     max_grad_norm: float = param(1.0, "gradient clipping by global norm (0 = off)", ge=0)
     kl_coef: float = param(0.0, "β of the k3 KL to the frozen starting model (0 = off, no reference is kept)", ge=0)
-    temperature: float = param(1.0, "sampling temperature (log-probs use the same)", gt=0)
+    temperature: float = param(1.0, "sampling temperature (log-probs use the same); below 1e-3 logits/T overflow",
+                               ge=1e-3, le=1e3)
     max_new_tokens: int = param(32, "completion length limit", ge=1)
     sampler: str = param("generate", "how rollouts and greedy evaluations are drawn: generate (Hugging Face "
                          "generate, any causal LM) or kv_loop (the model's KV-cached forward in a plain loop: the "
