@@ -58,12 +58,16 @@ class Config(MnistConfig):
 
     def check(self) -> None:
         super().check()
+        seen: dict[tuple, str] = {}
         for s in self.methods:
             try:
-                setting_options(s)
-            except ValueError:
-                raise ValueError(f"methods={self.methods!r}: item {s!r} must be one of forward_kl, reverse_kl, js, "
-                                 "alpha<α in [0, 1]> (e.g. alpha0.5) or kl<ε > 0> (e.g. kl1)") from None
+                options = setting_options(s)
+            except ValueError as exc:
+                raise ValueError(f"methods={self.methods!r}: item {s!r}: {exc}") from None
+            key = tuple(sorted(options.items()))
+            if key in seen:  # alpha0.5 and alpha0.50: one setting run twice under two names
+                raise ValueError(f"methods={self.methods!r}: {s!r} is the same setting as {seen[key]!r}")
+            seen[key] = s
 
 
 PRESETS = {

@@ -42,6 +42,7 @@ from targetpo.objectives.scores import (
 )
 from targetpo.objectives.supervised import ce_loss
 from targetpo.objectives.tpo import (
+    ALPHA_MIN,
     PROJECTIONS,
     adaptive_eta,
     alpha_projection,
@@ -62,7 +63,7 @@ __all__ = [
     "standardize_scores", "group_advantages", "rloo_advantages", "zero_variance_groups",
     "expected_baseline", "batch_mean_baseline",
     "tpo_target", "tpo_loss", "tpo_token_loss", "tpo_sequence_loss", "sequence_logp",
-    "PROJECTIONS", "reverse_kl_projection", "jensen_shannon_projection", "alpha_projection", "adaptive_eta",
+    "PROJECTIONS", "ALPHA_MIN", "reverse_kl_projection", "jensen_shannon_projection", "alpha_projection", "adaptive_eta",
     "kl_to_old", "corrected_anchor", "truncated_is_weights",
     "reinforce_loss", "importance_weighted_pg_loss", "batch_standardized_pg_loss", "rloo_loss", "group_pg_loss",
     "ppo_loss", "grpo_loss", "dr_grpo_loss", "dapo_loss", "gspo_loss", "sapo_loss", "cispo_loss",

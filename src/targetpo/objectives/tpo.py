@@ -59,6 +59,7 @@ def _masked_log_softmax(x: Tensor, mask: Tensor | None) -> Tensor:
 # ----------------------------------------------------------------------------- options beyond the paper (§8)
 
 Projection = Literal["forward_kl", "reverse_kl", "js", "alpha"]
+ALPHA_MIN = 1e-30  # the smallest positive α of the alpha projection a setting takes (α = 0 is reverse KL)
 PROJECTIONS: tuple[str, ...] = ("forward_kl", "reverse_kl", "js", "alpha")
 
 # Adaptive η (docs/method.md §8): bisection on log η over this bracket, a fixed number of halvings (2^-60 of
@@ -519,11 +520,14 @@ def projection_setting(setting: str) -> dict:
                 value = float(setting[len(prefix):])
             except ValueError:
                 break
-            if (prefix == "alpha" and not 0 <= value <= 1) or (prefix == "kl" and not value > 0):
+            # α = 0 or α ≥ 1e-30 (a denormal α divides by ~0: the loss is NaN at step 0); a finite ε (kl<inf>
+            # was refused only inside the run)
+            if (prefix == "alpha" and not (value == 0 or ALPHA_MIN <= value <= 1)) or (
+                    prefix == "kl" and not 0 < value < math.inf):
                 break
             return make(value)
-    raise ValueError(f"setting {setting!r}: must be forward_kl, reverse_kl, js, alpha<α in [0, 1]> (e.g. alpha0.5) "
-                     "or kl<ε > 0> (adaptive η with KL budget ε, e.g. kl1)")
+    raise ValueError(f"setting {setting!r}: must be forward_kl, reverse_kl, js, alpha<α: 0 or in [{ALPHA_MIN:g}, 1]> "
+                     "(e.g. alpha0.5) or kl<finite ε > 0> (adaptive η with KL budget ε, e.g. kl1)")
 
 
 def projection_label(setting: str) -> str:

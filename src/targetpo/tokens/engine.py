@@ -213,6 +213,8 @@ class TrialConfig:
         if self.muon_full_step_norm and self.optimizer != "optax":
             raise ValueError(f"muon_full_step_norm={self.muon_full_step_norm} needs optimizer='optax', got "
                              f"{self.optimizer!r}")
+        if self.tpo_alpha is not None and 0 < self.tpo_alpha < obj.ALPHA_MIN:  # a denormal α: NaN at step 0
+            raise ValueError(f"tpo_alpha={self.tpo_alpha!r}: must be 0 (reverse KL) or at least {obj.ALPHA_MIN:g}")
         if (self.tpo_projection == "alpha") != (self.tpo_alpha is not None):
             raise ValueError(f"tpo_alpha={self.tpo_alpha!r} with tpo_projection={self.tpo_projection!r}: tpo_alpha "
                              "is required by, and only read with, tpo_projection='alpha'")
