@@ -190,6 +190,9 @@ def test_configs_reject_bad_values():
         make_config(load("token-temperature"), "smoke", overrides=["reward=terminal"])
     with pytest.raises(ValueError, match="variant_seeds"):
         make_config(load("dg-epochs"), "smoke", overrides=["variant_seeds=5"])
+    # part (b, c) runs variant_seeds: seeds=5 with parts=variants ran one seed while saying five
+    with pytest.raises(ValueError, match="seeds=5: not read by this run"):
+        make_config(load("dg-epochs"), "smoke", overrides=["parts=variants", "seeds=5"])
 
 
 # ----------------------------------------------------------------------------- shared helpers

@@ -71,7 +71,8 @@ class Config(TokenConfig):
     zero_all_fail = unused("DG only")
 
     def unread(self) -> dict[str, str]:
-        readers = ({n: ("terminal",) for n in ("terminal_episodes", "terminal_length", "terminal_batch")}
+        # seeds counts part (a)'s seeds; part (b, c) runs variant_seeds of them (seeds=5 with parts=variants ran one)
+        readers = ({n: ("terminal",) for n in ("seeds", "terminal_episodes", "terminal_length", "terminal_batch")}
                    | {n: ("variants",) for n in ("variant_seeds", "variant_episodes", "variants", "length", "batch")})
         return super().unread() | unread_by(self, "parts", readers, lambda by: f"part {by[0]}")
 
