@@ -526,8 +526,8 @@ def test_list_values_that_share_a_name_are_refused(name, override):
 
 
 @pytest.mark.parametrize("methods, expected", [
-    ("klinf", "must be forward_kl"),              # refused only inside the run, after the folder was written
-    ("alpha1e-320", "must be forward_kl"),        # a denormal α: NaN probabilities at step 0, the run failed
+    ("klinf", "must be one of"),                  # refused only inside the run, after the folder was written
+    ("alpha1e-320", "must be one of"),            # a denormal α: NaN probabilities at step 0, the run failed
     ("alpha0.5,alpha0.50", "'alpha0.50' is the same setting as 'alpha0.5'"),  # one setting run twice
 ])
 def test_mnist_projection_settings_are_checked_like_the_token_ones(methods, expected):

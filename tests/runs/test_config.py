@@ -165,7 +165,7 @@ def _assert_refused(argv, capsys):
 @pytest.mark.parametrize("override,expected", [("lr=-1", "lr=-1.0: must be > 0 and finite"),
                                                ("lr=nan", "lr=nan: must be > 0 and finite"),
                                                ("steps=ten", "steps='ten': expected an integer"),
-                                               ("eta=0", "eta=0.0: must be > 0 and finite")])
+                                               ("eta=0", "eta=0.0: must be >= 1e-30 and finite")])
 def test_refused_config_leaves_no_run_folder(tmp_path, capsys, override, expected):
     out = tmp_path / "run"
     line = _assert_refused(["run", "tabular-single", "--preset", "smoke", "--out", str(out), "--no-progress", override],

@@ -20,7 +20,7 @@ from targetpo.mnist.bandit import BatchStream, log_softmax, one_hot_scores, samp
 from targetpo.mnist.config import MnistConfig
 from targetpo.mnist.mlp import bank_forward
 from targetpo.objectives import expected_baseline, tpo_loss
-from targetpo.objectives.tpo import projection_label, projection_setting
+from targetpo.objectives.tpo import ALPHA_MIN, projection_label, projection_setting
 from targetpo.runs import plots
 from targetpo.runs.config import config, default, param
 from targetpo.runs.stats import count, difference_read, fmt, mean_se, paired_interval
@@ -62,8 +62,10 @@ class Config(MnistConfig):
         for s in self.methods:
             try:
                 options = setting_options(s)
-            except ValueError as exc:
-                raise ValueError(f"methods={self.methods!r}: item {s!r}: {exc}") from None
+            except ValueError:
+                raise ValueError(f"methods={self.methods!r}: item {s!r} must be one of forward_kl, reverse_kl, js, "
+                                 f"alpha<α: 0 or in [{ALPHA_MIN:g}, 1]> (e.g. alpha0.5) or kl<finite ε > 0> (e.g. "
+                                 "kl1)") from None
             key = tuple(sorted(options.items()))
             if key in seen:  # alpha0.5 and alpha0.50: one setting run twice under two names
                 raise ValueError(f"methods={self.methods!r}: {s!r} is the same setting as {seen[key]!r}")
