@@ -156,7 +156,7 @@ def _run_plan(plan: _Plan, progress: bool, threads: int | None = None, quiet: bo
 
 def _not_run(plan: _Plan, reason: str) -> None:
     exp = load(plan.name)
-    fields = {f.name for f in dataclasses.fields(config_class(exp))}
+    fields = _field_names(exp)
     if "data_dir" in fields:  # MNIST: reproduce passes --data-dir
         cmd = f"targetpo reproduce --out {plan.run_dir.parent} --only {plan.name} --preset {plan.preset} --data-dir DIR"
         also = " (or `make reproduce MNIST_DIR=DIR`)"

@@ -20,7 +20,6 @@ a section saying why and the others are reported; a report of that run alone sto
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import os
 import re
@@ -34,7 +33,7 @@ import numpy as np
 
 from targetpo.experiments import EXPERIMENTS, UnknownExperiment, load  # noqa: E402
 from targetpo.runs import plots  # noqa: E402
-from targetpo.runs.config import config_class, make_config  # noqa: E402
+from targetpo.runs.config import config_class, config_fields, make_config, show  # noqa: E402
 from targetpo.runs.runner import Progress, config_differences, run_is_live, run_progress, stored_config  # noqa: E402
 from targetpo.runs.stats import FAIL_CLASSES, NOT_REPRODUCED, SCALE, SETTINGS, Failure, Verdict, count  # noqa: E402
 from targetpo.runs.store import METRICS_FILE, RUN_FILE, Run, RunFileError, find_runs, seed_count  # noqa: E402
@@ -273,7 +272,7 @@ def length_fields(experiment: str | None) -> tuple[str, ...]:
     those parts' fields. An experiment this version does not know: `steps` or `episodes`, whichever it has."""
     if experiment not in EXPERIMENTS:
         return ("steps", "episodes")
-    fields = {f.name: f for f in dataclasses.fields(config_class(load(experiment)))}
+    fields = config_fields(config_class(load(experiment)))
     for name in ("steps", "episodes"):
         if name in fields and not fields[name].metadata.get("fixed"):
             return (name,)
@@ -365,11 +364,7 @@ def preset_overrides(exp, preset: str | None, cfg) -> dict[str, tuple]:
 def show_overrides(overrides: dict[str, tuple], run: Run) -> str:
     """"lr=0.05 (cpu preset: 0.1), steps=20 (cpu preset: 1000)"."""
     preset = run.meta.get("preset")
-    return ", ".join(f"{k}={_value(a)} ({preset} preset: {_value(b)})" for k, (a, b) in overrides.items())
-
-
-def _value(v) -> str:
-    return ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+    return ", ".join(f"{k}={show(a)} ({preset} preset: {show(b)})" for k, (a, b) in overrides.items())
 
 
 def build_section(run: Run, report_dir: Path) -> Section:

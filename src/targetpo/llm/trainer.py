@@ -375,10 +375,10 @@ class RLVRTrainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters")
-        half = sorted({str(p.dtype) for p in self.params if p.dtype in (torch.bfloat16, torch.float16)})
+        half = [p.dtype for p in self.params if p.dtype in (torch.bfloat16, torch.float16)]
         if half:  # no fp32 master weights: an AdamW step far below a weight's spacing rounds away
-            warnings.warn(f"{sum(p.dtype in (torch.bfloat16, torch.float16) for p in self.params)} trainable "
-                          f"parameter tensors are {', '.join(half)}: AdamW steps them in place, so updates smaller "
+            warnings.warn(f"{len(half)} trainable parameter tensors are "
+                          f"{', '.join(sorted(set(map(str, half))))}: AdamW steps them in place, so updates smaller "
                           "than half their spacing (lr 1e-5 on |w| > ~2.6e-3 in bf16) are lost; train float32 "
                           "weights or a LoRA adapter", stacklevel=2)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.adam_betas),

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from targetpo.runs.store import (METRICS_FILE, RUN_FILE, MetricsWriter, RunFileError, read_metrics, read_run_json,
                                  record_key, versions, write_run_json)
-from targetpo.runs.config import config_class, config_from_dict, make_config, validated
+from targetpo.runs.config import config_class, config_fields, config_from_dict, make_config, validated
 from targetpo.runs.stats import count
 
 
@@ -436,7 +436,7 @@ def _run_experiment(
     if resume and meta_path.exists():
         meta = read_run_json(run_dir)
         cfg = stored_config(exp, run_dir, meta)
-        unknown = sorted(set(meta["config"]) - {f.name for f in dataclasses.fields(cfg)})
+        unknown = sorted(set(meta["config"]) - set(config_fields(type(cfg))))
         if unknown:  # a hand edit, or a field this version no longer has: the replay would not be that run's
             raise ValueError(f"--resume: {run_dir / RUN_FILE} has config fields {exp.NAME} does not take "
                              f"({', '.join(unknown)}), so this version cannot replay that run; start it anew with "

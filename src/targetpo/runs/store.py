@@ -230,16 +230,12 @@ def versions() -> dict[str, str]:
     return out
 
 
-def _exact(x: Any) -> Any:
-    """A config as JSON with every float at full precision (repr): a resume must replay the config that was asked
-    for, and %.7g turned lr=0.123456789 into 0.1234568 (the resumed steps then trained on another lr)."""
-    return json.loads(json.dumps(x, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
-
-
 def write_run_json(run_dir: Path, meta: dict) -> None:
     tmp = Path(run_dir) / (RUN_FILE + ".tmp")
-    out = {k: _exact(v) if k == "config" else _jsonable(v) for k, v in meta.items()}
-    tmp.write_text(json.dumps(out, indent=2) + "\n")
+    # The config is written as is, every float at full precision (repr): a resume must replay the config that was
+    # asked for, and %.7g turned lr=0.123456789 into 0.1234568 (the resumed steps then trained on another lr).
+    out = {k: v if k == "config" else _jsonable(v) for k, v in meta.items()}
+    tmp.write_text(json.dumps(out, indent=2, default=lambda o: o.item() if hasattr(o, "item") else str(o)) + "\n")
     os.replace(tmp, Path(run_dir) / RUN_FILE)  # atomic: a kill never leaves a half-written run.json
 
 

@@ -119,8 +119,13 @@ def _data(run) -> dict[str, dict[str, tc.Curve]]:
     return {v: raw[v] for v in run.config["variants"] if v in raw}
 
 
+def _table2(variant: str) -> dict[str, int | None]:
+    """The paper's Table 2 row of `variant` ("bag/flip"): {method: episodes to 1%, None = never}."""
+    return paper.TABLE2_STEPS_TO_1PCT.values.get(tuple(variant.split("/")), {})
+
+
 def _paper(variant: str, method: str) -> tuple[bool, int | None]:
-    ref = paper.TABLE2_STEPS_TO_1PCT.values.get(tuple(variant.split("/")), {})
+    ref = _table2(variant)
     return method in ref, ref.get(method)
 
 
@@ -138,7 +143,7 @@ def summary(run) -> str:
 def table2_ratio(variant: str) -> float | None:
     """The paper's Table 2 ratio of the runner-up's episodes to 1% over TPO_token's for `variant` ("bag/flip"), or
     None where the table has no TPO_token value or no runner-up reaching 1%."""
-    ref = paper.TABLE2_STEPS_TO_1PCT.values.get(tuple(variant.split("/")), {})
+    ref = _table2(variant)
     others = [h for m, h in ref.items() if m != "tpo_token" and h is not None]
     return min(others) / ref["tpo_token"] if ref.get("tpo_token") and others else None
 
