@@ -60,6 +60,51 @@ class ParamInfo:
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 OPTIMIZERS = ("optax", "torch")
+BRANCHES = ("muon", "adamw")
+
+
+def check_positive(name: str, value, *, zero_ok: bool = False) -> None:
+    """ValueError unless `value` is a finite real number > 0 (≥ 0 with `zero_ok`)."""
+    bound = ">= 0" if zero_ok else "> 0"
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not zero_ok):
+        raise ValueError(f"{name}={value!r}: must be a finite number {bound}")
+
+
+def check_params(params: dict[str, Tensor], infos: dict[str, ParamInfo]) -> int:
+    """The seed count S of `params` ({name: [S, *info.shape]}), after checking them against `infos`: the same
+    names, every tensor [S, *shape] for one S, every branch known, and a Muon parameter's shape `matrices`
+    leading dims + one (fan_in, fan_out) matrix (optax sends exactly the 2-D Flax leaves to Muon)."""
+    if not infos:
+        raise ValueError("the optimizer needs at least one parameter; params and infos are empty")
+    missing = set(infos) ^ set(params)
+    if missing:
+        raise ValueError(f"params and infos disagree on names: {sorted(missing)}")
+    for k, info in infos.items():
+        if info.optimizer not in BRANCHES:
+            raise ValueError(f"infos[{k!r}].optimizer={info.optimizer!r}: must be one of {BRANCHES}")
+        want = info.matrices + 2 if info.optimizer == "muon" else len(info.shape)
+        if len(info.shape) != want or (info.optimizer == "adamw" and info.matrices):
+            raise ValueError(f"infos[{k!r}]: shape {info.shape} with matrices={info.matrices} on {info.optimizer}; "
+                             "a muon parameter is `matrices` leading dims + one 2-D matrix, an adamw one has "
+                             "matrices=0")
+    seeds = next(iter(params.values())).shape[0] if next(iter(params.values())).dim() else 0
+    for k, info in infos.items():
+        if tuple(params[k].shape) != (seeds, *info.shape):
+            raise ValueError(f"params[{k!r}] has shape {tuple(params[k].shape)}; expected [S={seeds}, *{info.shape}] "
+                             "(one leading seed axis, the same S for every parameter)")
+    return seeds
+
+
+def check_grads(grads: dict[str, Tensor], infos: dict[str, ParamInfo], seeds: int) -> None:
+    """ValueError unless `grads` has exactly the parameters' names and shapes [S, *shape] (checked before the
+    optimizer's state moves, so a refused step leaves it as it was)."""
+    if set(grads) != set(infos):
+        raise ValueError(f"grads and params disagree on names: {sorted(set(grads) ^ set(infos))}")
+    for k, info in infos.items():
+        if tuple(grads[k].shape) != (seeds, *info.shape):
+            raise ValueError(f"grads[{k!r}] has shape {tuple(grads[k].shape)}; expected {(seeds, *info.shape)}, "
+                             "the parameter's")
 
 
 def newton_schulz(x: Tensor, steps: int = 5, coeffs: tuple[float, float, float] = NS_COEFFS,
@@ -68,6 +113,8 @@ def newton_schulz(x: Tensor, steps: int = 5, coeffs: tuple[float, float, float] 
     transpose if r > c, divide by the Frobenius norm + eps, run `steps` quintic iterations, transpose back."""
     if x.dim() != 3:
         raise ValueError(f"newton_schulz expects a batch of matrices [N, r, c], got shape {tuple(x.shape)}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps={steps!r}: must be an integer >= 0")
     transposed = x.shape[1] > x.shape[2]
     if transposed:
         x = x.transpose(1, 2)
@@ -107,24 +154,16 @@ class MuonAdamW:
     def __init__(self, params: dict[str, Tensor], infos: dict[str, ParamInfo], lr: float, *, beta: float = 0.95,
                  ns_steps: int = 5, eps: float = 1e-8, adam_b1: float = 0.9, adam_b2: float = 0.999,
                  adam_eps: float = 1e-8, full_step_norm: float = 0.0):
-        if not lr > 0:
-            raise ValueError(f"lr must be > 0, got {lr}")
-        if not full_step_norm >= 0:
-            raise ValueError(f"full_step_norm must be >= 0 (0 = optax's Muon), got {full_step_norm}")
+        check_positive("lr", lr)
+        check_positive("full_step_norm", full_step_norm, zero_ok=True)  # 0 = optax's Muon
+        s = check_params(params, infos)
         self.full_step_norm = full_step_norm
-        missing = set(infos) ^ set(params)
-        if missing:
-            raise ValueError(f"params and infos disagree on names: {sorted(missing)}")
         self.lr, self.beta, self.ns_steps, self.eps = lr, beta, ns_steps, eps
         self.b1, self.b2, self.adam_eps = adam_b1, adam_b2, adam_eps
         self.muon_names = [k for k, i in infos.items() if i.optimizer == "muon"]
         self.adam_names = [k for k, i in infos.items() if i.optimizer == "adamw"]
-        bad = [k for k, i in infos.items() if i.optimizer not in ("muon", "adamw")]
-        if bad:
-            raise ValueError(f"unknown optimizer branch for {bad}")
         self.infos = infos
         self.count = 0
-        s = next(iter(params.values())).shape[0]
         self.seeds = s
         like = next(iter(params.values()))
         n_muon = sum(params[k][0].numel() for k in self.muon_names)
@@ -146,6 +185,7 @@ class MuonAdamW:
     def updates(self, grads: dict[str, Tensor]) -> dict[str, Tensor]:
         """The optax update (already multiplied by −lr) for each parameter; advances the state."""
         s = self.seeds
+        check_grads(grads, self.infos, s)
         self.count += 1
         t = self.count
         out: dict[str, Tensor] = {}
@@ -202,6 +242,8 @@ class TorchMuonAdamW:
     def __init__(self, params: dict[str, Tensor], infos: dict[str, ParamInfo], lr: float):
         if not hasattr(torch.optim, "Muon"):
             raise ValueError("optimizer='torch' needs torch.optim.Muon (torch >= 2.9)")
+        check_positive("lr", lr)
+        self.seeds = check_params(params, infos)
         self.infos = infos
         self._views: dict[str, list[Tensor]] = {}
         muon_leaves, adam_leaves = [], []
@@ -209,17 +251,23 @@ class TorchMuonAdamW:
             data = params[k].detach()
             if info.optimizer == "muon":
                 r, c = info.shape[-2:]
-                views = [m.T for m in data.reshape(-1, r, c)]   # shares storage with params[k]
+                if not data.is_contiguous():  # reshape would copy, and the optimizer would step the copy
+                    raise ValueError(f"params[{k!r}] must be contiguous for optimizer='torch' (its matrices are "
+                                     "updated through views of its storage)")
+                views = [m.T for m in data.view(-1, r, c)]   # shares storage with params[k]
                 self._views[k] = views
                 muon_leaves += views
             else:
                 self._views[k] = [data]
                 adam_leaves.append(data)
-        self.muon = torch.optim.Muon(muon_leaves, lr=lr, weight_decay=0.0)
-        self.adam = torch.optim.AdamW(adam_leaves, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        # torch refuses an optimizer over no parameters: a model with one branch only gets one optimizer.
+        self.muon = torch.optim.Muon(muon_leaves, lr=lr, weight_decay=0.0) if muon_leaves else None
+        self.adam = (torch.optim.AdamW(adam_leaves, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+                     if adam_leaves else None)
 
     @torch.no_grad()
     def step(self, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
+        check_grads(grads, self.infos, self.seeds)
         for k, info in self.infos.items():
             views = self._views[k]
             if info.optimizer == "muon":
@@ -228,8 +276,9 @@ class TorchMuonAdamW:
                     v.grad = g.T
             else:
                 views[0].grad = grads[k].to(views[0].dtype)
-        self.muon.step()
-        self.adam.step()
+        for opt in (self.muon, self.adam):
+            if opt is not None:
+                opt.step()
 
 
 def make_optimizer(kind: str, params: dict[str, Tensor], infos: dict[str, ParamInfo], lr: float, *,

@@ -297,6 +297,71 @@ def test_torch_muon_option_first_step_equals_orthogonalised_gradient():
     assert torch.allclose(d_ln, -1e-3 * grads["ln_f.bias"].sign(), atol=1e-6)
 
 
+def _tiny_model():
+    spec = tfm.TransformerSpec(vocab=4, max_len=6, d_model=8, heads=2, layers=1, ffn_mult=2)
+    return tfm.param_info(spec), tfm.init_params(spec, [0, 1])
+
+
+@pytest.mark.parametrize("kind", ["optax", "torch"])
+def test_optimizers_refuse_bad_parameters_and_gradients_before_moving_their_state(kind):
+    """A transposed gradient of the right size was stepped as if it were right; a wrong size failed mid-step
+    after the Muon momentum and the step count had moved. Both are now refused up front, naming the tensor."""
+    info, params = _tiny_model()
+    opt = make_optimizer(kind, params, info, 1e-3)
+    before = {k: v.clone() for k, v in params.items()}
+    grads = {k: torch.ones_like(v) for k, v in params.items()}
+    for bad, match in [({"l0.ffn.up": torch.ones(2, *info["l0.ffn.up"].shape[::-1])}, r"grads\['l0.ffn.up'\]"),
+                       ({"ln_f.bias": torch.ones(2, 9)}, r"grads\['ln_f.bias'\] has shape \(2, 9\)")]:
+        with pytest.raises(ValueError, match=match):
+            opt.step(params, grads | bad)
+    with pytest.raises(ValueError, match="disagree on names.*head_bias"):
+        opt.step(params, {k: v for k, v in grads.items() if k != "head_bias"})
+    if kind == "optax":
+        assert opt.count == 0 and not opt.mu.any() and not opt.m.any()
+    assert all(torch.equal(params[k], before[k]) for k in params)
+    opt.step(params, grads)                                   # and a right step still goes through
+    assert not torch.equal(params["l0.ffn.up"], before["l0.ffn.up"])
+    # Parameters that do not match their infos, or a rate that is not a finite positive number.
+    cases = [({**params, "head": params["head"][:1]}, 1e-3, r"params\['head'\] has shape \(1,"),
+             (params, 0.0, "lr=0.0: must be a finite number > 0"),
+             (params, float("inf"), "lr=inf"), (params, True, "lr=True")]
+    for ps, lr, match in cases:
+        with pytest.raises(ValueError, match=match):
+            make_optimizer(kind, ps, info, lr)
+    with pytest.raises(ValueError, match="at least one parameter"):
+        make_optimizer(kind, {}, {}, 1e-3)
+
+
+def test_optimizer_infos_must_say_how_a_parameter_splits_into_matrices():
+    """`matrices` is what the Muon branch's split relies on: a shape that is not `matrices` dims + one matrix
+    (a 1-D Muon leaf, a 4-D one with matrices=0) or an AdamW leaf with matrices set is refused."""
+    from targetpo.optim import ParamInfo
+    for info, match in [(ParamInfo((5,), "muon", "zeros"), "matrices=0 on muon"),
+                        (ParamInfo((2, 3, 4, 5), "muon", "zeros"), "matrices=0 on muon"),
+                        (ParamInfo((3, 4), "adamw", "zeros", matrices=1), "matrices=1 on adamw"),
+                        (ParamInfo((3, 4), "sgd", "zeros"), "must be one of")]:
+        with pytest.raises(ValueError, match=match):
+            MuonAdamW({"w": torch.zeros(2, *info.shape)}, {"w": info}, 1e-3)
+    with pytest.raises(ValueError, match="full_step_norm=inf"):
+        MuonAdamW({"w": torch.zeros(2, 3, 4)}, {"w": ParamInfo((3, 4), "muon", "zeros")}, 1e-3,
+                  full_step_norm=float("inf"))
+    with pytest.raises(ValueError, match="steps=-1"):
+        newton_schulz(torch.ones(1, 2, 2), steps=-1)
+
+
+def test_torch_optimizer_steps_the_parameter_itself_or_refuses():
+    """A non-contiguous stacked Muon parameter made `reshape` copy: the optimizer stepped the copy and the
+    parameter never moved. It is refused; a model with one branch only (no AdamW leaf) steps."""
+    from targetpo.optim import ParamInfo
+    info = {"qkvb": ParamInfo((3, 2, 8), "muon", "zeros", matrices=1)}
+    with pytest.raises(ValueError, match="contiguous"):
+        TorchMuonAdamW({"qkvb": torch.randn(3, 2, 2, 8).transpose(0, 1)}, info, 1e-2)
+    p = {"qkvb": torch.randn(2, 3, 2, 8)}
+    before = p["qkvb"].clone()
+    TorchMuonAdamW(p, info, 1e-2).step(p, {"qkvb": torch.randn(2, 3, 2, 8)})
+    assert not torch.equal(p["qkvb"], before)
+
+
 def test_training_pass_is_exact_with_repeated_prompts_and_answers():
     """answer_logp runs each distinct prompt and (prompt, answer) once; duplicates must get identical values
     and the summed gradient of all their copies."""
