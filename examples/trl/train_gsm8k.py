@@ -152,6 +152,13 @@ def build_config(method: str, args: argparse.Namespace):
     return (TargetPOConfig if method == "tpo" else GRPOConfig)(**config_kwargs(method, args))
 
 
+def model_dtype(args: argparse.Namespace) -> str:
+    """The dtype the model's weights are loaded in. bfloat16 only for a frozen base under LoRA: trained bf16
+    weights lose most AdamW steps at lr 1e-5 to rounding (a step below half a bf16 spacing is a no-op), so a
+    full fine-tune keeps float32 weights and computes in bf16 under the Trainer's autocast (``bf16=True``)."""
+    return "bfloat16" if args.lora_rank and not args.cpu else "float32"
+
+
 def build_trainer(method: str, args: argparse.Namespace, train_dataset=None, reward_funcs=gsm8k_reward):
     """The trainer for `method` (model loaded from ``--model``; LoRA adapters when ``--lora-rank > 0``)."""
     from trl import GRPOTrainer
@@ -160,7 +167,7 @@ def build_trainer(method: str, args: argparse.Namespace, train_dataset=None, rew
     from targetpo.llm.models import load_model
 
     config = build_config(method, args)
-    model, tokenizer = load_model(args.model, dtype="float32" if args.cpu else "bfloat16")
+    model, tokenizer = load_model(args.model, dtype=model_dtype(args))
     peft_config = None
     if args.lora_rank:
         from peft import LoraConfig

@@ -117,6 +117,7 @@ def test_train_runs_steps_changes_parameters_and_logs_tpo_metrics(tmp_path):
         assert torch.isfinite(torch.tensor(h["loss"]))
         assert 0 <= h["tpo/target_entropy"] <= torch.log(torch.tensor(float(K))) + 1e-5
         assert h["tpo/kl_q_p"] >= 0 and 0 <= h["tpo/frac_zero_var"] <= 1 and "kl" in h
+        assert 0 <= h["tpo/frac_groups_dropped"] <= h["tpo/frac_groups_without_signal"] <= 1
 
 
 @pytest.fixture(scope="module")
@@ -271,6 +272,18 @@ def test_unscorable_and_empty_completions_leave_the_group_softmax():
 def test_config_rejects_settings_that_break_or_are_ignored_by_tpo(tmp_path, override, setting):
     with pytest.raises(ValueError, match=setting):
         TargetPOConfig(**common_args(tmp_path, **override))
+
+
+@pytest.mark.parametrize("field, value", [("loss_type", "grpo"), ("epsilon", 0.5), ("scale_rewards", "group"),
+                                          ("tpo_eta", -1.0)])
+def test_a_setting_changed_after_the_config_was_built_is_refused_by_the_trainer(tmp_path, field, value):
+    """The config checked itself only when built: a field set afterwards (a common way to tweak a recipe) was
+    silently ignored by TPO."""
+    args = TargetPOConfig(**common_args(tmp_path))
+    setattr(args, field, value)
+    with pytest.raises(ValueError, match=field):
+        TargetPOTrainer(model=tiny_model(), reward_funcs=digit_reward, args=args, train_dataset=PROMPTS,
+                        processing_class=TOKENIZER)
 
 
 def test_kl_to_a_model_built_in_memory_is_refused_naming_the_fixes(tmp_path):

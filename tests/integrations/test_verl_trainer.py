@@ -188,7 +188,7 @@ def test_tpo_section_composes_through_hydra_and_is_validated():
 ])
 def test_every_setting_that_splits_a_group_is_refused_by_name(override, names):
     cfg = compose_verl(TPO_LAYOUT + [override])
-    with pytest.raises(ValueError, match="split groups") as err:
+    with pytest.raises(ValueError, match="TPO cannot run with these verl settings") as err:
         verl_trainer.check_config(cfg)
     assert names in str(err.value)
 

@@ -23,7 +23,8 @@ with ℓ the sum (the paper) or mean of the completion's token log-probs (``seq_
    GRPO's own split/shuffle code like every other tensor.
 3. ``_compute_loss`` checks group integrity at run time (consecutive blocks of K rows share one group id),
    computes per-token log-probs, and calls ``tpo_sequence_loss`` on [G, K, T]. Old log-probs are
-   ``old_per_token_logps`` when TRL computed them (``num_iterations > 1`` or misaligned accumulation),
+   ``old_per_token_logps`` when TRL computed them (gradient accumulation not a multiple of
+   ``steps_per_generation × num_iterations``, or vLLM importance sampling),
    otherwise the detached current ones (first pass: p_θ = p_old). With ``beta > 0`` it adds GRPO's k3 KL to
    the reference model (in float32; weighted by the ratio π_θ/π_old when ``use_bias_correction_kl``, TRL's
    default, as GRPO does), averaged per sequence over tokens, then over sequences. The loss is divided by
@@ -218,6 +219,7 @@ class TargetPOTrainer(GRPOTrainer):
             raise ValueError("TargetPOTrainer needs args=TargetPOConfig(...) (output_dir, batch sizes, η, seq_logp)")
         if not isinstance(args, TargetPOConfig):
             raise ValueError(f"args must be a TargetPOConfig, got {type(args).__name__}")
+        validate_tpo_config(args)  # again: a field set after the config was built was never checked
         _check_reference_model(model, args, kwargs.get("peft_config"))
         super().__init__(model, reward_funcs, args=args, **kwargs)
         self._tpo_rewards_per_func = None

@@ -84,7 +84,8 @@ def uses_tpo(config) -> bool:
 
 
 def layout_problems(config) -> list[str]:
-    """Each verl setting that would run TPO on split groups, as ``"key=value: why; set key=..."`` (empty: fine)."""
+    """Each verl setting TPO cannot run with (split groups, loss shapes TPO does not have, corrections that are not
+    part of it), as ``"key=value: why; set key=..."`` (empty: fine)."""
     from omegaconf import OmegaConf
 
     actor = config.actor_rollout_ref.actor
@@ -180,7 +181,7 @@ def check_config(config) -> dict:
     if uses_tpo(config):
         problems = layout_problems(config)
         if problems:
-            raise ValueError("TPO cannot train on split groups; change these verl settings:\n  - "
+            raise ValueError("TPO cannot run with these verl settings; change them:\n  - "
                              + "\n  - ".join(problems))
     return settings
 

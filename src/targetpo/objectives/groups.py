@@ -124,8 +124,8 @@ def tpo_group_loss(per_token_logps, old_per_token_logps, rewards, completion_mas
         warnings.warn(f"TPO: all {g} groups of this micro-batch were dropped (no completion with both a reward and "
                       f"a valid token); its loss is 0", stacklevel=2)
         zero = per_token_logps.sum() * 0.0
-        return zero, {"frac_groups_dropped": torch.tensor(1.0), "groups_dropped": torch.tensor(float(g)),
-                      "groups_without_signal": torch.tensor(float(g))}
+        one = torch.tensor(1.0, device=per_token_logps.device)
+        return zero, {"frac_groups_dropped": one, "frac_groups_without_signal": one.clone()}
 
     def grouped(x):
         x = x.reshape(g, group_size, *x.shape[1:])
@@ -137,12 +137,16 @@ def tpo_group_loss(per_token_logps, old_per_token_logps, rewards, completion_mas
         token_mask=grouped(tok), seq_logp=seq_logp, eta=eta, mask=None if bool(cand.all()) else cand,
     )
     metrics = dict(out.metrics)
-    metrics["frac_groups_dropped"] = torch.tensor(1.0 - n_keep / g)
-    metrics["groups_dropped"] = torch.tensor(float(g - n_keep))
+    # Fractions of the micro-batch's groups, not counts: trainers average metrics over micro-batches, and an
+    # average of counts changes with the micro-batch size. On the log-probs' device: distributed trainers
+    # all-gather them (NCCL refuses CPU tensors).
+    dev = per_token_logps.device
+    metrics["frac_groups_dropped"] = torch.tensor(1.0 - n_keep / g, device=dev)
     # All-equal rewards give q = p_old: no signal in the first pass. Count every group that carries none.
     flat = float(metrics.get("frac_zero_var", torch.tensor(0.0)))
-    metrics["groups_without_signal"] = torch.tensor(float(g - n_keep) + flat * n_keep)
-    if float(metrics["groups_without_signal"]) >= g:
+    no_signal = (g - n_keep) + flat * n_keep
+    metrics["frac_groups_without_signal"] = torch.tensor(no_signal / g, device=dev)
+    if no_signal >= g - 1e-9 * g:
         warnings.warn(f"TPO: none of the {g} groups of this micro-batch carries a signal ({g - n_keep} dropped, "
                       f"the rest with all-equal rewards); the update is 0 on the first pass", stacklevel=2)
     return (out.loss if n_keep == g else out.loss * (n_keep / g)), metrics
