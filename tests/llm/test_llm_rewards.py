@@ -91,6 +91,27 @@ def test_gsm8k_matching_is_numeric_and_ignores_thousands_separators():
         gsm8k_gold("no final answer")
 
 
+@pytest.mark.parametrize("gold, answer", [("-5", "\u22125"), ("18", "\\$18"), ("1000", "1{,}000"),
+                                         ("1000", "1\\,000"), ("1234567", "1{,}234{,}567")])
+def test_gsm8k_reads_the_right_number_however_it_is_written(gold, answer):
+    """A Unicode minus, an escaped dollar and LaTeX thousands separators scored 0 for the right number."""
+    assert score_gsm8k(gold, answer) == 1.0
+    assert score_gsm8k(str(int(gold) + 1), answer) == 0.0
+
+
+@pytest.mark.parametrize("answer", ["9^9^9^9", "\\boxed{9^{9^{9^{9}}}}", "\\boxed{(10^{100})!}", "10^{10^{10}}",
+                                    "2^{100000}"])
+def test_gsm8k_answers_sympy_cannot_compare_in_bounded_time_score_zero_at_once(answer):
+    """9^9^9^9 made math-verify's sympy comparison run for ever (timeouts are off), stalling a whole run on one
+    sampled completion. An exponent above 1000 or a factorial of more than 1000 is not compared."""
+    import time
+
+    t0 = time.perf_counter()
+    assert score_gsm8k("18", answer) == 0.0
+    assert time.perf_counter() - t0 < 5
+    assert score_gsm8k("8", "2^3") == 1.0 and score_gsm8k("1000", "10^3") == 1.0  # small powers still compare
+
+
 def test_gsm8k_train_split_is_seeded_and_missing_files_are_named(tmp_path, gsm8k_dir):
     task = load_task("gsm8k", data_path=str(gsm8k_dir))
     assert task.problems("train", 5, seed=1) == task.problems("train", 5, seed=1)
