@@ -405,7 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="run directory (default results/NAME-PRESET)")
     add_runner_arguments(p)
     _add_data_flags(p)
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. steps=500 "
+    # default=[]: argparse otherwise lists an empty nargs="*" positional among the required arguments
+    p.add_argument("overrides", nargs="*", default=[], metavar="key=value", help="config overrides, e.g. steps=500 "
                    "methods=tpo,grpo (fields listed below)")
     p.set_defaults(func=cmd_run)
 

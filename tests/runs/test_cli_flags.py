@@ -40,6 +40,15 @@ def test_bad_runner_flags_exit_2_with_one_line_and_no_run_folder(tmp_path, capsy
     assert not out.exists()
 
 
+@pytest.mark.parametrize("argv", [["run"], ["rlvr", "--preset", "nosuch"]])
+def test_overrides_are_never_called_required(argv, capsys):
+    """`targetpo run` alone said "the following arguments are required: name, key=value"; overrides are optional."""
+    with pytest.raises(SystemExit) as exc:  # argparse's own usage errors exit from inside main
+        main(argv)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exc.value.code == 2 and len(err) == 1 and "key=value" not in err[0], err
+
+
 def test_a_list_field_refuses_a_repeated_item_in_every_experiment(tmp_path, capsys):
     """Before, `lengths=3,3` printed 14 units and ran 7: repeated items collapsed into one unit."""
     code, err = _run(["run", "token-terminal", "--out", str(tmp_path / "r"), *SMOKE, "lengths=3,3"], capsys)

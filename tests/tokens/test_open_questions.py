@@ -135,6 +135,9 @@ def test_score_noise_is_its_own_stream_and_breaks_zero_variance():
     ({"std_floor": 0.1}, "group_pg", "std_floor=0.1"),
     ({"tpo_projection": "js"}, "grpo", "tpo_projection='js'"),
     ({"tpo_kl_budget": 1.0}, "grpo", "tpo_kl_budget=1.0"),
+    # tpo_no_anchor's objective takes kl_budget but refuses it without the anchor: that was only found at the
+    # first step, after the run folder was written.
+    ({"tpo_kl_budget": 0.5}, "tpo_no_anchor", "tpo_kl_budget=0.5 with method 'tpo_no_anchor'"),
 ])
 def test_options_a_method_does_not_read_are_refused(kw, method, match):
     with pytest.raises(ValueError, match=match):

@@ -101,5 +101,5 @@ def add_rlvr_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="run directory (default results/rlvr-PRESET)")
     add_runner_arguments(p, unit="methods", partial="continues from its last checkpoint (checkpoint_every) "
                          "without rewriting the lines already on disk")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (fields below)")
+    p.add_argument("overrides", nargs="*", default=[], metavar="key=value", help="config overrides (fields below)")
     return p

@@ -11,7 +11,8 @@ For one context, K candidates with rollout-time log-scores ℓ^old and scores s:
 q is the closed-form maximiser of E_q[u] − η·KL(q ‖ p^old) on the simplex over the K candidates. It is
 stop-gradient and frozen across epochs; the gradient on the group logits is ∂L/∂ℓ^θ_i = p^θ_i − q_i, which
 vanishes when the policy matches the target. In the first epoch p^θ = p^old, so a zero-variance group
-(u = 0 ⇒ q = p^old) contributes exactly nothing.
+(u = 0 ⇒ q = p^old) contributes nothing (up to float rounding: q is normalised once more, ~1e-8 per logit in
+float32).
 
 Three forms share that one loss:
 - `tpo_loss`: group log-scores `[..., K]` (a bandit's action logits, or already-reduced sequence log-probs).

@@ -270,6 +270,10 @@ def check_method_options(cfg: "TrialConfig", method: str) -> None:
     if bad:
         raise ValueError(f"{', '.join(bad)}: not read by method {method!r} ({kind} rollouts); "
                          f"it reads {', '.join(sorted(reads)) or 'none of the group options'}")
+    if cfg.tpo_kl_budget > 0 and getattr(obj.get(METHODS[method].objective).fn, "keywords", {}).get("anchor") is False:
+        # The objective would refuse it at the first step, after the run folder is written.
+        raise ValueError(f"tpo_kl_budget={cfg.tpo_kl_budget!r} with method {method!r}: a KL budget bounds "
+                         "KL(q ‖ p_old), which needs the p_old anchor this method drops; use tpo or tpo_token")
 
 
 # TrialConfig fields only some methods read (the group options above are checked per method instead).
