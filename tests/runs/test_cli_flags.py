@@ -49,6 +49,18 @@ def test_overrides_are_never_called_required(argv, capsys):
     assert exc.value.code == 2 and len(err) == 1 and "key=value" not in err[0], err
 
 
+def test_a_folder_that_holds_no_run_is_never_written_into_without_force(tmp_path, capsys):
+    """--out pointing at a user's folder replaced its REPORT.md (and would have replaced checkpoints/) silently."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "REPORT.md").write_text("my notes")
+    code, err = _run(["run", "tabular-single", "--out", str(out), "--preset", "smoke", "--no-progress"], capsys)
+    assert code == 2 and len(err) == 1 and "is not empty (REPORT.md) and holds no targetpo run" in err[0], err
+    assert sorted(p.name for p in out.iterdir()) == ["REPORT.md"] and (out / "REPORT.md").read_text() == "my notes"
+    code, _ = _run(["run", "tabular-single", "--out", str(out), "--force", *SMOKE], capsys)
+    assert code == 0 and (out / "run.json").exists() and (out / "REPORT.md").read_text() == "my notes"
+
+
 def test_a_list_field_refuses_a_repeated_item_in_every_experiment(tmp_path, capsys):
     """Before, `lengths=3,3` printed 14 units and ran 7: repeated items collapsed into one unit."""
     code, err = _run(["run", "token-terminal", "--out", str(tmp_path / "r"), *SMOKE, "lengths=3,3"], capsys)

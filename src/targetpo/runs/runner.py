@@ -467,6 +467,14 @@ def _run_experiment(
             if not force and not placeholder:
                 raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or --force to replace it")
             empty_dir(run_dir)  # the folder itself stays: the lock this process holds on it stays valid
+        elif held and not force and any(run_dir.iterdir()):
+            # A run writes REPORT.md, plots and checkpoints here: files of a folder that is no run are the user's.
+            found = sorted(p.name for p in run_dir.iterdir())
+            shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+            raise FileExistsError(f"{run_dir} is not empty ({shown}) and holds no targetpo run; a run writes "
+                                  f"{RUN_FILE}, {METRICS_FILE}, REPORT.md, plots and checkpoints there: choose a new "
+                                  "or empty --out, or pass --force to write into it (files of those names are "
+                                  "replaced, the rest kept)")
         meta = {"experiment": name, "title": exp.TITLE, "paper_ref": exp.PAPER_REF, "preset": preset,
                 "config": dataclasses.asdict(cfg), "command": " ".join(sys.argv), "versions": versions(),
                 "device": device,
@@ -613,7 +621,8 @@ def add_runner_arguments(parser, *, unit: str = "units",
     names what is resumed, `partial` what becomes of one a killed run left part-done."""
     parser.add_argument("--resume", action="store_true", help=f"continue the run stored in --out: finished {unit} "
                         f"(done or diverged) are skipped, a partial one {partial}")
-    parser.add_argument("--force", action="store_true", help="delete an existing run in --out and start over; "
+    parser.add_argument("--force", action="store_true", help="delete an existing run in --out and start over "
+                        "(a non-empty --out that holds no run: write into it, keeping its other files); "
                         f"with --resume, replay diverged {unit} instead")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the cores idle "
