@@ -122,6 +122,46 @@ def test_gsm8k_train_split_is_seeded_and_missing_files_are_named(tmp_path, gsm8k
         load_task("gsm8k")
 
 
+def _gsm8k_dir(tmp_path, train: list[str], test: list[str]):
+    for name, rows in (("train.jsonl", train), ("test.jsonl", test)):
+        (tmp_path / name).write_text("".join(r + "\n" for r in rows))
+    return load_task("gsm8k", data_path=str(tmp_path))
+
+
+def _row(q: str, answer: str) -> str:
+    return json.dumps({"question": q, "answer": answer})
+
+
+@pytest.mark.parametrize("answer, why", [("x #### ", "the final answer after '####' is '', not a number"),
+                                         ("x #### five", "the final answer after '####' is 'five', not a number"),
+                                         ("She has 5 apples.", "the answer has no '#### ' final answer")])
+def test_a_gsm8k_row_that_could_never_score_is_refused_naming_file_and_line(tmp_path, answer, why):
+    """A row whose final answer is empty or not a number was accepted and could never be scored right; one
+    without '####' was refused without its file and line."""
+    task = _gsm8k_dir(tmp_path, [_row("a", "#### 1"), _row("b", answer)], [_row("c", "#### 2")])
+    with pytest.raises(ValueError, match=f"train.jsonl:2: {why}"):
+        task.problems("train", 1, seed=0)
+
+
+def test_a_gsm8k_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    task = _gsm8k_dir(tmp_path, [_row("a", "#### 1")], [_row("c", "#### 2")])
+    (tmp_path / "test.jsonl").write_bytes(b'{"question": "ok", "answer": "#### 1"}\n{"question": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match=r"test\.jsonl:2: not UTF-8 text"):
+        task.problems("heldout", 1, seed=0)
+
+
+def test_a_heldout_split_short_of_distinct_questions_says_why(tmp_path):
+    """A repeated test question made the retry ask for eval_size=20 of a 10-line file and blame that number."""
+    test = [_row(f"q{i}", "#### 1") for i in range(9)] + [_row("q0", "#### 1")]
+    task = _gsm8k_dir(tmp_path, [_row(f"t{i}", "#### 1") for i in range(20)], test)
+    with pytest.raises(ValueError, match=r"could only find 9 held-out problems .*\(eval_size=10\): the others "
+                                         "repeat a held-out question or occur in the pool"):
+        train_and_heldout(task, 20, 10, seed=0)
+    assert len(train_and_heldout(task, 20, 9, seed=0)[1]) == 9
+    with pytest.raises(ValueError, match="eval_size=11: more than the 10 problems"):
+        train_and_heldout(task, 20, 11, seed=0)
+
+
 def test_heldout_never_overlaps_the_training_pool_and_is_deterministic():
     task = load_task("basic_arithmetic", compact=True,
                      options=parse_options(["operators=+", "min_terms=2", "max_terms=2", "min_digits=2",

@@ -105,10 +105,16 @@ class ReasoningGymTask:
 
 def gsm8k_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
     """(line number, row) of a GSM8K JSONL file, read line by line (a caller may stop early) and each checked: a
-    JSON object with string "question" and "answer"; a ValueError names the file and the line. Blank lines are
-    skipped. The one parser of GSM8K files (rlvr's task, the verl data script)."""
-    with Path(path).open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    JSON object with string "question" and "answer", the answer ending in ``#### `` and a number (a row whose
+    final answer is missing or not a number could never be scored right); a ValueError names the file and the
+    line. Blank lines are skipped. The one parser of GSM8K files (rlvr's task, the verl data script)."""
+    with Path(path).open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{path}:{n}: not UTF-8 text ({exc.reason} at byte {exc.start} of the line); "
+                                 "GSM8K files are UTF-8 JSON lines") from None
             if not line.strip():
                 continue
             try:
@@ -121,6 +127,13 @@ def gsm8k_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
             if missing:
                 raise ValueError(f"{path}:{n}: lacks {' and '.join(map(repr, missing))} (a GSM8K row is an object "
                                  "with string 'question' and 'answer' fields)")
+            if "####" not in row["answer"]:
+                raise ValueError(f"{path}:{n}: the answer has no '#### ' final answer ({row['answer'][-60:]!r})")
+            final = gsm8k_gold(row["answer"])
+            try:
+                float(final)
+            except ValueError:
+                raise ValueError(f"{path}:{n}: the final answer after '####' is {final!r}, not a number") from None
             yield n, row
 
 
@@ -214,10 +227,16 @@ def train_and_heldout(task, train_size: int, eval_size: int, seed: int) -> tuple
     heldout: list[Problem] = []
     draw = eval_size
     for _ in range(6):
-        heldout = [p for p in dict((p.question, p) for p in task.problems("heldout", draw, seed)).values()
-                   if p.question not in seen][:eval_size]
+        try:
+            drawn = task.problems("heldout", draw, seed)
+        except ValueError:
+            if draw == eval_size:
+                raise
+            break  # a finite held-out split (GSM8K's test file) has no more: say why eval_size is not reached
+        heldout = [p for p in dict((p.question, p) for p in drawn).values() if p.question not in seen][:eval_size]
         if len(heldout) == eval_size:
             return train, heldout
         draw *= 2
     raise ValueError(f"could only find {len(heldout)} held-out problems outside the {train_size}-problem training "
-                     f"pool (eval_size={eval_size}); widen the task or shrink train_size")
+                     f"pool (eval_size={eval_size}): the others repeat a held-out question or occur in the pool; "
+                     "widen the task, or shrink train_size or eval_size")
