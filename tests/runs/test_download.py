@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     files: dict[str, bytes] = {}
     honour_range = True
     seen_ranges: list[str | None] = []
+    cut_after: int | None = None  # send this many bytes of the answer, then close the connection
+    chunked = False               # answer with Transfer-Encoding: chunked (no Content-Length)
+    stall_s = 0.0                 # wait this long after the headers before the body
 
     def do_GET(self):  # noqa: N802 (http.server's name)
         body = self.files.get(self.path.rsplit("/", 1)[-1])
@@ -28,9 +33,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.seen_ranges.append(rng)
         start = int(rng.split("=")[1].rstrip("-")) if rng and self.honour_range else 0
         self.send_response(206 if start else 200)
-        self.send_header("Content-Length", str(len(body) - start))
+        if self.chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(len(body) - start))
         self.end_headers()
-        self.wfile.write(body[start:])
+        time.sleep(self.stall_s)
+        data = body[start:] if self.cut_after is None else body[start:start + self.cut_after]
+        if self.chunked:
+            data = b"%x\r\n" % len(data) + data + b"\r\n"
+        self.wfile.write(data)
+        if self.cut_after is not None:
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
 
     def log_message(self, *args):
         pass
@@ -38,7 +54,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-    handler = type("H", (_Handler,), {"files": {}, "seen_ranges": [], "honour_range": True})
+    handler = type("H", (_Handler,), {"files": {}, "seen_ranges": [], "honour_range": True, "cut_after": None,
+                                      "chunked": False, "stall_s": 0.0})
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
@@ -84,6 +101,32 @@ def test_checksum_mismatch_deletes_the_download(server, tmp_path):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ValueError, match="must look like 'sha256:HEX'"):
         download(Remote(f"{url}/c.bin", "crc:1", "c.bin"), tmp_path, progress=False)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_transfer_cut_short_keeps_its_bytes_and_resumes(server, tmp_path, chunked):
+    """A server that closed early made the short file fail its checksum and be deleted (with a Content-Length), or
+    raised http.client.IncompleteRead as a traceback (chunked). Both now keep the .part and say to run again."""
+    handler, url = server
+    body = bytes(range(256)) * 400
+    handler.files["d.bin"] = body
+    handler.cut_after, handler.chunked = 30_000, chunked
+    remote = Remote(f"{url}/d.bin", _sha(body), "d.bin")
+    with pytest.raises(OSError, match="the transfer stopped .*run the same command again to resume") as err:
+        download(remote, tmp_path, progress=False)
+    assert "\n" not in str(err.value)
+    assert (tmp_path / "d.bin.part").read_bytes() == body[:30_000]
+    handler.cut_after, handler.chunked = None, False
+    assert download(remote, tmp_path, progress=False).read_bytes() == body
+    assert handler.seen_ranges[-1] == "bytes=30000-"
+
+
+def test_a_server_that_stalls_is_named_in_one_line(server, tmp_path):
+    handler, url = server
+    handler.files["e.bin"] = b"late"
+    handler.stall_s = 1.0
+    with pytest.raises(OSError, match=r"e\.bin: the transfer stopped after 0 bytes \(timed out\)"):
+        download(Remote(f"{url}/e.bin", _sha(b"late"), "e.bin"), tmp_path, progress=False, timeout=0.2)
 
 
 def test_data_command_fetches_gsm8k_from_a_mirror(server, tmp_path, monkeypatch, capsys):

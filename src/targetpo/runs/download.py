@@ -4,12 +4,14 @@ Nothing in targetpo downloads unless a user asks (`targetpo data NAME DIR`, or a
 A file is written to ``NAME.part`` first; an interrupted download resumes from the bytes already there (an HTTP
 ``Range`` request; a server that ignores it sends the whole file again), and the file is moved into place only
 after its checksum matches. A mismatch deletes the partial file and raises, so a bad download never looks like
-data.
+data; a transfer that stops early (fewer bytes than announced, a broken connection, a timeout) keeps the
+partial file and says to run the command again, which resumes it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import urllib.error
 import urllib.request
@@ -72,9 +74,11 @@ def download(remote: Remote, dest_dir: str | os.PathLike, *, progress: bool = Tr
         if exc.code == 416 and have:  # the partial file is already complete
             resp = None
         else:
-            raise OSError(f"{remote.url}: HTTP {exc.code} {exc.reason}") from None
+            raise OSError(f"{remote.url}: HTTP {exc.code} {_one_line(exc.reason)}") from None
     except urllib.error.URLError as exc:
-        raise OSError(f"{remote.url}: cannot connect ({exc.reason})") from None
+        raise OSError(f"{remote.url}: cannot connect ({_one_line(exc.reason)})") from None
+    except (http.client.HTTPException, OSError) as exc:  # a timeout, a reset, a malformed answer
+        raise OSError(f"{remote.url}: no answer ({_one_line(exc) or type(exc).__name__})") from None
     # The folder is made only once a server answers, so a wrong URL leaves nothing behind.
     dest_dir.mkdir(parents=True, exist_ok=True)
     if resp is not None:
@@ -87,9 +91,22 @@ def download(remote: Remote, dest_dir: str | os.PathLike, *, progress: bool = Tr
             with open(part, "ab" if resumed else "wb") as out, tqdm(
                     total=total, initial=have, unit="B", unit_scale=True, desc=remote.name,
                     disable=not progress, mininterval=0.5) as bar:
-                for block in iter(lambda: resp.read(CHUNK), b""):
-                    out.write(block)
-                    bar.update(len(block))
+                try:
+                    for block in iter(lambda: resp.read(CHUNK), b""):
+                        out.write(block)
+                        bar.update(len(block))
+                except (http.client.HTTPException, OSError) as exc:
+                    # The bytes already written stay in the .part file, so a second run resumes from them (with
+                    # those of the read that broke off: a chunked answer hands them over in the exception).
+                    if isinstance(exc, http.client.IncompleteRead):
+                        out.write(exc.partial)
+                    raise OSError(f"{remote.url}: the transfer stopped after {out.tell():,} bytes "
+                                  f"({_one_line(exc) or type(exc).__name__}); run the same command again to resume"
+                                  ) from None
+            size = part.stat().st_size
+            if total is not None and size < total:  # the server closed early: not a corrupt file, a short one
+                raise OSError(f"{remote.url}: the transfer stopped at {size:,} of {total:,} bytes; run the same "
+                              "command again to resume")
     got = file_checksum(part, algorithm)
     if got != digest:
         part.unlink()
@@ -97,6 +114,11 @@ def download(remote: Remote, dest_dir: str | os.PathLike, *, progress: bool = Tr
                          f"download was deleted")
     os.replace(part, target)
     return target
+
+
+def _one_line(x) -> str:
+    """A message on one line (urllib's redirect-loop error spans three)."""
+    return " ".join(str(x).split())
 
 
 def download_all(remotes: list[Remote], dest_dir: str | os.PathLike, *, progress: bool = True) -> list[Path]:
