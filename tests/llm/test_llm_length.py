@@ -41,7 +41,8 @@ def test_scratchpad_and_prompt_spell_out_the_running_sum():
 
 
 @pytest.mark.parametrize("text, answer", [("a4=4\nb-1=3\nanswer 3", "3"), (" answer -17\n", "-17"),
-                                          ("a4=4\nb-1=3", None), ("answer 3\nb-1=3", None), ("answer x", None)])
+                                          ("a4=4\nb-1=3", None), ("answer 3\nb-1=3", None), ("answer x", None),
+                                          ("total 7answer 7", None)])  # not a line of its own
 def test_final_answer_reads_only_a_closing_answer_line(text, answer):
     assert length.final_answer(text) == answer
 
@@ -209,6 +210,8 @@ def test_prefix_reward_credits_the_lines_right_before_the_first_mistake():
     wrong = "\n".join(lines[:3] + ["x"] + lines[4:-1] + ["answer 999"])
     assert task.score(p, wrong) == pytest.approx(3 / len(lines)) and task.score(p, p.answer) == 1.0
     assert length.ScratchpadChainSum(7, 8).score(p, wrong) == 0.0  # the answer reward gives no partial credit
+    # Every gold line and then more text: no final answer is read, so not 1 (held-out accuracy counts r = 1).
+    assert task.score(p, p.answer + "\nzzzz") == pytest.approx((len(lines) - 1) / len(lines))
     with pytest.raises(ValueError, match="reward="):
         length.ScratchpadChainSum(7, 8, reward="lines")
 

@@ -168,7 +168,7 @@ def scratchpad(terms: list[int]) -> str:
     return "\n".join(lines + [f"answer {totals[-1]}"])
 
 
-_ANSWER = re.compile(r"answer (-?\d+)\s*$")
+_ANSWER = re.compile(r"(?:^|\n)answer (-?\d+)\s*$")  # the whole last line: "total 7answer 7" is no answer
 
 
 def final_answer(completion: str) -> str | None:
@@ -220,7 +220,12 @@ class ScratchpadChainSum:
         right = score_reasoning_gym(self._scorer, problem.entry, None if answer is None else final_answer(answer))
         if self.reward == "answer" or answer is None:
             return right
-        return right if right == 1.0 else correct_prefix(problem.answer, answer)
+        if right == 1.0:
+            return right
+        # 1 is for a right final answer only: the gold's lines followed by more text (no final answer read)
+        # reproduce every line but are no answer, so they get the credit of all lines but the last.
+        lines = len(problem.answer.strip().split("\n"))
+        return min(correct_prefix(problem.answer, answer), (lines - 1) / lines)
 
 
 def correct_prefix(gold: str, completion: str) -> float:
