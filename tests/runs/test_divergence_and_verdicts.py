@@ -148,3 +148,24 @@ def test_where_the_data_is_read_from_is_no_override():
     exp = load("mnist")
     cfg = make_config(exp, "cpu", overrides=["data_dir=/somewhere/mnist", "lr=0.5"])
     assert list(preset_overrides(exp, "cpu", cfg)) == ["lr"]
+
+
+MNIST_EXPERIMENTS = ["mnist", "mnist-mechanism", "mnist-staleness", "mnist-replay", "mnist-friction",
+                     "mnist-projections"]
+
+
+@pytest.mark.parametrize("name", MNIST_EXPERIMENTS)
+def test_mnist_training_that_blows_up_between_evaluations_is_diverged_not_failed(name, mnist_dir, tmp_path):
+    """lr = 1e20: the weights overflow after the first Adam step, long before the first evaluation. The losses'
+    input checks raised ("probs contains 2000 NaN/inf value(s)"), so the run was "failed" with a message naming
+    neither the method nor divergence, and --resume replayed it into the same failure; the one-line summary and
+    mnist-mechanism's report then indexed records that did not exist."""
+    from targetpo.experiments import load
+
+    out = run_experiment(name, "smoke", out=tmp_path / "r", overrides=["lr=1e20", f"data_dir={mnist_dir}"],
+                         progress=False, quiet=True)
+    run = Run.load(out)
+    assert run.meta["status"].startswith("complete (") and "diverged)" in run.meta["status"]
+    assert {m for _, m in run.diverged_units().values()} <= {"logits", "behaviour log-probs"}
+    assert "no evaluation was recorded" in load(name).summary(run)
+    assert "every unit diverged before its first record" in write_report(out).read_text()

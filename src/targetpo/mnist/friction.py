@@ -161,6 +161,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
         v, w, z = torch.stack([torch.rand(3, cfg.batch, generator=gen) for gen in draws], 1)  # each [S, B]
         x, y = gather_batch(data, idx)
         logits = bank_forward(params, x, groups * per).view(s, groups, per, cfg.batch, c)
+        ctx.check_finite(t, {"logits": logits})  # before any loss sees them
         with torch.no_grad():
             logp = log_softmax(logits.detach())
             probs = logp.exp()
@@ -222,6 +223,8 @@ def steps_to(steps: np.ndarray, values: np.ndarray, threshold: float) -> tuple[i
 
 def summary(run) -> str:
     _, e = error_values(run)
+    if not e:
+        return base.NO_EVALUATION
     return "final error: " + "; ".join(
         f"{LABELS[m]} " + ", ".join(f"{n} {100 * v[-1].mean():.1f} %" for n, v in conds.items()) for m, conds in e.items())
 

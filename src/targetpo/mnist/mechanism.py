@@ -133,6 +133,8 @@ def surplus_table(rec: dict, methods: list[str]) -> dict[str, tuple]:
 
 def summary(run) -> str:
     cfg = run.config
+    if not run.rows(base.UNIT):
+        return base.NO_EVALUATION
     rec, _ = checkpoint_row(run, cfg)
     tab = surplus_table(rec, ["tpo", "dg"])
     return (f"surplus by concentration bin at label {rec['label']}: "

@@ -85,9 +85,11 @@ def units(cfg: Config) -> list[str]:
     return [UNIT]
 
 
-def step(params, opt, settings: list[str], x, y, noise, eta: float) -> None:
+def step(params, opt, settings: list[str], x, y, noise, eta: float, check=None) -> None:
     """One update of every network (as `mnist.train.bandit_step`, with each setting's TPO projection)."""
     logits = bank_forward(params, x, len(settings))  # [S, M, B, C]
+    if check is not None:
+        check({"logits": logits})
     with torch.no_grad():
         logp = log_softmax(logits.detach())
         actions = sample_actions(logp.exp(), noise.unsqueeze(1))
@@ -113,7 +115,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
     for t in range(1, cfg.steps + 1):
         idx, noise = stream.next()
         x, y = base.gather_batch(data, idx)
-        step(params, opt, settings, x, y, noise, cfg.eta)
+        step(params, opt, settings, x, y, noise, cfg.eta, lambda v: ctx.check_finite(t, v))
         if t % cfg.eval_every == 0:
             probs = base.test_probs(params, data.test_x, len(settings))
             err = (probs.argmax(-1) != data.test_y).float().mean(-1)  # [S, M]
@@ -146,6 +148,8 @@ def _seeds_lower(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def summary(run) -> str:
+    if not _curves(run):
+        return base.NO_EVALUATION
     return "final test error: " + ", ".join(f"{setting_label(m)} {base.pct(c['mean'][-1])}"
                                             for m, c in _curves(run).items())
 

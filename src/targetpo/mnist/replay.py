@@ -156,6 +156,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
             behaviour = torch.stack([b[2][i] for i, b in enumerate(picked)])
             x, y = gather_batch(data, idx)
             logits = bank_forward(gp, x, per)  # [S, K, B, C]
+            ctx.check_finite(t, {"logits": logits, "behaviour log-probs": behaviour})  # before any loss sees them
             for i, (_, m, clip) in enumerate(var):
                 if m == "tpo_is":
                     out = tpo_is_loss(logits[:, i], actions[:, i], y, behaviour[:, i], eta=cfg.eta, is_clip=clip)
@@ -234,6 +235,8 @@ def paired(a: np.ndarray, b: np.ndarray) -> tuple[float, float, str]:
 
 def summary(run) -> str:
     f = finals(run)
+    if not f:
+        return base.NO_EVALUATION
     lo, hi = min(run.config["replays"]), max(run.config["replays"])
     return f"final error R={lo} → R={hi}: " + ", ".join(
         f"{label(k)} {100 * v[lo].mean():.1f} → {100 * v[hi].mean():.1f} %" for k, v in f.items() if lo in v and hi in v)

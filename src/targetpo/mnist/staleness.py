@@ -148,6 +148,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
         batches.drop(t - 1)
         x, y = gather_batch(data, idx)
         logits = bank_forward(params, x, groups * per).view(s, groups, per, *actions.shape[-1:], -1)
+        ctx.check_finite(t, {"logits": logits, "behaviour log-probs": behaviour})  # before any loss sees them
         learner = log_softmax(logits.detach())
         ref = {"learner": learner, "behaviour": behaviour}
         yy = y.unsqueeze(1).expand(s, groups, -1).reshape(s * groups, -1)
@@ -196,6 +197,8 @@ def finals(run) -> dict[str, dict[int, tuple[float, float, np.ndarray]]]:
 
 def summary(run) -> str:
     f = finals(run)
+    if not f:
+        return base.NO_EVALUATION
     lo, hi = min(min(d) for d in f.values()), max(max(d) for d in f.values())
     return f"final error D={lo} → D={hi}: " + ", ".join(
         f"{LABELS[m]} {pct(f[m][lo][0])} → {pct(f[m][hi][0])}" for m in f if lo in f[m] and hi in f[m])

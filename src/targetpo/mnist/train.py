@@ -104,11 +104,14 @@ def gather_batch(data: mnist_data.MnistData, idx: torch.Tensor) -> tuple[torch.T
     return data.train_x.index_select(0, flat).view(*idx.shape, -1), data.train_y.index_select(0, flat).view(idx.shape)
 
 
-def bandit_step(params, opt, methods: list[str], x, y, noise, eta: float) -> torch.Tensor:
+def bandit_step(params, opt, methods: list[str], x, y, noise, eta: float, check=None) -> torch.Tensor:
     """One update of every network: act (one sampled class per image; the same noise for every method of a
     seed), then one Adam step on the sum of each method's loss. x [S, B, 784], y and noise [S, B].
+    `check({"logits": ...})` (the runner's divergence check) sees the logits before any loss does.
     Returns the rewards [S, M, B]."""
     logits = bank_forward(params, x, len(methods))  # [S, M, B, C]
+    if check is not None:
+        check({"logits": logits})
     with torch.no_grad():
         logp = log_softmax(logits.detach())
         actions = sample_actions(logp.exp(), noise.unsqueeze(1))
@@ -129,7 +132,10 @@ def train(cfg, data: mnist_data.MnistData, ctx, diagnostics=None) -> None:
     for t in range(1, cfg.steps + 1):
         idx, noise = stream.next()
         x, y = gather_batch(data, idx)
-        reward += bandit_step(params, opt, methods, x, y, noise, cfg.eta).mean(-1)
+        # Checked every step: weights blown up between evaluations would reach the losses, whose input checks
+        # fail the run instead of ending the unit as diverged.
+        reward += bandit_step(params, opt, methods, x, y, noise, cfg.eta,
+                              lambda v: ctx.check_finite(t, v)).mean(-1)
         if t % cfg.eval_every == 0:
             probs = test_probs(params, data.test_x, len(methods))
             err = (probs.argmax(-1) != data.test_y).float().mean(-1)  # [S, M]
@@ -185,8 +191,14 @@ def pct(x: float | None, se: float | None = None) -> str:
     return f"{100 * x:.1f} %" if se is None else f"{100 * x:.2f} ± {100 * se:.2f} %"
 
 
+# A unit that diverged before its first evaluation leaves no error to show.
+NO_EVALUATION = "no evaluation was recorded (the run diverged before its first; see the report)"
+
+
 def summary(run) -> str:
     cur = error_curves(run)
+    if not cur:
+        return NO_EVALUATION
     return "final test error: " + ", ".join(f"{LABELS[m]} {pct(c['mean'][-1])}" for m, c in cur.items())
 
 
