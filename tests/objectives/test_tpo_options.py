@@ -422,3 +422,40 @@ def test_a_floor_below_the_zero_variance_threshold_keeps_a_near_tie_flat():
     for kw in ({"std_floor": 1e-9}, {"std_shrink": 1e-9}):
         assert obj.standardize_scores(s, **kw).abs().max() < 1e-6
         torch.testing.assert_close(obj.standardize_scores(s, **kw), obj.standardize_scores(s))
+
+
+def test_adaptive_eta_reaches_small_budgets_from_a_float32_anchor():
+    """The anchor was taken as float32-normalised (its probabilities sum to 1 within ~1e-7) into the float64
+    bisection: KLs carried noise of that size, some negative, and a budget of 1e-7 was refused as below the KL
+    'that even η = 1e4 leaves' although the true KL there is ~1e-8 (mnist-projections' methods=kl1e-7)."""
+    import torch
+
+    from targetpo.objectives.scores import standardize_scores
+    from targetpo.objectives.tpo import _kl_to_old, adaptive_eta
+
+    g = torch.Generator().manual_seed(0)
+    # float32, as a model gives it (this folder's tests default to float64)
+    log_old = torch.log_softmax(3 * torch.randn(2000, 10, generator=g, dtype=torch.float32), dim=-1)
+    u = standardize_scores(torch.randn(2000, 10, generator=g, dtype=torch.float64))
+    exact = torch.log_softmax(log_old.double(), dim=-1)
+    for budget in (1e-7, 3e-7, 1e-6):
+        eta = adaptive_eta(log_old, u, budget)
+        kl = _kl_to_old(exact, u, eta, None)
+        assert budget * (1 - 1e-6) <= float(kl.min()) <= float(kl.max()) <= budget * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("k", [2, 3, 10, 50])
+def test_every_budget_above_the_floor_is_reached_in_every_group(k):
+    """adaptive_kl_floor(k) bounds the KL any group of k keeps at the largest η (Hoeffding): the worst groups (one
+    outlier score, the anchor's mass where it helps least) stay below it, so configs can refuse smaller budgets
+    up front and never meet an unreachable one mid-run."""
+    from targetpo.objectives.tpo import _kl_to_old, adaptive_kl_floor
+
+    g = torch.Generator().manual_seed(k)
+    log_old = torch.log_softmax(4 * torch.randn(5000, k, generator=g, dtype=torch.float64), dim=-1)
+    scores = torch.zeros(5000, k, dtype=torch.float64)
+    scores[:, 0] = 1.0                                              # the z-score range's maximum, k/√(k−1)
+    u = obj.standardize_scores(scores)
+    kl = _kl_to_old(log_old, u, torch.tensor(ADAPTIVE_ETA_BRACKET[1], dtype=torch.float64), None)
+    assert float(kl.max()) <= adaptive_kl_floor(k) and float(kl.max()) > 0.2 * adaptive_kl_floor(k)
+    obj.adaptive_eta(log_old, u, adaptive_kl_floor(k))             # reached everywhere: no refusal

@@ -151,6 +151,7 @@ def test_options_a_method_does_not_read_are_refused(kw, method, match):
     ({"tpo_projection": "hellinger"}, "tpo_projection"),
     ({"score_noise": -0.1}, "score_noise"),
     ({"tpo_kl_budget": -1.0}, "tpo_kl_budget"),
+    ({"tpo_kl_budget": 1e-9}, r"tpo_kl_budget=1e-09: below .* the KL that a group of K = "),
 ])
 def test_bad_option_values_are_refused(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -70,6 +70,14 @@ ADAPTIVE_ETA_STEPS = 60
 ADAPTIVE = {"eta": ("adaptive",)}  # the word TPO's η takes besides a number
 
 
+def adaptive_kl_floor(k: int) -> float:
+    """The smallest KL budget `eta="adaptive"` reaches in every group of k candidates: KL(q_η ‖ p_old) ≤
+    (range u)²/(8η²) (Hoeffding's lemma on the log-partition), and a z-score's range is at most k/√(k−1), so at the
+    bracket's top η every group's KL is at most k²/(k−1)/(8η²) (1.4e-8 for k = 10). A smaller budget may be out
+    of reach in some group, which the bisection refuses only when it meets one, mid-run."""
+    return k * k / (k - 1) / (8 * ADAPTIVE_ETA_BRACKET[1] ** 2)
+
+
 class Target(NamedTuple):
     """TPO's target for a batch of groups: q, its log (exact where q underflows), the standardized scores u and
     the temperature used ([..., 1] when chosen per group, else the float passed)."""
@@ -179,7 +187,9 @@ def adaptive_eta(log_old: Tensor, u: Tensor, kl_budget: float, mask: Tensor | No
     a budget above KL_max (q ≈ p_old restricted to the best candidates) both get η = 1e-3."""
     with torch.no_grad():
         lo_hi = torch.tensor(ADAPTIVE_ETA_BRACKET, dtype=torch.float64).log()
-        log_old64, u64 = log_old.detach().double(), u.detach().double()
+        # Renormalised in float64: a float32-normalised anchor sums to 1 only within ~1e-7, which is noise of that
+        # size in every KL below (negative KLs included) and made budgets near 1e-7 unreachable.
+        log_old64, u64 = _masked_log_softmax(log_old.detach().double(), mask), u.detach().double()
         lo = torch.full_like(u64[..., :1], float(lo_hi[0]))
         hi = torch.full_like(u64[..., :1], float(lo_hi[1]))
         top = _kl_to_old(log_old64, u64, hi.exp(), mask)

@@ -223,6 +223,10 @@ class TrialConfig:
             raise ValueError("zero_all_fail=True with reward='terminal' and no score_noise changes nothing (an "
                              "all-fail group's exact-match scores are all 0 already); it is for partial credit or "
                              "noisy scores")
+        if 0 < self.tpo_kl_budget < obj.adaptive_kl_floor(self.k):
+            raise ValueError(f"tpo_kl_budget={self.tpo_kl_budget!r}: below {obj.adaptive_kl_floor(self.k):.3g}, the KL "
+                             f"that a group of K = {self.k} may still have at the largest η the adaptive η tries "
+                             "(docs/method.md §8), so it may be out of reach mid-run")
         eta = config_fields(TrialConfig)["tpo_eta"].default
         if self.tpo_kl_budget > 0 and self.tpo_eta != eta:
             raise ValueError(f"tpo_eta={self.tpo_eta!r} with tpo_kl_budget={self.tpo_kl_budget!r}: a KL budget "

@@ -58,7 +58,10 @@ class Config(oq.OpenQuestionConfig):
     def check(self) -> None:
         seen: dict[TrialConfig, str] = {}
         for s in self.settings:
-            trial = trial_config(self, **setting_options(s), methods=self.methods)
+            try:
+                trial = trial_config(self, **setting_options(s), methods=self.methods)
+            except ValueError as exc:  # name the setting the user typed, not only the field it sets
+                raise ValueError(f"settings item {s!r}: {exc}") from None
             if trial in seen:
                 raise ValueError(f"settings={self.settings!r}: {s!r} is the same setting as {seen[trial]!r}")
             seen[trial] = s
