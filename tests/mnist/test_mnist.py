@@ -536,3 +536,16 @@ def test_mnist_projection_settings_are_checked_like_the_token_ones(methods, expe
 
     with pytest.raises(ValueError, match=expected):
         make_config(load("mnist-projections"), "smoke", overrides=[f"methods={methods}"])
+
+
+def test_group_pg_at_an_eta_adam_cannot_hold_is_refused_before_the_run(tmp_path, capsys):
+    """eta=1e-24: Group PG's u/η gradient overflowed Adam's float32 second moment, so its weights never moved and
+    it 'completed' at the untrained 90 % error. TPO and DG at the same η are fine, so only Group PG is refused."""
+    from targetpo.cli import main
+
+    out = tmp_path / "run"
+    code = main(["run", "mnist", "--preset", "smoke", "--out", str(out), "--no-progress", "methods=group_pg,tpo",
+                 "eta=1e-24"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(err) == 1 and "eta=1e-24 with method group_pg: below 1e-15" in err[0], err
+    assert not out.exists()

@@ -52,6 +52,8 @@ def test_unwritable_output_path_is_named(tmp_path, capsys):
     # beyond int64 a count passed every bound and failed inside torch after the run folder was written
     (["actions=99999999999999999999"], "actions=99999999999999999999: must fit in 64 bits"),
     (["seed=9223372036854775807"], "seed=9223372036854775807 with seeds="),
+    # past ~1e150 PG's squared step overflowed and it froze, reported complete; 1e308 failed after the folder
+    (["baseline=1e308"], "baseline=1e+308: must be >= -1e+06 and <= 1e+06"),
 ])
 def test_bad_config_values_exit_2_and_leave_no_run_folder(tmp_path, capsys, argv, expected):
     out = tmp_path / "run"

@@ -41,8 +41,9 @@ class Config(TabularConfig):
     seed = default(0, help="seeds the one generator every seed's draws come from (as the authors' code): seed s of "
                            "a run with n seeds is not the run of seed=s with one seed")
     batch: int = param(100, "B, actions sampled per step", ge=1)
+    # Rewards are 0 or 1; past ~1e150 the squared step overflows (PG froze silently, TPO's scores became inf).
     baseline: float = param(0.5, "the constant baseline of PG, DG and TPO's per-action scores (the authors' code "
-                            "uses 0.5)")
+                            "uses 0.5)", ge=-1e6, le=1e6)
     eta = default(1.0, help="DG gate temperature")
     methods = default(METHODS, choices=METHODS)
     READ_BY = {"eta": ("dg",), "baseline": ("pg", "dg", "tpo")}
