@@ -68,7 +68,7 @@ class Workspace:
         self.ke = logits.new_empty(seeds, 1, contexts)  # the step's multiple of e per context
         self.e_y, self.e_rest, self.rest_sq = self.e[..., 0, :], self.e[..., 1:, :], self.work[..., 1:, :]
         self.logit_y, self.k_col, self.ke_row = logits[..., 0, :], self.k[:, 0], self.ke[..., 0, :]
-        self.logit_y_col = logits[..., 0:1, :]
+        self.logit_y_col, self.logits_rest = logits[..., 0:1, :], logits[..., 1:, :]
         self._constants: dict[float, torch.Tensor] = {}
 
     def c(self, x: float) -> torch.Tensor:
@@ -135,15 +135,17 @@ def population_step_(ws: Workspace, unit: str, lr: float, eta: float, inv_lam: f
         gg = torch.add(aw, br, alpha=2.0).mul_(a).add_(g0 * g0).add_(b * b, alpha=others)
         torch.sum(gg, dim=-1, out=g_sq)
         torch.sum((g0 * r).sub_(aw).sub_(br), dim=-1, out=gv_sum)
-        # logits += α·g/‖g‖_F per seed, g = a·π + b·1 + hot·e_y (hot = g0 − a·p − b), π = s·e. TPO's b·1 shifts a
-        # context's logits by a constant, which no probability sees; it is in the norms above.
+        # logits += α·g/‖g‖_F per seed: g_a = a·π_a (+ b) for a ≠ y and g_y = g0, π = s·e. TPO's b·1 shifts a
+        # context's logits by a constant, which no probability sees (so y gets g0 − b); it is in the norms above.
+        # y's step is added on its own: as a·π_y plus a compensating term it was two large float32 additions that
+        # cancel, whose rounding held the error at ~1e-8 where float64 goes on to 1e-12.
         torch.reciprocal(torch.sqrt(g_sq + ws.c(1e-30)), out=ws.k_col).mul_(ws.c(lr))
-        ws.logit_y.addcmul_(ws.k, g0.sub_(a * p).sub_(b))
+        ws.logit_y.addcmul_(ws.k, g0.sub_(b))
         torch.mul(a.mul_(ws.k), s, out=ws.ke_row)
-        ws.logits.addcmul_(ws.ke, ws.e)
+        ws.logits_rest.addcmul_(ws.ke, ws.e_rest)
         return
-    # β·(e_y − π) (CE: β = 1): a = −β, b = 0, hot = β. k is −α/‖g‖, so k·β is, bit for bit, the α/‖g‖·(−β)
-    # the step adds to every π_a, and subtracting it from logit_y adds α/‖g‖·β there.
+    # β·(e_y − π) (CE: β = 1): −β·π_a for a ≠ y and β·(1 − p) = β·r for y, r kept apart from 1 − p (see
+    # context_stats_). k is −α/‖g‖, so k·β is, bit for bit, the α/‖g‖·(−β) the step adds to every π_a.
     b_n = None if unit == "ce" else beta(unit, p, eta)
     if b_n is None:
         g_sq.copy_(vv_sum)
@@ -154,8 +156,8 @@ def population_step_(ws: Workspace, unit: str, lr: float, eta: float, inv_lam: f
     torch.reciprocal(torch.sqrt(g_sq + ws.c(1e-30)), out=ws.k_col).mul_(ws.c(-lr))
     kb = ws.k if b_n is None else ws.k * b_n
     torch.mul(kb, s, out=ws.ke_row)
-    ws.logits.addcmul_(ws.ke, ws.e)
-    ws.logit_y.sub_(kb)
+    ws.logits_rest.addcmul_(ws.ke, ws.e_rest)
+    ws.logit_y.addcmul_(kb, r, value=-1.0)
 
 
 def shift_by_logit_y_is_safe(ws: Workspace, lr: float, steps: int) -> bool:
