@@ -311,18 +311,24 @@ def resolve_failures(sections: list["Section"]) -> None:
     """Give every FAIL its class (docs/verdicts.md §3): the experiment's *scale or data* / *seed noise* evidence
     first, then the same claim (same key) passing in a larger run of the same experiment in this report (*scale or
     data*), then the experiment's *does not reproduce* note; with none of these, *does not reproduce* with nothing
-    found. A larger run where the claim FAILs too is added to the *does not reproduce* evidence."""
-    by_claim: dict[tuple, list[tuple[Run, Verdict]]] = {}
+    found. A larger run where the claim FAILs too is added to the *does not reproduce* evidence. A larger run
+    counts only where it changes the same settings from its preset as this one (none, or the same values): a
+    run at lr=0.03 passing says nothing of a FAIL at the preset's lr, nor the reverse."""
+    by_claim: dict[tuple, list[tuple[Section, Verdict]]] = {}
     for s in sections:
         for c, v in zip(s.claims, s.verdicts()):
             if v is not None:
-                by_claim.setdefault((s.run.meta.get("experiment"), c.key), []).append((s.run, v))
+                by_claim.setdefault((s.run.meta.get("experiment"), c.key), []).append((s, v))
+
+    def settings(sec: Section) -> dict[str, str]:
+        return {k: show(a) for k, (a, _) in (sec.overrides or {}).items()}
+
     for s in sections:
         for c, v in zip(s.claims, s.verdicts()):
             if v is not Verdict.FAIL:
                 continue
-            larger = [(r, w) for r, w in by_claim.get((s.run.meta.get("experiment"), c.key), [])
-                      if is_larger(r, s.run)]
+            larger = [(o.run, w) for o, w in by_claim.get((s.run.meta.get("experiment"), c.key), [])
+                      if is_larger(o.run, s.run) and settings(o) == settings(s)]
             passing = [r for r, w in larger if w is Verdict.PASS]
             also = [r for r, w in larger if w is Verdict.FAIL]
             explained = [f for f in c.candidates if f.kind != NOT_REPRODUCED]

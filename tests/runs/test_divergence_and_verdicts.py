@@ -120,6 +120,21 @@ def test_verdicts_only_on_presets_that_can_test_the_claims():
     assert claim_count([smoke]).startswith("no verdicts")
 
 
+def test_a_longer_run_at_other_settings_never_explains_a_fail(tmp_path):
+    """An lr=0.03 run beside a longer run at the preset's lr: its 4 FAILs were classed "scale or data" ("the same
+    claim is PASS in the larger run"), though the gap came from the lr, not the length."""
+    d = tmp_path / "report"
+    run_experiment("tabular-single", "cpu", out=d / "lr", overrides=["lr=0.03", "seeds=20"], progress=False,
+                   quiet=True)
+    run_experiment("tabular-single", "cpu", out=d / "long", overrides=["steps=200", "seeds=20"], progress=False,
+                   quiet=True)
+    text = write_report(d).read_text()
+    section = text.split("Run `lr`")[1].split("Run `long`")[0] if text.index("Run `lr`") < text.index("Run `long`") \
+        else text.split("Run `lr`")[1]
+    fails = [ln for ln in section.splitlines() if "| **FAIL**" in ln]
+    assert fails and all("(settings differ from the preset)" in ln for ln in fails), fails
+
+
 def test_a_run_with_overrides_says_so_and_its_fails_are_not_called_irreproducible(tmp_path):
     """`seeds=20 lr=0.05` (the README's override example) gave "2 FAIL (2 does not reproduce)" with lr=0.05 shown
     nowhere, next to the reference's lr-0.1 numbers."""
@@ -169,3 +184,19 @@ def test_mnist_training_that_blows_up_between_evaluations_is_diverged_not_failed
     assert {m for _, m in run.diverged_units().values()} <= {"logits", "behaviour log-probs"}
     assert "no evaluation was recorded" in load(name).summary(run)
     assert "every unit diverged before its first record" in write_report(out).read_text()
+
+
+def test_tabular_single_report_with_a_unit_that_diverged_midway(tmp_path):
+    """A unit stopped by a NaN at step 100 of 150: the claims indexed every curve with TPO's steps and the section
+    failed (IndexError), so the run was left out of its report."""
+    out = run_experiment("tabular-single", "cpu", out=tmp_path / "s", overrides=["seeds=5"], progress=False,
+                         quiet=True)
+    path = out / "metrics.jsonl"
+    kept = [ln for ln in path.read_text().splitlines()
+            if not (json.loads(ln).get("unit") == "grpo" and (json.loads(ln).get("step", 0) >= 100
+                                                                or json.loads(ln).get("event") == "done"))]
+    kept.append(json.dumps({"unit": "grpo", "event": "diverged", "step": 100, "metric": "error"}))
+    path.write_text("\n".join(kept) + "\n")
+    text = write_report(out).read_text()
+    assert "could not be reported" not in text and "curves end at different steps" in text
+    assert "`grpo` at step 100 (error)" in text

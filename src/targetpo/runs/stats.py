@@ -1,5 +1,6 @@
-"""Seed statistics as the paper defines them (docs/method.md §1): s.e. = std(ddof=0)/√n; "steps to x" =
-first 0-based index where the seed-mean curve is below x; "final" = seed mean at the last point, unsmoothed.
+"""Seed statistics as the paper defines them (docs/method.md §6): s.e. = std(ddof=0)/√n; "steps to x" =
+the first recorded step at which the seed-mean curve is below x; "final" = seed mean at the last point,
+unsmoothed.
 Seed intervals and three-valued claim verdicts (docs/verdicts.md) are at the end of the file."""
 
 from __future__ import annotations
@@ -242,7 +243,7 @@ def hit_step(steps, values, threshold: float) -> float:
 
 
 def steps_to_interval(steps, values, threshold: float, level: float = LEVEL) -> Interval:
-    """The first step at which the seed-mean curve is below `threshold` ("steps to x", docs/method.md §1), with a
+    """The first step at which the seed-mean curve is below `threshold` ("steps to x", docs/method.md §6), with a
     percentile-bootstrap interval over seeds; inf = never within the run."""
     return bootstrap_interval(lambda v: hit_step(steps, v, threshold), np.asarray(values, dtype=float), level=level)
 

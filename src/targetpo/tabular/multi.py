@@ -290,7 +290,7 @@ def report(run, section) -> None:
     section.claim("CE is fastest (first error < 1%, no RL method earlier)",
                   at_least(lead, 0) if reached_by_any(hits.values()) else None,
                   "first step < 1%: " + ", ".join(f"{LABELS[m]} {h.show(-1)}" for m, h in hits.items())
-                  + f"; CE's lead {lead.show(-1)} steps (bootstrap)")
+                  + f"; CE's lead in steps (bootstrap over seeds): {lead.show(-1)}")
     early = min(100, last)
     i = int(np.searchsorted(steps, early))
     gap = {m: paired_interval(err[m].values[i], err["tpo"].values[i]) for m in ("dg", "grpo")}

@@ -100,7 +100,7 @@ def report(run, section) -> None:
                     f"Preset `{run.meta.get('preset')}`: {count(cfg['seeds'], 'seed')} × {cfg['episodes']} episodes, "
                     f"V ∈ {{{', '.join(map(str, cfg['vocabs']))}}}, H = {cfg['length']}, B = {cfg['batch']} "
                     f"(the paper: 20 seeds × 1000 episodes, V ∈ {{2, 4, 8, 16}}, H = 10, B = 100). A method that "
-                    f"reaches 1% after episode {cfg['episodes'] - 1} shows as '–' here."):
+                    f"reaches 1% after episode {cfg['episodes'] - 1} shows as 'never' here."):
         return
     methods = [m for m in cfg["methods"] if any(m in by_m for by_m in data.values())]
     vs = list(data)
