@@ -34,7 +34,8 @@ import numpy as np
 from targetpo.experiments import EXPERIMENTS, UnknownExperiment, load  # noqa: E402
 from targetpo.runs import plots  # noqa: E402
 from targetpo.runs.config import config_class, config_fields, make_config, show  # noqa: E402
-from targetpo.runs.runner import Progress, config_differences, run_is_live, run_progress, stored_config  # noqa: E402
+from targetpo.runs.runner import (DATA_LOCATION, Progress, config_differences, run_is_live, run_progress,  # noqa: E402
+                                  stored_config)
 from targetpo.runs.stats import FAIL_CLASSES, NOT_REPRODUCED, SCALE, SETTINGS, Failure, Verdict, count  # noqa: E402
 from targetpo.runs.store import METRICS_FILE, RUN_FILE, Run, RunFileError, find_runs, seed_count  # noqa: E402
 
@@ -357,7 +358,7 @@ def preset_overrides(exp, preset: str | None, cfg) -> dict[str, tuple]:
     longer = length_fields(exp.NAME)
 
     def keeps_protocol(name, mine, theirs) -> bool:
-        if name in ("seeds", "data_dir", "data_path", "download"):  # where the data is read from: run.json's
+        if name == "seeds" or name in DATA_LOCATION:                  # where the data is read from: run.json's
             return True                                             # data_source and fingerprint say what it was
         if isinstance(mine, (list, tuple)) and isinstance(theirs, (list, tuple)):
             return set(mine) <= set(theirs)
@@ -410,6 +411,12 @@ def build_section(run: Run, report_dir: Path) -> Section:
         section.text(f"**No tables yet:** the {run.experiment} report needs its units finished "
                      f"({type(exc).__name__}: {exc}); the note above says how far each got.")
     return section
+
+
+def _state(section: "Section") -> str:
+    """"NOT RUN", "failed" or "" from the run's status, for the headline and the contents."""
+    status = str(section.run.meta.get("status", ""))
+    return "NOT RUN" if status == "not run" else "failed" if status.startswith("failed") else ""
 
 
 def _runs_flagged(n: int, what: str, why: str) -> str:
@@ -471,17 +478,26 @@ def write_report(root: str | Path, out: str | Path | None = None) -> Path:
     sections.sort(key=lambda s: (order.get(s.run.meta.get("experiment"), len(order)), str(s.run.path)))
     resolve_failures(sections)
     broken = sum(1 for s in sections if s.error is not None)
-    incomplete = sum(1 for s in sections if not s.complete)
+    state = {id(s): _state(s) for s in sections}
+    failed = sum(1 for s in sections if state[id(s)] == "failed")
+    incomplete = sum(1 for s in sections if not s.complete and state[id(s)] != "failed")
+    not_run = [s.run.meta.get("experiment", s.run.path.name) for s in sections if state[id(s)] == "NOT RUN"]
     lines = ["# targetpo report", "",
              f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} from {count(len(runs), 'run')} in `{root}`. "
+             + (f"**{count(len(not_run), 'experiment')} NOT RUN** ({', '.join(not_run)}: "
+                f"{'their sections say' if len(not_run) != 1 else 'its section says'} why and how to run "
+                f"{'them' if len(not_run) != 1 else 'it'}; no claim of "
+                f"{'theirs' if len(not_run) != 1 else 'its'} is counted below). " if not_run else "")
              + _runs_flagged(broken, "could not be reported", "why")
+             + _runs_flagged(failed, "failed", "the error and how to resume")
              + _runs_flagged(incomplete, "incomplete", "which units are missing")
              + f"Paper claims checked from our data: {claim_count(sections)}. "
              "Paper numbers are the reference constants of `targetpo.paper` (the paper's tables, or runs of the "
              "authors' code where the paper gives none); every other number is measured from this run's metrics, and "
              "`mean [lo, hi]` is a seed mean with its 95 % interval over seeds (docs/verdicts.md).", ""]
     anchors = _anchors([s.title for s in sections])
-    lines += ["## Contents", ""] + [f"- [{s.title}](#{a})" for s, a in zip(sections, anchors)] + [""]
+    lines += ["## Contents", ""] + [f"- [{s.title}](#{a})" + (f" — {state[id(s)]}" if state[id(s)] else "")
+                                    for s, a in zip(sections, anchors)] + [""]
     # Written beside and moved into place: a kill mid-write leaves the previous report, never half of one.
     tmp = report_path.with_name(report_path.name + ".tmp")
     try:

@@ -31,6 +31,12 @@ def test_settings_parse_and_bad_ones_are_refused():
     with pytest.raises(ValueError, match=r"'kl1e-8' has a budget below 1\.39e-08"):
         make_config(load("mnist-projections"), "smoke", overrides=["methods=kl1e-8"])
     make_config(load("mnist-projections"), "smoke", overrides=["methods=kl2e-8"])
+    # α = 1 and α = 0 are computed as the two KLs exactly: the same run twice under two names.
+    for pair, dup in [("forward_kl,alpha1", "alpha1"), ("alpha0,reverse_kl", "reverse_kl")]:
+        with pytest.raises(ValueError, match=f"'{dup}' is the same setting as"):
+            make_config(load("mnist-projections"), "smoke", overrides=[f"methods={pair}"])
+        with pytest.raises(ValueError, match=f"'{dup}' is the same setting as"):
+            make_config(load("token-projections"), "smoke", overrides=[f"settings={pair}"])
 
 
 def test_mnist_projections_smoke_and_forward_kl_is_mnist_tpo(tmp_path, mnist_dir):

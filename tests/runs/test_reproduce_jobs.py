@@ -156,3 +156,45 @@ def test_a_missing_optional_extra_is_one_line_naming_it(tmp_path, capsys, monkey
     err = capsys.readouterr().err.strip()
     assert err.startswith("targetpo: error: rlvr needs the llm extra (no module named 'reasoning_gym')"), err
     assert "\n" not in err and not (tmp_path / "x").exists()
+
+
+def test_a_finished_reproduce_continues_wherever_its_data_is_named(tmp_path, capsys, mnist_dir, monkeypatch):
+    """Run once through $TARGETPO_MNIST_DIR, again with --data-dir (Makefile's MNIST_DIR) or with no data at all:
+    the second reproduce stopped before anything ran ("data_dir: stored None, asked '...'"), and the only way out
+    it named, --fresh, threw every run away. The content fingerprint still guards against other data."""
+    out = tmp_path / "r"
+    argv = ["reproduce", "--out", str(out), "--only", "mnist", "tabular-single", "--preset", "smoke", "--jobs", "1",
+            "--no-progress"]
+    monkeypatch.setenv("TARGETPO_MNIST_DIR", str(mnist_dir))
+    assert main(argv) == 0
+    before = (out / "mnist" / "metrics.jsonl").read_bytes()
+    monkeypatch.delenv("TARGETPO_MNIST_DIR")
+    assert main(argv + ["--data-dir", str(mnist_dir)]) == 0
+    assert main(argv) == 0  # complete: no data needed, and not called NOT RUN
+    err = capsys.readouterr().err
+    assert "NOT RUN" not in err and "would not continue" not in err
+    assert (out / "mnist" / "metrics.jsonl").read_bytes() == before
+
+
+def test_reproduce_out_must_be_a_folder_of_its_own(tmp_path, capsys):
+    """--out under a file printed one traceback per experiment; --out a user's folder had its REPORT.md replaced."""
+    (tmp_path / "afile").write_text("")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "REPORT.md").write_text("my notes")
+    for out, message in [(tmp_path / "afile" / "r", "is a file, not a directory"),
+                         (mine, "not empty (REPORT.md) and holds no targetpo runs")]:
+        code = main(["reproduce", "--out", str(out), "--only", "tabular-single", "--preset", "smoke", "--no-progress"])
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert code == 2 and len(err) == 1 and message in err[0], err
+    assert (mine / "REPORT.md").read_text() == "my notes" and sorted(p.name for p in mine.iterdir()) == ["REPORT.md"]
+
+
+def test_the_report_headline_names_experiments_not_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("TARGETPO_MNIST_DIR", raising=False)
+    out = tmp_path / "r"
+    assert main(["reproduce", "--out", str(out), "--only", "tabular-single", "mnist", "--preset", "smoke",
+                 "--jobs", "1", "--no-progress"]) == 0
+    text = (out / "REPORT.md").read_text()
+    assert "**1 experiment NOT RUN** (mnist: its section says why and how to run it" in text.splitlines()[2]
+    assert "(#mnist-contextual-bandit-paper-33-fig-4a) — NOT RUN" in text

@@ -284,3 +284,13 @@ def test_projection_settings_are_distinct_and_forward_kl_is_optional(tmp_path):
     out = run_experiment(exp.NAME, "smoke", out=tmp_path / "p", progress=False, quiet=True, threads=1,
                          overrides=["settings=reverse_kl,js", "episodes=2"])
     assert "vs reverse KL" in write_report(out).read_text()
+
+
+def test_a_finite_gradient_has_a_finite_norm():
+    """Group PG at tpo_eta=1e-30 has gradients up to ~1e30, finite in float32, whose squares are not: grad_norm
+    was inf and the runner ended a healthy unit as diverged at step 0."""
+    from targetpo.tokens import engine as te
+
+    cfg = te.TrialConfig(reward="terminal", length=3, batch=8, k=4, episodes=2, tpo_eta=1e-30)
+    out = te.run_trial(cfg, "group_pg", [0, 1], check=lambda ep, values: None)
+    assert np.isfinite(out["grad_norm"]).all() and out["grad_norm"].max() > 1e25

@@ -21,7 +21,7 @@ from targetpo.mnist.config import MnistConfig
 from targetpo.mnist.data import NUM_CLASSES
 from targetpo.mnist.mlp import bank_forward
 from targetpo.objectives import expected_baseline, tpo_loss
-from targetpo.objectives.tpo import ALPHA_MIN, adaptive_kl_floor, projection_label, projection_setting
+from targetpo.objectives.tpo import ALPHA_MIN, adaptive_kl_floor, projection_key, projection_label, projection_setting
 from targetpo.runs import plots
 from targetpo.runs.config import config, default, param
 from targetpo.runs.stats import count, difference_read, fmt, mean_se, paired_interval
@@ -72,7 +72,7 @@ class Config(MnistConfig):
                 raise ValueError(f"methods={self.methods!r}: {s!r} has a budget below {floor:.3g}, the KL that an "
                                  f"image's group of {NUM_CLASSES} classes may still have at the largest η the adaptive "
                                  "η tries (docs/method.md §8), so it may be out of reach mid-run")
-            key = tuple(sorted(options.items()))
+            key = projection_key(s)
             if key in seen:  # alpha0.5 and alpha0.50: one setting run twice under two names
                 raise ValueError(f"methods={self.methods!r}: {s!r} is the same setting as {seen[key]!r}")
             seen[key] = s

@@ -541,6 +541,15 @@ def projection_setting(setting: str) -> dict:
                      "(e.g. alpha0.5) or kl<finite ε > 0> (adaptive η with KL budget ε, e.g. kl1)")
 
 
+def projection_key(setting: str) -> tuple:
+    """What a projection setting computes, for refusing duplicates: alpha1 is forward_kl and alpha0 is reverse_kl
+    exactly (:func:`alpha_projection` computes the two KLs there), alpha0.5 and alpha0.50 are one setting."""
+    o = projection_setting(setting)
+    if o.get("projection") == "alpha" and o["alpha"] in (0.0, 1.0):
+        o = {"projection": "reverse_kl" if o["alpha"] == 0 else "forward_kl"}
+    return tuple(sorted(o.items()))
+
+
 def projection_label(setting: str) -> str:
     """A projection setting's name for tables and legends."""
     o = projection_setting(setting)

@@ -194,6 +194,11 @@ def show_differences(differ: dict[str, tuple[Any, Any]]) -> str:
     return "; ".join(f"{k}: stored {a!r}, asked {b!r}" for k, (a, b) in differ.items())
 
 
+# Where a run reads its data from, not what the data is: a resume may find the same files elsewhere (a path given
+# once as --data-dir, once through $TARGETPO_MNIST_DIR); the content fingerprint in run.json is what must match.
+DATA_LOCATION = ("data_dir", "data_path", "download")
+
+
 def config_differences(a: Any, b: Any) -> dict[str, tuple[Any, Any]]:
     """{field: (value in a, value in b)} for the fields where two configs of one class differ."""
     da, db = dataclasses.asdict(a), dataclasses.asdict(b)
@@ -443,7 +448,11 @@ def _run_experiment(
                              "--force (or use the version that wrote it)")
         other_preset = preset is not None and preset != meta["preset"]
         if other_preset or overrides or seeds is not None:
-            differ = config_differences(cfg, make_config(exp, preset or meta["preset"], seeds, overrides))
+            asked = make_config(exp, preset or meta["preset"], seeds, overrides)
+            given = {k.split("=", 1)[0].strip() for k in overrides or ()}
+            # The data's location as given now (the fingerprint check still refuses other data).
+            cfg = dataclasses.replace(cfg, **{k: getattr(asked, k) for k in DATA_LOCATION if k in given})
+            differ = {k: v for k, v in config_differences(cfg, asked).items() if k not in DATA_LOCATION}
             if differ or other_preset:
                 what = f"preset {preset!r} differs" if other_preset else "the overrides differ"
                 fields = show_differences(differ) or "no field"
@@ -455,7 +464,8 @@ def _run_experiment(
             raise ValueError(f"--resume continues the run stored in {run_dir}, which ran on --device "
                              f"{meta['device']}; asked --device {device}: pass --device {meta['device']} to "
                              "continue it, or use a new --out")
-        _check_data(exp, cfg)
+        if force or not str(meta.get("status", "")).startswith("complete"):  # a complete run reads no data
+            _check_data(exp, cfg)                                            # (--force replays its diverged units)
     else:
         preset = preset or "cpu"
         cfg = make_config(exp, preset, seeds, overrides)  # validated before anything on disk is touched

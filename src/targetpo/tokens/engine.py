@@ -29,7 +29,8 @@ Metrics (per seed, measured on the episode's training rollout *before* the updat
   mistake.
 - ``grad_norm`` — global L2 norm of the first epoch's raw gradient (per seed, before the optimizer; docs/experiments.md §E8).
 - ``frac_success`` — grouped: fraction of groups with ≥ 1 successful candidate (sequence level: exact match;
-  token level: a correct candidate token); single-sample: fraction of exact-match rollouts.
+  token level: a candidate with reward > 0, so under sequential reward only at states before the behaviour's
+  first mistake); single-sample: fraction of exact-match rollouts.
 - ``all_fail`` — 1 − frac_success (the paper's Fig. 11 "all-fail fraction"; docs/differences.md §7).
 - ``frac_zero_var`` — grouped only: fraction of groups whose scores have population std ≤ 1e-6 (all-fail *and*
   all-success groups).
@@ -537,7 +538,10 @@ def _masked_seed_mean(x: Tensor, mask: Tensor) -> Tensor:
 
 
 def _grad_norm(grads: list[Tensor]) -> Tensor:
-    return torch.stack([gr.reshape(gr.shape[0], -1).square().sum(dim=1) for gr in grads]).sum(dim=0).sqrt()
+    """Per-seed global L2 norm, summed in float64: squares of a finite float32 gradient above ~1e19 (Group PG at a
+    tiny η) overflowed, and the inf marked a healthy unit diverged. Returned in the gradients' dtype."""
+    sq = torch.stack([gr.reshape(gr.shape[0], -1).double().square().sum(dim=1) for gr in grads]).sum(dim=0)
+    return sq.sqrt().to(grads[0].dtype)
 
 
 # ----------------------------------------------------------------------------- one episode's batch and loss

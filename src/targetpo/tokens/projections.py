@@ -13,7 +13,7 @@ episode's sampled answers with a mistake, before the update. Not a paper experim
 
 from __future__ import annotations
 
-from targetpo.objectives.tpo import projection_label, projection_setting
+from targetpo.objectives.tpo import projection_key, projection_label, projection_setting
 from targetpo.runs import plots
 from targetpo.runs.config import config, default, param, swept
 from targetpo.runs.stats import count
@@ -21,7 +21,7 @@ from targetpo.tokens import common as tc
 from targetpo.tokens import open_questions as oq
 from targetpo.tokens import report as tr
 from targetpo.tokens.config import tpo_only
-from targetpo.tokens.engine import TrialConfig, trial_config
+from targetpo.tokens.engine import trial_config
 
 NAME = "token-projections"
 TITLE = "Open question: other projections onto TPO's target, terminal-reward token reversal"
@@ -56,15 +56,16 @@ class Config(oq.OpenQuestionConfig):
     seeds = 5
 
     def check(self) -> None:
-        seen: dict[TrialConfig, str] = {}
+        seen: dict[tuple, str] = {}
         for s in self.settings:
             try:
-                trial = trial_config(self, **setting_options(s), methods=self.methods)
+                trial_config(self, **setting_options(s), methods=self.methods)
             except ValueError as exc:  # name the setting the user typed, not only the field it sets
                 raise ValueError(f"settings item {s!r}: {exc}") from None
-            if trial in seen:
-                raise ValueError(f"settings={self.settings!r}: {s!r} is the same setting as {seen[trial]!r}")
-            seen[trial] = s
+            key = projection_key(s)  # alpha1 is forward_kl, alpha0 reverse_kl: the same run twice
+            if key in seen:
+                raise ValueError(f"settings={self.settings!r}: {s!r} is the same setting as {seen[key]!r}")
+            seen[key] = s
 
 
 PRESETS = {
