@@ -169,7 +169,8 @@ def _not_run(plan: _Plan, reason: str) -> None:
     fields = _field_names(exp)
     if "data_dir" in fields:  # MNIST: reproduce passes --data-dir
         cmd = f"targetpo reproduce --out {plan.run_dir.parent} --only {plan.name} --preset {plan.preset} --data-dir DIR"
-        also = " (or `make reproduce MNIST_DIR=DIR`)"
+        # make reproduce writes the default presets into results/: the same folder only then
+        also = " (or `make reproduce MNIST_DIR=DIR`)" if plan.run_dir.parent == Path("results") else ""
     else:  # what reproduce cannot pass (a model directory, GSM8K's path): a run of its own into the same folder
         paths = " ".join(f"{n}=DIR" for n in ("model", "data_path") if n in fields)
         cmd = f"targetpo run {plan.name} --preset {plan.preset} --out {plan.run_dir} --force {paths}".rstrip()
@@ -294,7 +295,6 @@ def _run_parallel(plans: list[_Plan], jobs: int, progress: bool) -> tuple[list[s
               "`targetpo reproduce` with the same --out resumes them", file=sys.stderr)
         raise
     bar.close()
-    print(f"reproduce: {count(len(plans), 'experiment')} in {time.time() - start:.0f}s with {count(jobs, 'job')}")
     return missing, failed
 
 
@@ -336,6 +336,7 @@ def cmd_reproduce(args) -> int:
     if cpu_only:
         print(f"--device {args.device}: {', '.join(cpu_only)} compute on the CPU only and run there", file=sys.stderr)
     missing, failed = [], []
+    start = time.time()
     if jobs == 1 or len(plans) == 1:
         for plan in plans:
             try:  # the runner checks the data before it writes anything
@@ -352,6 +353,12 @@ def cmd_reproduce(args) -> int:
             missing, failed = _run_parallel(plans, min(jobs, len(plans)), progress=not args.no_progress)
         except KeyboardInterrupt:
             return 130
+    # One summary for both paths, counting what happened rather than what was planned.
+    done = len(plans) - len(missing) - len(failed)
+    print(f"reproduce: {done} done" + (f", {len(missing)} NOT RUN" if missing else "")
+          + (f", {len(failed)} FAILED" if failed else "")
+          + f" of {count(len(plans), 'experiment')} in {time.time() - start:.0f}s with "
+          f"{count(min(jobs, len(plans)), 'job')}")
     print(f"report: {write_report(out)}")
     if missing:
         print(f"WARNING: {count(len(missing), 'experiment')} NOT RUN for lack of data: {', '.join(missing)} "
