@@ -298,6 +298,20 @@ def _run_parallel(plans: list[_Plan], jobs: int, progress: bool) -> tuple[list[s
     return missing, failed
 
 
+def _run_sequentially(plans: list[_Plan], args, missing: list[str], failed: list[str]) -> None:
+    """reproduce --jobs 1: each plan in this process; appends to `missing` / `failed` and goes on after either."""
+    for plan in plans:
+        try:  # the runner checks the data before it writes anything
+            _run_plan(plan, progress=not args.no_progress)
+        except MissingDataError as exc:
+            missing.append(plan.name)
+            _not_run(plan, str(exc))
+        except Exception:  # noqa: BLE001  (as in the parallel path: reported, and the other experiments go on)
+            failed.append(plan.name)
+            print(f"\n{plan.name} FAILED (the other experiments go on):\n{traceback.format_exc().rstrip()}",
+                  file=sys.stderr)
+
+
 def cmd_reproduce(args) -> int:
     from targetpo.report import write_report
 
@@ -338,16 +352,14 @@ def cmd_reproduce(args) -> int:
     missing, failed = [], []
     start = time.time()
     if jobs == 1 or len(plans) == 1:
-        for plan in plans:
-            try:  # the runner checks the data before it writes anything
-                _run_plan(plan, progress=not args.no_progress)
-            except MissingDataError as exc:
-                missing.append(plan.name)
-                _not_run(plan, str(exc))
-            except Exception:  # noqa: BLE001  (as in the parallel path: reported, and the other experiments go on)
-                failed.append(plan.name)
-                print(f"\n{plan.name} FAILED (the other experiments go on):\n{traceback.format_exc().rstrip()}",
-                      file=sys.stderr)
+        # SIGTERM ends the running experiment as `targetpo run` does: status "interrupted", not a stale "running".
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _exit_on_signal) if main_thread else None
+        try:
+            _run_sequentially(plans, args, missing, failed)
+        finally:
+            if main_thread:
+                signal.signal(signal.SIGTERM, previous)
     else:
         try:
             missing, failed = _run_parallel(plans, min(jobs, len(plans)), progress=not args.no_progress)

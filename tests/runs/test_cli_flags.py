@@ -205,3 +205,18 @@ def test_a_run_folder_in_use_is_refused_to_a_second_process(tmp_path, capsys):
         proc.wait(timeout=60)
     # the lock dies with its process: the folder is free again
     assert main(["run", "tabular-multi", "--out", str(out), *SMOKE, "steps=200", "--threads", "1", "--force"]) == 0
+
+
+def test_a_sequential_reproduce_stopped_by_sigterm_leaves_its_run_interrupted(tmp_path):
+    """`reproduce --jobs 1` had no SIGTERM handler: the process died at once and run.json kept saying "running"."""
+    out = tmp_path / "r"
+    cmd = [sys.executable, "-m", "targetpo", "reproduce", "--out", str(out), "--only", "tabular-multi", "--preset",
+           "paper", "--jobs", "1", "--no-progress"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    metrics = out / "tabular-multi" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size > 0):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert json.loads((out / "tabular-multi" / "run.json").read_text())["status"] == "interrupted"
