@@ -240,3 +240,15 @@ def test_prose_reads_a_difference_by_the_verdict_rule_and_never_decides_on_smoke
     assert difference_read(straddles) == "not resolved: the interval includes 0"
     assert difference_read(seed_interval([0.1])) == "not resolved: no interval"  # one seed
     assert "too short to decide" in difference_read(clear, decides=False)
+
+
+def test_report_cells_keep_intervals_inside_what_the_quantity_can_take():
+    """A misalignment (1 − cos, in [0, 2]) of two seeds was shown as 0.583 [-3.46, 4.63]."""
+    import numpy as np
+
+    from targetpo.runs.stats import MISALIGNMENT, Curve, mean_se, ours_vs_paper
+
+    vals = np.array([[0.1, 1.07]])
+    curve = Curve(np.array([0]), *mean_se(vals), vals)
+    assert ours_vs_paper(curve, [0], [0.42], MISALIGNMENT) == ["0.585 [0, 2] (0.42)"]
+    assert ours_vs_paper(curve, [0], [0.42]) != ["0.585 [0, 2] (0.42)"]  # unbounded: the t interval as is

@@ -66,19 +66,20 @@ def curves(run, metric: str) -> dict[str, Curve]:
     return out
 
 
-def ours_vs_paper(curve: Curve, ref_steps, ref_values) -> list[str]:
+def ours_vs_paper(curve: Curve, ref_steps, ref_values, bounds: tuple[float, float] | None = None) -> list[str]:
     """'ours [lo, hi] (paper)' cells at the paper's steps that this run recorded: the seed mean with its 95 %
-    seed interval (`seed_interval`), then the reference value."""
+    seed interval (`seed_interval`, cut to `bounds`, the range the quantity cannot leave), then the reference."""
     last = curve.steps[-1]
-    return [f"{interval_at(curve, s).show(-1)} ({fmt(v)})" for s, v in zip(ref_steps, ref_values) if s <= last]
+    return [f"{interval_at(curve, s, bounds=bounds).show(-1)} ({fmt(v)})" for s, v in zip(ref_steps, ref_values)
+            if s <= last]
 
 
-def interval_at(curve: Curve, step: int, level: float = 0.95) -> "Interval":
-    """Seed interval of the curve at a recorded step."""
+def interval_at(curve: Curve, step: int, level: float = 0.95, bounds: tuple[float, float] | None = None) -> "Interval":
+    """Seed interval of the curve at a recorded step (cut to `bounds`, see `seed_interval`)."""
     i = int(np.searchsorted(curve.steps, step))
     if i >= len(curve.steps) or curve.steps[i] != step:
         raise KeyError(f"step {step} was not recorded")
-    return seed_interval(curve.values[i], level)
+    return seed_interval(curve.values[i], level, bounds=bounds)
 
 
 # ----------------------------------------------------------------------------- seed intervals and verdicts
@@ -203,6 +204,7 @@ def seed_interval(values, level: float = LEVEL, kind: str = "t", bounds: tuple[f
 
 
 RATE = (0.0, 1.0)  # bounds of an error rate or a fraction
+MISALIGNMENT = (0.0, 2.0)  # bounds of 1 − cos
 
 
 def paired_interval(a, b, level: float = LEVEL) -> Interval:

@@ -4,7 +4,7 @@ of their reports."""
 from __future__ import annotations
 
 from targetpo.runs.config import ETA_MIN, RunConfig, config, default, param
-from targetpo.runs.stats import fmt, ours_vs_paper, steps_to_interval
+from targetpo.runs.stats import RATE, fmt, ours_vs_paper, steps_to_interval
 
 
 @config
@@ -23,7 +23,7 @@ def error_rows(err: dict, ref: dict, labels: dict[str, str]) -> tuple[list[int],
     last = int(max(s[-1] for s, *_ in err.values()))
     rows = []
     for m, (steps, mean, se, _) in err.items():
-        rows.append([labels[m]] + ours_vs_paper(err[m], ref["steps"], ref[m]["error"])
+        rows.append([labels[m]] + ours_vs_paper(err[m], ref["steps"], ref[m]["error"], RATE)
                     + [f"{steps_to_interval(steps, err[m].values, 0.01).show(-1)} ({fmt(ref[m]['below_1pct'])})",
                        f"{steps_to_interval(steps, err[m].values, 0.001).show(-1)} ({fmt(ref[m]['below_0.1pct'])})"])
     return [s for s in ref["steps"] if s <= last], rows

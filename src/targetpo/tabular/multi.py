@@ -19,9 +19,9 @@ from targetpo import paper
 from targetpo.runs.config import config, default, param
 from targetpo.tabular.config import TabularConfig, error_rows
 from targetpo.runs import plots
-from targetpo.runs.stats import (all_of, at_least, below, bootstrap_interval, curves, exact, final_interval,
-                                 first_below, fmt, hit_step, interval_at, ours_vs_paper, paired_interval,
-                                 reached_by_any, seed_interval, steps_to_interval)
+from targetpo.runs.stats import (MISALIGNMENT, RATE, all_of, at_least, below, bootstrap_interval, curves, exact,
+                                 final_interval, first_below, fmt, hit_step, interval_at, ours_vs_paper,
+                                 paired_interval, reached_by_any, seed_interval, steps_to_interval)
 from targetpo.objectives.tpo import one_hot_inv_lambda
 from targetpo.tabular.bandit import beta, beta_dg, beta_grpo, beta_pg, beta_tpo, correct_direction, exact_update
 
@@ -244,7 +244,7 @@ def report(run, section) -> None:
                   f"Average error: ours (reference: {paper.TABULAR_MULTI_ERROR.source})")
 
     steps_m = [s for s in ref_m["steps"] if s <= last]
-    rows = [[LABELS[m]] + ours_vs_paper(mis[m], ref_m["steps"], ref_m[m]) for m in mis if m in ref_m]
+    rows = [[LABELS[m]] + ours_vs_paper(mis[m], ref_m["steps"], ref_m[m], MISALIGNMENT) for m in mis if m in ref_m]
     section.table(["method"] + [f"@{s}" for s in steps_m], rows, "Misalignment to CE: ours (reference)")
 
     betas = measured_betas()
@@ -296,7 +296,7 @@ def report(run, section) -> None:
     gap = {m: paired_interval(err[m].values[i], err["tpo"].values[i]) for m in ("dg", "grpo")}
     section.claim(f"DG and GRPO are slightly faster early (error at step {early} below TPO's)",
                   all_of([below(g, 0) for g in gap.values()]),
-                  f"TPO {interval_at(err['tpo'], early).show(-1)}; minus TPO: "
+                  f"TPO {interval_at(err['tpo'], early, bounds=RATE).show(-1)}; minus TPO: "
                   + ", ".join(f"{LABELS[m]} {g.show(-1)}" for m, g in gap.items()))
     final = {m: final_interval(err[m]) for m in err}
     lead = {m: paired_interval(err["tpo"].values[-1], err[m].values[-1]) for m in ("pg", "dg", "grpo")}

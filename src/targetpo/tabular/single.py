@@ -23,8 +23,9 @@ from targetpo.runs.config import config, default, param
 from targetpo.tabular.config import TabularConfig, error_rows
 from targetpo.objectives import dg_loss, reinforce_loss, tpo_loss
 from targetpo.runs import plots
-from targetpo.runs.stats import (above, all_of, below, bootstrap_interval, curves, final_interval, first_below,
-                                 fmt, hit_step, ours_vs_paper, paired_interval, reached_by_any, steps_to_interval)
+from targetpo.runs.stats import (MISALIGNMENT, above, all_of, below, bootstrap_interval, curves, final_interval,
+                                 first_below, fmt, hit_step, ours_vs_paper, paired_interval, reached_by_any,
+                                 steps_to_interval)
 from targetpo.tabular.bandit import correct_direction, misalignment, normalized_step, squared_norm
 
 NAME = "tabular-single"
@@ -128,7 +129,7 @@ def report(run, section) -> None:
                   f"Error 1 − π(y*): ours (reference: {paper.TABULAR_SINGLE_ERROR.source})")
 
     steps_m = [s for s in ref_m["steps"] if s <= last]
-    rows = [[LABELS[m]] + ours_vs_paper(mis[m], ref_m["steps"], ref_m[m]) for m in mis]
+    rows = [[LABELS[m]] + ours_vs_paper(mis[m], ref_m["steps"], ref_m[m], MISALIGNMENT) for m in mis]
     section.table(["method"] + [f"@{s}" for s in steps_m], rows, "Misalignment 1 − cos(g, g*_PG): ours (reference)")
 
     fig, (ax1, ax2) = plots.figure(2)
