@@ -291,8 +291,7 @@ def _run_parallel(plans: list[_Plan], jobs: int, progress: bool) -> tuple[list[s
                 proc.join()
         bar.close()
         names = ", ".join(p.name for p, *_ in running.values()) or "none"
-        print(f"\ninterrupted: stopped the running experiments ({names}); every finished line is kept and "
-              "`targetpo reproduce` with the same --out resumes them", file=sys.stderr)
+        print(f"\ninterrupted: stopped the running experiments ({names})", file=sys.stderr)
         raise
     bar.close()
     return missing, failed
@@ -363,7 +362,9 @@ def cmd_reproduce(args) -> int:
     else:
         try:
             missing, failed = _run_parallel(plans, min(jobs, len(plans)), progress=not args.no_progress)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # also a second Ctrl-C that cut the stopping short: say it here, once
+            print("targetpo: interrupted; every finished line is kept and `targetpo reproduce` with the same --out "
+                  "resumes", file=sys.stderr)
             return 130
     # One summary for both paths, counting what happened rather than what was planned.
     done = len(plans) - len(missing) - len(failed)
