@@ -60,7 +60,7 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, *, kl_estimator: str = "k3", log
 
 def masked_log_ratio(logp: Tensor, old_logp: Tensor, valid: Tensor | None) -> Tensor:
     """log π_θ − log π_old, set to 0 where `valid` is False. Padding tokens and masked candidates may hold any
-    log-prob; exp() of their difference can overflow, and the zero gradient of a masked-out term times an infinite
+    finite log-prob (the input checks refuse NaN and ±inf everywhere); exp() of their difference can overflow, and the zero gradient of a masked-out term times an infinite
     ratio is NaN (0·∞), which would poison the whole update."""
     delta = logp - old_logp
     return delta if valid is None else torch.where(valid, delta, torch.zeros_like(delta))

@@ -44,6 +44,6 @@ def dg_loss(
     w = gate * a
     agg = loss_agg if loss_agg is not None else ("mean" if lp.dim() == 1 else "sum-mean")
     loss = aggregate(-w * lp, agg, token_mask=token_mask, per_token=token_mask is not None)
-    if token_mask is not None:  # padding holds any log-prob and advantage; the metrics see the valid tokens only
+    if token_mask is not None:  # padding holds any finite log-prob and advantage; the metrics see the valid tokens only
         gate, w = gate[token_mask], w[token_mask]
     return LossOutput(loss, {"gate_mean": gate.mean(), "weight_abs_mean": w.abs().mean()})
