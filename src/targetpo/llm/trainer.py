@@ -16,8 +16,11 @@ One step t:
      micro-batch (as verl, which computes the policy loss per micro-batch, does) and the update depends on the
      micro-batching.
   3. metrics: mean reward, accuracy (reward = 1), fraction of zero-variance groups, the objective's metrics
-     (TPO: target entropy, KL(q‖p_θ)) from the first epoch, loss, completion length, grad norm, wall time;
-     greedy held-out accuracy every `eval_every` steps.
+     (`obj_*`; TPO: target entropy, KL(q‖p_θ)) from the first epoch, loss, completion length, grad norm, wall
+     time; greedy held-out accuracy every `eval_every` steps. With micro-batches an `obj_*` metric is the
+     average of the micro-batches' values weighted as their losses are (share of sequences, or of tokens for
+     token-mean objectives): a group fraction of DAPO, or a token fraction such as GRPO's `obj_clip_frac`, can
+     then differ slightly from the whole mini-batch's; the top-level `frac_zero_var` is always exact.
 
 The loss is ``objective(logp [G, K, T], old_logp, rewards [G, K], token_mask) + β·KL`` with the objective from
 :mod:`targetpo.objectives` (never re-implemented here) and β·KL = β · mean over sequences of the per-token mean
