@@ -233,9 +233,12 @@ def train_and_heldout(task, train_size: int, eval_size: int, seed: int) -> tuple
             if draw == eval_size:
                 raise
             break  # a finite held-out split (GSM8K's test file) has no more: say why eval_size is not reached
+        found = len(heldout)
         heldout = [p for p in dict((p.question, p) for p in drawn).values() if p.question not in seen][:eval_size]
         if len(heldout) == eval_size:
             return train, heldout
+        if draw > eval_size and len(heldout) == found:
+            break  # twice the draw found no new question: the space is exhausted, more doublings only cost time
         draw *= 2
     raise ValueError(f"could only find {len(heldout)} held-out problems outside the {train_size}-problem training "
                      f"pool (eval_size={eval_size}): the others repeat a held-out question or occur in the pool; "
