@@ -228,3 +228,35 @@ def test_a_fixed_length_tuple_field_takes_exactly_that_many_items():
             validate(Pair(betas=bad))
     with pytest.raises(ValueError, match=r"betas=\(0.9, 1.0\): item 1.0 must be >= 0 and < 1"):
         validate(Pair(betas=(0.9, 1.0)))
+
+
+def test_help_says_finite_wherever_infinity_is_refused():
+    """`etas=inf` and `tpo_alpha=inf` are refused as not finite, but --help and docs/config.md showed the bounds
+    without "and finite" for float lists and optional floats."""
+    from targetpo.runs.config import bounds, config_class, config_fields
+
+    for name, field in [("token-temperature", "etas"), ("token-terminal", "tpo_alpha"), ("rlvr", "adam_betas")]:
+        assert bounds(config_fields(config_class(load(name)))[field]).endswith("and finite"), (name, field)
+
+
+def test_a_dict_field_says_it_is_set_through_the_python_api():
+    with pytest.raises(ValueError, match="a dict, set only through the Python API, not as key=value"):
+        make_config(load("rlvr"), "smoke", overrides=['objective_options={"clip_eps": 0.2}'])
+
+
+def test_data_locations_are_stored_absolute_and_a_resume_reads_either_spelling(tmp_path, mnist_dir, monkeypatch):
+    """data_dir=REL was stored relative (--data-dir is made absolute), so a resume from another folder looked in
+    the wrong place; on --resume, data-dir=NEW (a hyphen) was ignored where data_dir=NEW was read."""
+    import json
+    import shutil
+
+    from targetpo.experiments import run_experiment
+
+    shutil.copytree(mnist_dir, tmp_path / "m1")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    run_experiment("mnist", "smoke", out=out, overrides=["data_dir=m1", "methods=ce"], progress=False, quiet=True)
+    assert json.loads((out / "run.json").read_text())["config"]["data_dir"] == str(tmp_path / "m1")
+    (tmp_path / "m1").rename(tmp_path / "m2")
+    run_experiment("mnist", "smoke", out=out, overrides=[f"data-dir={tmp_path / 'm2'}", "methods=ce"], resume=True,
+                   force=True, progress=False, quiet=True)

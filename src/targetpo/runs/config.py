@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from types import ModuleType
@@ -324,6 +325,8 @@ def _parse_value(text: str, annotation: Any, name: str) -> Any:
             return tp(text)
         except ValueError:
             pass
+    elif tp is dict:
+        raise ValueError(f"{name}={text!r}: a dict, set only through the Python API, not as key=value")
     else:
         return text
     raise ValueError(f"{name}={text!r}: expected {_TYPE_NAMES[tp]}")
@@ -404,7 +407,9 @@ def show(value: Any) -> str:
 
 def bounds(f: dataclasses.Field) -> str:
     rule = allowed(f.metadata)
-    if rule and f.type in ("float", float) and f.metadata.get("finite", True):
+    # Any float field, also a float list or an optional float (the checks refuse inf in each of them).
+    if rule and re.search(r"\bfloat\b", f.type if isinstance(f.type, str) else repr(f.type)) \
+            and f.metadata.get("finite", True):
         rule += " and finite"
     if f.metadata.get("fixed"):
         rule = f"fixed ({f.metadata['fixed']})"

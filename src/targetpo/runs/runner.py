@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -25,7 +26,8 @@ from tqdm.auto import tqdm
 
 from targetpo.runs.store import (METRICS_FILE, RUN_FILE, MetricsWriter, RunFileError, read_metrics, read_run_json,
                                  record_key, versions, write_run_json)
-from targetpo.runs.config import config_class, config_fields, config_from_dict, make_config, validated
+from targetpo.runs.config import (config_class, config_fields, config_from_dict, make_config, override_key,
+                                  validated)
 from targetpo.runs.stats import count
 
 
@@ -199,6 +201,14 @@ def show_differences(differ: dict[str, tuple[Any, Any]]) -> str:
 DATA_LOCATION = ("data_dir", "data_path", "download")
 
 
+def absolute_locations(cfg: Any) -> Any:
+    """`cfg` with a relative `data_dir` / `data_path` made absolute, as `--data-dir` is: run.json then names the
+    same folder from any working directory a resume starts in."""
+    changes = {k: str(Path(v).expanduser().resolve()) for k in ("data_dir", "data_path")
+               if isinstance(v := getattr(cfg, k, None), str) and v and not Path(v).expanduser().is_absolute()}
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
 def config_differences(a: Any, b: Any) -> dict[str, tuple[Any, Any]]:
     """{field: (value in a, value in b)} for the fields where two configs of one class differ."""
     da, db = dataclasses.asdict(a), dataclasses.asdict(b)
@@ -320,7 +330,7 @@ def mark_not_run(run_dir: str | Path, exp: ModuleType, preset: str, reason: str)
         empty_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_run_json(run_dir, {"experiment": exp.NAME, "title": exp.TITLE, "paper_ref": exp.PAPER_REF,
-                             "preset": preset, "config": {}, "command": " ".join(sys.argv),
+                             "preset": preset, "config": {}, "command": shlex.join(sys.argv),
                              "versions": versions(), "data_source": "not available", "status": "not run",
                              "reason": reason, "wall_time_s": 0.0, "runs": []})
 
@@ -448,8 +458,8 @@ def _run_experiment(
                              "--force (or use the version that wrote it)")
         other_preset = preset is not None and preset != meta["preset"]
         if other_preset or overrides or seeds is not None:
-            asked = make_config(exp, preset or meta["preset"], seeds, overrides)
-            given = {k.split("=", 1)[0].strip() for k in overrides or ()}
+            asked = absolute_locations(make_config(exp, preset or meta["preset"], seeds, overrides))
+            given = {override_key(k) for k in overrides or ()}  # data-dir=… is data_dir=…
             # The data's location as given now (the fingerprint check still refuses other data).
             cfg = dataclasses.replace(cfg, **{k: getattr(asked, k) for k in DATA_LOCATION if k in given})
             differ = {k: v for k, v in config_differences(cfg, asked).items() if k not in DATA_LOCATION}
@@ -468,7 +478,7 @@ def _run_experiment(
             _check_data(exp, cfg)                                            # (--force replays its diverged units)
     else:
         preset = preset or "cpu"
-        cfg = make_config(exp, preset, seeds, overrides)  # validated before anything on disk is touched
+        cfg = absolute_locations(make_config(exp, preset, seeds, overrides))  # validated before anything on disk
         _check_data(exp, cfg)  # and the data checked before --force deletes anything
         if meta_path.exists() or (run_dir / METRICS_FILE).exists():
             if not force and resume:  # metrics without their run.json: nothing says which config they came from
@@ -486,7 +496,7 @@ def _run_experiment(
                                   "or empty --out, or pass --force to write into it (files of those names are "
                                   "replaced, the rest kept)")
         meta = {"experiment": name, "title": exp.TITLE, "paper_ref": exp.PAPER_REF, "preset": preset,
-                "config": dataclasses.asdict(cfg), "command": " ".join(sys.argv), "versions": versions(),
+                "config": dataclasses.asdict(cfg), "command": shlex.join(sys.argv), "versions": versions(),
                 "device": device,
                 # An experiment that reads data names it once a unit has loaded it (RunContext.set_data_source).
                 "data_source": "not loaded yet" if hasattr(exp, "check_data") else "generated (no external data)",
