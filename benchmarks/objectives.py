@@ -66,6 +66,7 @@ def peak_memory(name, inputs) -> float:
     time order; the running sum's maximum). Inputs already alive before the step are not counted."""
     from torch.profiler import ProfilerActivity, profile
 
+    inputs[0].grad = None  # the previous objective's gradient, freed inside the window, made the sum start negative
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step(name, inputs)
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")

@@ -381,3 +381,21 @@ def test_training_pass_is_exact_with_repeated_prompts_and_answers():
     g2 = torch.autograd.grad((ours * w).sum(), list(p2.values()))
     for a, b in zip(g1, g2):
         assert torch.allclose(a, b, atol=1e-4)
+
+
+def test_a_token_run_gives_the_same_numbers_with_any_thread_count():
+    """torch's CPU softmax backward splits its rows between threads in vectorised blocks: the attention's
+    gradients rounded differently with 1 and 2 threads, and the authors' smoke configuration ended at PPO error
+    0.380 with one thread and 0.299 with two (the runner picks the idle cores, so a run's numbers depended on
+    the machine's load when it started)."""
+    cfg = te.TrialConfig(task="reverse_copy", reward="bag", length=10, vocab=2, batch=100, k=8, episodes=3)
+    before = torch.get_num_threads()
+    try:
+        runs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            runs.append(te.run_trial(cfg, "ppo", [0, 1]))
+    finally:
+        torch.set_num_threads(before)
+    for key in runs[0]:
+        np.testing.assert_array_equal(runs[0][key], runs[1][key], err_msg=key)

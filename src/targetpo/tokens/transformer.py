@@ -193,6 +193,25 @@ def _block_mask(g: int, tq: int, q_from: int, tp: int, to: int, t_new: int, devi
     return _MASKS[key]
 
 
+class _Softmax(torch.autograd.Function):
+    """torch.softmax over the last dim (the same forward), with a backward that does not depend on the thread
+    count: torch's CPU softmax backward splits its rows between threads in vectorised blocks, so one row's
+    gradient rounds differently with 1 and 2 threads, and a token run's curves depended on the cores idle when it
+    started. y·(g − Σ y·g) with a last-dim sum is the same arithmetic in every row whatever the split."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        y = torch.softmax(x, dim=-1)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> Tensor:
+        (y,) = ctx.saved_tensors
+        gy = g * y
+        return gy - y * gy.sum(dim=-1, keepdim=True)
+
+
 def _attention(q: Tensor, k: Tensor, v: Tensor, q_from: int, prefix: tuple[Tensor, Tensor] | None,
                past: tuple[Tensor, Tensor] | None, t_new: int | None = None) -> Tensor:
     """Multi-head attention of new queries over [shared prefix | own past | new keys (causal)].
@@ -237,7 +256,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, q_from: int, prefix: tuple[Tenso
     if mask is not None:
         # In place: matmul's backward needs its inputs, not its output.
         scores = scores.masked_fill_(mask, float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), vg)                     # [S, P, h, g·Tq, hd]
+    out = torch.matmul(_Softmax.apply(scores), vg)                            # [S, P, h, g·Tq, hd]
     return out.view(s, p, h, g, tq, hd).permute(0, 1, 3, 4, 2, 5).reshape(s, n, tq, h * hd)
 
 
