@@ -64,6 +64,9 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="where the runs go (default: a temporary directory)")
     args = ap.parse_args()
     srcs = [Path(s).resolve() for s in (args.src or [ROOT / "src"])]
+    for s in srcs:  # else the runs import the installed (editable) targetpo and time this checkout instead
+        if not (s / "targetpo" / "__init__.py").is_file():
+            ap.error(f"--src {s}: not a src folder holding the targetpo package")
     out = Path(args.out or tempfile.mkdtemp(prefix="targetpo-presets-"))
     rows = []
     for spec in args.presets:

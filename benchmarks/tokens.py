@@ -100,14 +100,17 @@ print(json.dumps({"wall": time.perf_counter() - t0, "cpu": time.process_time() -
 def smoke_against(other_src: str, threads: int, repeats: int) -> dict[str, dict]:
     """The smoke configuration `repeats` times for this checkout ("new") and `other_src` ("old"), alternating
     (the order swapped every repeat), each run in a fresh interpreter; median wall and CPU seconds of each."""
-    if not (Path(other_src) / "targetpo").is_dir():
+    if not (Path(other_src) / "targetpo" / "__init__.py").is_file():
+        # Without it the child would import the installed (editable) targetpo and time this checkout twice.
         raise ValueError(f"--against {other_src!r}: not a src folder holding the targetpo package")
     srcs = {"old": str(Path(other_src).resolve()), "new": str(Path(__file__).resolve().parents[1] / "src")}
     runs: dict[str, list[dict]] = {k: [] for k in srcs}
     for r in range(repeats):
         for name in (("old", "new") if r % 2 == 0 else ("new", "old")):
             out = subprocess.run([sys.executable, "-c", _SMOKE_CHILD, str(threads)], capture_output=True, text=True,
-                                 env={**os.environ, "PYTHONPATH": srcs[name]}, check=True)
+                                 env={**os.environ, "PYTHONPATH": srcs[name]})
+            if out.returncode:
+                raise RuntimeError(f"the {name} tree ({srcs[name]}) failed:\n{out.stderr.strip()}")
             runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(f"{name} run {r}: {runs[name][-1]['wall']:.1f} s wall, {runs[name][-1]['cpu']:.1f} s CPU", flush=True)
     same = all(run["errors"] == runs["old"][0]["errors"] for rs in runs.values() for run in rs)
