@@ -75,11 +75,15 @@ def ours_vs_paper(curve: Curve, ref_steps, ref_values, bounds: tuple[float, floa
 
 
 def interval_at(curve: Curve, step: int, level: float = 0.95, bounds: tuple[float, float] | None = None) -> "Interval":
-    """Seed interval of the curve at a recorded step (cut to `bounds`, see `seed_interval`)."""
+    """Seed interval of the curve at a recorded step (cut to `bounds`, see `seed_interval`, where every seed's value
+    lies within them: a value outside, as a hand-edited record holds, is shown with its plain interval)."""
     i = int(np.searchsorted(curve.steps, step))
     if i >= len(curve.steps) or curve.steps[i] != step:
         raise KeyError(f"step {step} was not recorded")
-    return seed_interval(curve.values[i], level, bounds=bounds)
+    v = np.asarray(curve.values[i], dtype=float)
+    if bounds is not None and not np.all((v >= bounds[0]) & (v <= bounds[1])):
+        bounds = None
+    return seed_interval(v, level, bounds=bounds)
 
 
 # ----------------------------------------------------------------------------- seed intervals and verdicts
