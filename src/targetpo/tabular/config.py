@@ -1,5 +1,5 @@
-"""What the two tabular bandit experiments share: their config fields (declared once) and the error table
-of their reports."""
+"""What the two tabular bandit experiments share: their config fields (declared once), the error table of their
+reports and the guard in front of their claims."""
 
 from __future__ import annotations
 
@@ -27,3 +27,16 @@ def error_rows(err: dict, ref: dict, labels: dict[str, str]) -> tuple[list[int],
                     + [f"{steps_to_interval(steps, err[m].values, 0.01).show(-1)} ({fmt(ref[m]['below_1pct'])})",
                        f"{steps_to_interval(steps, err[m].values, 0.001).show(-1)} ({fmt(ref[m]['below_0.1pct'])})"])
     return [s for s in ref["steps"] if s <= last], rows
+
+
+def claims_blocked_by_divergence(run, err: dict, labels: dict[str, str], section) -> bool:
+    """Whether a diverged unit stopped its curve before the others' ends, in which case the claims, which compare
+    every method at the same steps, cannot be checked: says so as one n/a claim and returns True. (A killed run's
+    partial unit is marked by the report instead.)"""
+    ends = {m: int(c.steps[-1]) for m, c in err.items()}
+    if len(set(ends.values())) == 1 or not run.diverged_units():
+        return False
+    section.claim("the paper's claims (every method's curve over the same steps)", None,
+                  "curves end at different steps (a diverged unit stops at its divergence): "
+                  + ", ".join(f"{labels[m]} {e}" for m, e in ends.items()))
+    return True

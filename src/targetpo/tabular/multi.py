@@ -17,7 +17,7 @@ import torch
 
 from targetpo import paper
 from targetpo.runs.config import config, default, param
-from targetpo.tabular.config import TabularConfig, error_rows
+from targetpo.tabular.config import TabularConfig, claims_blocked_by_divergence, error_rows
 from targetpo.runs import plots
 from targetpo.runs.stats import (MISALIGNMENT, RATE, all_of, at_least, below, bootstrap_interval, curves, exact,
                                  final_interval, first_below, fmt, hit_step, interval_at, ours_vs_paper,
@@ -271,12 +271,7 @@ def report(run, section) -> None:
     if not set(METHODS) <= set(err):
         section.claim("all five methods present", None, f"ran {sorted(err)}")
         return
-    ends = {m: int(c.steps[-1]) for m, c in err.items()}
-    if len(set(ends.values())) > 1 and run.diverged_units():  # a diverged unit stops early; the claims compare
-        # every method at one step (a killed run's partial unit is marked by the report instead)
-        section.claim("the paper's claims (every method's curve over the same steps)", None,
-                      "curves end at different steps (a diverged unit stops at its divergence): "
-                      + ", ".join(f"{LABELS[m]} {e}" for m, e in ends.items()))
+    if claims_blocked_by_divergence(run, err, LABELS, section):
         return
     steps = err["ce"].steps
 

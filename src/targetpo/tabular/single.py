@@ -20,7 +20,7 @@ import torch
 
 from targetpo import paper
 from targetpo.runs.config import config, default, param
-from targetpo.tabular.config import TabularConfig, error_rows
+from targetpo.tabular.config import TabularConfig, claims_blocked_by_divergence, error_rows
 from targetpo.objectives import dg_loss, reinforce_loss, tpo_loss
 from targetpo.runs import plots
 from targetpo.runs.stats import (MISALIGNMENT, above, all_of, below, bootstrap_interval, curves, final_interval,
@@ -143,14 +143,8 @@ def report(run, section) -> None:
     plots.finish(ax2, "Misalignment to the exact PG direction", "step", "1 − cos", log=True)
     section.figure(fig, "tabular_single", "Tabular single-context bandit: seed mean ± s.e.")
 
-    ends = {m: int(c.steps[-1]) for m, c in err.items()}
-    if len(set(ends.values())) > 1 and run.diverged_units():  # as tabular-multi: the claims compare every method
-        # at the same steps, which a unit stopped by its divergence does not reach
-        section.claim("the paper's claims (every method's curve over the same steps)", None,
-                      "curves end at different steps (a diverged unit stops at its divergence): "
-                      + ", ".join(f"{LABELS[m]} {e}" for m, e in ends.items()))
-        return
-    _claims(err, mis, section)
+    if not claims_blocked_by_divergence(run, err, LABELS, section):
+        _claims(err, mis, section)
 
 
 def _claims(err, mis, section) -> None:
