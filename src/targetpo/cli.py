@@ -23,9 +23,8 @@ from targetpo.experiments import EXPERIMENTS, SUITES, in_suite, load, suite_of
 from targetpo.runs.config import config_class, field_lines, first_repeat, make_config, override_key
 from targetpo.runs.data import MissingDataError
 from targetpo.runs.runner import (DATA_LOCATION, add_runner_arguments, available_cores, computes_on,
-                                  config_differences, is_not_run,
-                                  mark_not_run, parse_device, request_stop, run_experiment, show_differences,
-                                  stored_config)
+                                  config_differences, file_in_the_way, folder_listing, is_not_run, mark_not_run,
+                                  parse_device, request_stop, run_experiment, show_differences, stored_config)
 from targetpo.runs.store import read_run_json
 from targetpo.runs.stats import count
 
@@ -69,8 +68,6 @@ def _data_overrides(args, exp, strict: bool) -> list[str]:
         flags = ", ".join(DATA_FLAGS[k] for k in given if k not in fields)
         raise ValueError(f"{flags}: experiment {exp.NAME} reads no external data set; these flags apply to "
                          f"{', '.join(users) or 'no experiment'}")
-    if "data_dir" in given:  # stored absolute, so the run resumes from any working directory
-        given["data_dir"] = Path(given["data_dir"]).expanduser().resolve()
     return [f"{k}={v}" for k, v in given.items() if k in fields]
 
 
@@ -149,8 +146,8 @@ def _check_resumable(plan: _Plan, exp, cfg) -> None:
     """`reproduce` continues the runs already in --out; one stored with another preset or other settings is named
     here, before any run starts (it used to fail in every worker with a traceback about `run --resume`)."""
     meta = read_run_json(plan.run_dir)
-    differ = {k: v for k, v in config_differences(stored_config(exp, plan.run_dir, meta), cfg).items()
-              if k not in DATA_LOCATION}  # the same files found elsewhere: the runner checks their fingerprint
+    # The same files found elsewhere are the same run: the runner checks their fingerprint.
+    differ = config_differences(stored_config(exp, plan.run_dir, meta), cfg, ignore=DATA_LOCATION)
     if meta["preset"] != plan.preset or differ:
         fields = show_differences(differ)
         raise ValueError(f"{plan.run_dir} holds a {meta['preset']} run that this reproduce (preset {plan.preset}) "
@@ -323,15 +320,13 @@ def cmd_reproduce(args) -> int:
     if args.only and first_repeat(args.only) is not None:
         raise ValueError(f"--only names {first_repeat(args.only)} twice; each experiment runs once")
     out = Path(args.out)
-    blocker = next((p for p in [out, *out.parents] if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():  # every experiment would fail on it, each with a traceback
+    blocker = file_in_the_way(out)
+    if blocker is not None:  # every experiment would fail on it, each with a traceback
         raise ValueError(f"--out {out}: {blocker} is a file, not a directory")
     if out.is_dir() and not args.fresh and any(out.iterdir()) and not _holds_reproduce(out):
         # The combined REPORT.md goes here: files of a folder that holds no run are the user's.
-        found = sorted(p.name for p in out.iterdir())
-        raise ValueError(f"--out {out}: not empty ({', '.join(found[:4])}{' …' if len(found) > 4 else ''}) and "
-                         "holds no targetpo runs; choose a new or empty --out, or pass --fresh to write into it "
-                         "(its REPORT.md is replaced)")
+        raise ValueError(f"--out {out}: not empty ({folder_listing(out)}) and holds no targetpo runs; choose a new "
+                         "or empty --out, or pass --fresh to write into it (its REPORT.md is replaced)")
     dev = parse_device(args.device)
     # Every config is validated before the first run starts, so a refused one leaves nothing behind.
     plans, cpu_only = [], []

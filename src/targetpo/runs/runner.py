@@ -209,10 +209,23 @@ def absolute_locations(cfg: Any) -> Any:
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
-def config_differences(a: Any, b: Any) -> dict[str, tuple[Any, Any]]:
-    """{field: (value in a, value in b)} for the fields where two configs of one class differ."""
+def config_differences(a: Any, b: Any, ignore: tuple[str, ...] = ()) -> dict[str, tuple[Any, Any]]:
+    """{field: (value in a, value in b)} for the fields where two configs of one class differ (but `ignore`)."""
     da, db = dataclasses.asdict(a), dataclasses.asdict(b)
-    return {k: (da[k], db[k]) for k in da if da[k] != db.get(k)}
+    return {k: (da[k], db[k]) for k in da if da[k] != db.get(k) and k not in ignore}
+
+
+def file_in_the_way(path: Path) -> Path | None:
+    """The file (not a folder) at `path` or at the nearest existing parent of it, which no folder can be made
+    under; None when there is none."""
+    blocker = next((p for p in [path, *path.parents] if p.exists()), None)
+    return blocker if blocker is not None and not blocker.is_dir() else None
+
+
+def folder_listing(path: Path) -> str:
+    """The first few names in the folder `path`, for a message: "a, b, c, d and 3 more"."""
+    found = sorted(p.name for p in path.iterdir())
+    return ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
 
 
 def make_run_dir(run_dir: Path) -> None:
@@ -223,10 +236,8 @@ def make_run_dir(run_dir: Path) -> None:
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
-        blocker = next((p for p in [run_dir, *run_dir.parents] if p.exists()), None)
-        why = exc.strerror or str(exc)
-        if blocker is not None and not blocker.is_dir():
-            why = f"{blocker} is a file, not a directory"
+        blocker = file_in_the_way(run_dir)
+        why = f"{blocker} is a file, not a directory" if blocker is not None else exc.strerror or str(exc)
         raise OSError(f"cannot write the run directory {run_dir}: {why}") from None
 
 
@@ -462,7 +473,7 @@ def _run_experiment(
             given = {override_key(k) for k in overrides or ()}  # data-dir=… is data_dir=…
             # The data's location as given now (the fingerprint check still refuses other data).
             cfg = dataclasses.replace(cfg, **{k: getattr(asked, k) for k in DATA_LOCATION if k in given})
-            differ = {k: v for k, v in config_differences(cfg, asked).items() if k not in DATA_LOCATION}
+            differ = config_differences(cfg, asked, ignore=DATA_LOCATION)
             if differ or other_preset:
                 what = f"preset {preset!r} differs" if other_preset else "the overrides differ"
                 fields = show_differences(differ) or "no field"
@@ -489,12 +500,10 @@ def _run_experiment(
             empty_dir(run_dir)  # the folder itself stays: the lock this process holds on it stays valid
         elif held and not force and any(run_dir.iterdir()):
             # A run writes REPORT.md, plots and checkpoints here: files of a folder that is no run are the user's.
-            found = sorted(p.name for p in run_dir.iterdir())
-            shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-            raise FileExistsError(f"{run_dir} is not empty ({shown}) and holds no targetpo run; a run writes "
-                                  f"{RUN_FILE}, {METRICS_FILE}, REPORT.md, plots and checkpoints there: choose a new "
-                                  "or empty --out, or pass --force to write into it (files of those names are "
-                                  "replaced, the rest kept)")
+            raise FileExistsError(f"{run_dir} is not empty ({folder_listing(run_dir)}) and holds no targetpo run; a "
+                                  f"run writes {RUN_FILE}, {METRICS_FILE}, REPORT.md, plots and checkpoints there: "
+                                  "choose a new or empty --out, or pass --force to write into it (files of those "
+                                  "names are replaced, the rest kept)")
         meta = {"experiment": name, "title": exp.TITLE, "paper_ref": exp.PAPER_REF, "preset": preset,
                 "config": dataclasses.asdict(cfg), "command": shlex.join(sys.argv), "versions": versions(),
                 "device": device,
