@@ -478,16 +478,16 @@ def write_report(root: str | Path, out: str | Path | None = None) -> Path:
     sections.sort(key=lambda s: (order.get(s.run.meta.get("experiment"), len(order)), str(s.run.path)))
     resolve_failures(sections)
     broken = sum(1 for s in sections if s.error is not None)
-    state = {id(s): _state(s) for s in sections}
-    failed = sum(1 for s in sections if state[id(s)] == "failed")
-    incomplete = sum(1 for s in sections if not s.complete and state[id(s)] != "failed")
-    not_run = [s.run.meta.get("experiment", s.run.path.name) for s in sections if state[id(s)] == "NOT RUN"]
+    states = [_state(s) for s in sections]
+    failed = states.count("failed")
+    incomplete = sum(1 for s, st in zip(sections, states) if not s.complete and st != "failed")
+    not_run = [s.run.meta.get("experiment", s.run.path.name) for s, st in zip(sections, states) if st == "NOT RUN"]
+    says, them, theirs = ("its section says", "it", "its") if len(not_run) == 1 else ("their sections say", "them",
+                                                                                        "theirs")
     lines = ["# targetpo report", "",
              f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} from {count(len(runs), 'run')} in `{root}`. "
-             + (f"**{count(len(not_run), 'experiment')} NOT RUN** ({', '.join(not_run)}: "
-                f"{'their sections say' if len(not_run) != 1 else 'its section says'} why and how to run "
-                f"{'them' if len(not_run) != 1 else 'it'}; no claim of "
-                f"{'theirs' if len(not_run) != 1 else 'its'} is counted below). " if not_run else "")
+             + (f"**{count(len(not_run), 'experiment')} NOT RUN** ({', '.join(not_run)}: {says} why and how to "
+                f"run {them}; no claim of {theirs} is counted below). " if not_run else "")
              + _runs_flagged(broken, "could not be reported", "why")
              + _runs_flagged(failed, "failed", "the error and how to resume")
              + _runs_flagged(incomplete, "incomplete", "which units are missing")
@@ -496,8 +496,8 @@ def write_report(root: str | Path, out: str | Path | None = None) -> Path:
              "authors' code where the paper gives none); every other number is measured from this run's metrics, and "
              "`mean [lo, hi]` is a seed mean with its 95 % interval over seeds (docs/verdicts.md).", ""]
     anchors = _anchors([s.title for s in sections])
-    lines += ["## Contents", ""] + [f"- [{s.title}](#{a})" + (f" — {state[id(s)]}" if state[id(s)] else "")
-                                    for s, a in zip(sections, anchors)] + [""]
+    lines += ["## Contents", ""] + [f"- [{s.title}](#{a})" + (f" — {st}" if st else "")
+                                    for s, a, st in zip(sections, anchors, states)] + [""]
     # Written beside and moved into place: a kill mid-write leaves the previous report, never half of one.
     tmp = report_path.with_name(report_path.name + ".tmp")
     try:
