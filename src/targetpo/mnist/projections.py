@@ -21,7 +21,8 @@ from targetpo.mnist.config import MnistConfig
 from targetpo.mnist.data import NUM_CLASSES
 from targetpo.mnist.mlp import bank_forward
 from targetpo.objectives import expected_baseline, tpo_loss
-from targetpo.objectives.tpo import ALPHA_MIN, adaptive_kl_floor, projection_key, projection_label, projection_setting
+from targetpo.objectives.tpo import (ALPHA_MIN, adaptive_kl_floor, projection_label, projection_setting,
+                                     repeated_projection)
 from targetpo.runs import plots
 from targetpo.runs.config import config, default, param
 from targetpo.runs.stats import count, difference_read, fmt, mean_se, paired_interval
@@ -59,7 +60,6 @@ class Config(MnistConfig):
 
     def check(self) -> None:
         super().check()
-        seen: dict[tuple, str] = {}
         for s in self.methods:
             try:
                 options = setting_options(s)
@@ -72,10 +72,9 @@ class Config(MnistConfig):
                 raise ValueError(f"methods={self.methods!r}: {s!r} has a budget below {floor:.3g}, the KL that an "
                                  f"image's group of {NUM_CLASSES} classes may still have at the largest η the adaptive "
                                  "η tries (docs/method.md §8), so it may be out of reach mid-run")
-            key = projection_key(s)
-            if key in seen:  # alpha0.5 and alpha0.50: one setting run twice under two names
-                raise ValueError(f"methods={self.methods!r}: {s!r} is the same setting as {seen[key]!r}")
-            seen[key] = s
+        repeated = repeated_projection(self.methods)  # alpha0.5 and alpha0.50, or alpha1 and forward_kl: one run
+        if repeated:
+            raise ValueError(f"methods={self.methods!r}: {repeated[0]!r} is the same setting as {repeated[1]!r}")
 
 
 PRESETS = {

@@ -550,6 +550,17 @@ def projection_key(setting: str) -> tuple:
     return tuple(sorted(o.items()))
 
 
+def repeated_projection(settings) -> tuple[str, str] | None:
+    """(a setting, the earlier one of `settings` it computes the same as, by :func:`projection_key`), or None."""
+    seen: dict[tuple, str] = {}
+    for s in settings:
+        key = projection_key(s)
+        if key in seen:
+            return s, seen[key]
+        seen[key] = s
+    return None
+
+
 def projection_label(setting: str) -> str:
     """A projection setting's name for tables and legends."""
     o = projection_setting(setting)

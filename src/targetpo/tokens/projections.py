@@ -13,7 +13,7 @@ episode's sampled answers with a mistake, before the update. Not a paper experim
 
 from __future__ import annotations
 
-from targetpo.objectives.tpo import projection_key, projection_label, projection_setting
+from targetpo.objectives.tpo import projection_label, projection_setting, repeated_projection
 from targetpo.runs import plots
 from targetpo.runs.config import config, default, param, swept
 from targetpo.runs.stats import count
@@ -56,16 +56,14 @@ class Config(oq.OpenQuestionConfig):
     seeds = 5
 
     def check(self) -> None:
-        seen: dict[tuple, str] = {}
         for s in self.settings:
             try:
                 trial_config(self, **setting_options(s), methods=self.methods)
             except ValueError as exc:  # name the setting the user typed, not only the field it sets
                 raise ValueError(f"settings item {s!r}: {exc}") from None
-            key = projection_key(s)  # alpha1 is forward_kl, alpha0 reverse_kl: the same run twice
-            if key in seen:
-                raise ValueError(f"settings={self.settings!r}: {s!r} is the same setting as {seen[key]!r}")
-            seen[key] = s
+        repeated = repeated_projection(self.settings)  # alpha1 is forward_kl, alpha0 reverse_kl: one run twice
+        if repeated:
+            raise ValueError(f"settings={self.settings!r}: {repeated[0]!r} is the same setting as {repeated[1]!r}")
 
 
 PRESETS = {
