@@ -78,3 +78,52 @@ def test_version_is_declared_once_and_matches_the_changelog():
     newest = next(line for line in (ROOT / "CHANGELOG.md").read_text(encoding="utf-8").splitlines()
                   if line.startswith("## "))
     assert newest.split()[1] == Version(targetpo.__version__).base_version, newest
+
+
+def test_the_sdist_carries_the_whole_test_suite(tmp_path):
+    """The source distribution held 5 of the 61 test files and no conftest.py (setuptools' default picks
+    tests/test*.py only), so its tests could not run; MANIFEST.in now grafts tests/ and what they read."""
+    import subprocess
+    import tarfile
+
+    if not (ROOT / ".git").exists():
+        pytest.skip("needs a git checkout (the tracked files are what a release builds from)")
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True,
+                             check=True).stdout.split()
+    copy = tmp_path / "src_tree"  # build from a copy: building writes an egg-info folder into src/
+    for name in tracked:
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        (copy / name).write_bytes((ROOT / name).read_bytes())
+    code = (f"import os; os.chdir({str(copy)!r}); from setuptools import build_meta; "
+            f"print(build_meta.build_sdist({str(tmp_path)!r}))")
+    name = subprocess.run([__import__("sys").executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.split()[-1]
+    with tarfile.open(tmp_path / name) as tar:
+        shipped = {m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile()}
+    for folder in ("tests/", "docs/", "tools/", "examples/", "benchmarks/"):
+        wanted = {t for t in tracked if t.startswith(folder)}
+        assert wanted and wanted <= shipped, (folder, sorted(wanted - shipped)[:5])
+    assert {"tests/conftest.py", "CHANGELOG.md", "BENCHMARKS.md", "constraints.txt", "pyproject.toml"} <= shipped
+    assert not any("__pycache__" in s or s.endswith(".pyc") for s in shipped)
+
+
+def test_the_git_commit_is_recorded_only_from_a_checkout(tmp_path, monkeypatch):
+    """Installed from a wheel into a venv inside the user's own repository, run.json recorded the user's commit
+    as targetpo's: `git -C site-packages/../..` finds the enclosing repository."""
+    import subprocess
+
+    from targetpo.runs import store
+
+    repo = tmp_path / "userproj"
+    site = repo / ".venv" / "lib" / "python3.11" / "site-packages"
+    (site / "targetpo" / "runs").mkdir(parents=True)
+    git = ["git", "-C", str(repo), "-c", "user.name=u", "-c", "user.email=u@example.org"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", "user's project"], check=True)
+    monkeypatch.setattr(store, "__file__", str(site / "targetpo" / "runs" / "store.py"))
+    assert "git_commit" not in store.versions()
+    monkeypatch.undo()
+    if (ROOT / ".git").exists():  # from this checkout it is recorded
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        assert store.versions()["git_commit"] == head

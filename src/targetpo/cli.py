@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from targetpo.experiments import EXPERIMENTS, SUITES, in_suite, load, suite_of
 from targetpo.runs.config import config_class, field_lines, first_repeat, make_config, override_key
-from targetpo.runs.data import MissingDataError
+from targetpo.runs.data import EXTRA_MODULES, MissingDataError, MissingExtraError, install_hint
 from targetpo.runs.runner import (DATA_LOCATION, add_runner_arguments, available_cores, computes_on,
                                   config_differences, file_in_the_way, folder_listing, is_not_run, mark_not_run,
                                   parse_device, request_stop, run_experiment, show_differences, stored_config)
@@ -136,8 +136,10 @@ def _plan(out: Path, name: str, preset: str, overrides: list[str], fresh: bool, 
 
 def _holds_reproduce(out: Path) -> bool:
     """Whether `out` holds what a reproduce writes: a run folder (run.json) or its REPORT.md."""
+    from targetpo.report import is_report
+
     report = out / "REPORT.md"
-    if report.is_file() and report.read_text(encoding="utf-8", errors="replace").startswith("# targetpo report"):
+    if report.is_file() and is_report(report):
         return True
     return any((p / "run.json").is_file() for p in out.iterdir() if p.is_dir())
 
@@ -161,13 +163,18 @@ def _run_plan(plan: _Plan, progress: bool, threads: int | None = None, quiet: bo
                    threads=threads)
 
 
-def _not_run(plan: _Plan, reason: str) -> None:
+def _not_run(plan: _Plan, reason: str, extra: bool = False) -> None:
+    """Leave the placeholder the report shows as NOT RUN, with the reason and the command that runs it."""
     exp = load(plan.name)
     fields = _field_names(exp)
-    if "data_dir" in fields:  # MNIST: reproduce passes --data-dir
+    if extra:  # once the extra is installed, reproduce continues into the same folder
+        cmd = f"targetpo reproduce --out {plan.run_dir.parent} --only {plan.name} --preset {plan.preset}"
+        also = ""
+    elif "data_dir" in fields:  # MNIST: reproduce passes --data-dir
         cmd = f"targetpo reproduce --out {plan.run_dir.parent} --only {plan.name} --preset {plan.preset} --data-dir DIR"
         # make reproduce writes the default presets into results/: the same folder only then
-        also = " (or `make reproduce MNIST_DIR=DIR`)" if plan.run_dir.parent == Path("results") else ""
+        also = (" (or `make reproduce MNIST_DIR=DIR`)" if plan.run_dir.parent == Path("results")
+                and Path("Makefile").is_file() else "")  # from a checkout, not an installed wheel
     else:  # what reproduce cannot pass (a model directory, GSM8K's path): a run of its own into the same folder
         paths = " ".join(f"{n}=DIR" for n in ("model", "data_path") if n in fields)
         cmd = f"targetpo run {plan.name} --preset {plan.preset} --out {plan.run_dir} --force {paths}".rstrip()
@@ -205,8 +212,8 @@ def _stop_with_parent() -> None:
 
 
 def _reproduce_worker(conn, plan: _Plan, threads: int) -> None:
-    """One experiment in its own process with `threads` torch threads; sends ("done", summary), ("missing", reason) or
-    ("failed", traceback) to the parent."""
+    """One experiment in its own process with `threads` torch threads; sends ("done", summary), ("missing", reason),
+    ("missing extra", reason) or ("failed", traceback) to the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
     signal.signal(signal.SIGTERM, _exit_on_signal)  # by SIGTERM, and the interpreter then shuts down cleanly
     _stop_with_parent()
@@ -220,7 +227,7 @@ def _reproduce_worker(conn, plan: _Plan, threads: int) -> None:
         else:
             conn.send(("done", ""))
     except MissingDataError as exc:
-        conn.send(("missing", str(exc)))
+        conn.send(("missing extra" if isinstance(exc, MissingExtraError) else "missing", str(exc)))
     except Exception:  # noqa: BLE001  (reported by the parent; the other experiments go on)
         conn.send(("failed", traceback.format_exc()))
 
@@ -269,9 +276,9 @@ def _run_parallel(plans: list[_Plan], jobs: int, progress: bool) -> tuple[list[s
                 if status == "done":
                     bar.write(f"{line} done in {time.time() - t0:.1f}s -> {plan.run_dir}" +
                               (f"\n  {detail}" if detail else ""), file=sys.stdout)
-                elif status == "missing":
+                elif status in ("missing", "missing extra"):
                     missing.append(plan.name)
-                    _not_run(plan, detail)
+                    _not_run(plan, detail, extra=status == "missing extra")
                 else:
                     failed.append(plan.name)
                     bar.write(f"{line} FAILED after {time.time() - t0:.1f}s (its run folder is kept; the other "
@@ -301,7 +308,7 @@ def _run_sequentially(plans: list[_Plan], args, missing: list[str], failed: list
             _run_plan(plan, progress=not args.no_progress)
         except MissingDataError as exc:
             missing.append(plan.name)
-            _not_run(plan, str(exc))
+            _not_run(plan, str(exc), extra=isinstance(exc, MissingExtraError))
         except Exception:  # noqa: BLE001  (as in the parallel path: reported, and the other experiments go on)
             failed.append(plan.name)
             print(f"\n{plan.name} FAILED (the other experiments go on):\n{traceback.format_exc().rstrip()}",
@@ -327,6 +334,11 @@ def cmd_reproduce(args) -> int:
         # The combined REPORT.md goes here: files of a folder that holds no run are the user's.
         raise ValueError(f"--out {out}: not empty ({folder_listing(out)}) and holds no targetpo runs; choose a new "
                          "or empty --out, or pass --fresh to write into it (its REPORT.md is replaced)")
+    data_dir = Path(args.data_dir).expanduser() if args.data_dir else None
+    if data_dir is not None and not args.download and not data_dir.is_dir():  # a typo, not data to report missing
+        what = "is a file, not a directory" if data_dir.exists() else "does not exist"
+        raise ValueError(f"--data-dir {args.data_dir}: {what}; give the folder of the MNIST IDX files, add --download "
+                         "to fetch them there, or leave --data-dir out (the MNIST experiments are then NOT RUN)")
     dev = parse_device(args.device)
     # Every config is validated before the first run starts, so a refused one leaves nothing behind.
     plans, cpu_only = [], []
@@ -369,7 +381,8 @@ def cmd_reproduce(args) -> int:
           f"{count(min(jobs, len(plans)), 'job')}")
     print(f"report: {write_report(out)}")
     if missing:
-        print(f"WARNING: {count(len(missing), 'experiment')} NOT RUN for lack of data: {', '.join(missing)} "
+        print(f"WARNING: {count(len(missing), 'experiment')} NOT RUN for lack of data or of an optional extra: "
+              f"{', '.join(missing)} "
               "(see the report)", file=sys.stderr)
     if failed:
         print(f"ERROR: {count(len(failed), 'experiment')} FAILED: {', '.join(failed)} (tracebacks above; the report "
@@ -498,8 +511,7 @@ def _refuse_empty_strings(args) -> None:
 
 
 # Modules of the optional extras (pyproject.toml): a command that needs one says which extra to install.
-OPTIONAL_MODULES = {"transformers": "llm", "tokenizers": "llm", "accelerate": "llm", "peft": "llm",
-                    "reasoning_gym": "llm", "math_verify": "llm", "trl": "trl", "verl": "verl"}
+OPTIONAL_MODULES = {module: extra for extra, modules in EXTRA_MODULES.items() for module in modules}
 
 POSITIONAL = ("dir",)  # the free-text positional arguments (`report DIR`, `data NAME DIR`); the others have choices
 
@@ -516,6 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _refuse_empty_strings(args)
         return args.func(args) or 0
+    except BrokenPipeError:  # `targetpo list | head -1`: the reader left; stop quietly, as a tool SIGPIPE ends
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error flushing stdout at exit
+        return 128 + signal.SIGPIPE
     except (ValueError, OSError, KeyError) as exc:
         # A KeyError's str() is the repr of its argument; show the message itself.
         message = exc.args[0] if isinstance(exc, KeyError) and len(exc.args) == 1 else exc
@@ -526,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         if extra is None:
             raise
         print(f"targetpo: error: {args.command} needs the {extra} extra (no module named {exc.name!r}): "
-              f"pip install -e '.[{extra}]' in a checkout, or pip install 'targetpo[{extra}]'", file=sys.stderr)
+              f"{install_hint(extra)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         again = {"run": "the same command with --resume", "rlvr": "the same command with --resume",

@@ -20,6 +20,8 @@ An experiment module defines:
   beside it;
 - ``report(run, section)``: tables next to the paper's numbers, plots and claim checks, from the metrics only;
 - optionally ``summary(run) -> str``: the one-line result printed at the end of a run;
+- optionally ``REQUIRES_EXTRA``: the optional extra it needs (a key of :data:`targetpo.runs.data.EXTRA_MODULES`),
+  checked before a run folder is written (``targetpo reproduce`` reports the experiment NOT RUN without it);
 - optionally ``SUITE``: which ``targetpo reproduce --suite`` runs it (one of :data:`SUITES`; default ``"paper"``).
 """
 

@@ -459,6 +459,14 @@ def _section_of(path: Path, report_dir: Path, alone: bool) -> Section:
         return unreadable_section(path, report_dir, what, reason)
 
 
+REPORT_HEADING = "# targetpo report"  # the first line of every REPORT.md written here
+
+
+def is_report(path: Path) -> bool:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read(len(REPORT_HEADING)) == REPORT_HEADING
+
+
 def write_report(root: str | Path, out: str | Path | None = None) -> Path:
     """Write REPORT.md for every run under `root`; returns its path. A run that cannot be read or reported gets a
     section saying why, unless `root` is that run itself: then the error is raised."""
@@ -471,7 +479,13 @@ def write_report(root: str | Path, out: str | Path | None = None) -> Path:
     if report_path.is_dir():
         raise ValueError(f"-o {report_path}: is a directory; give the report's file, e.g. {report_path / 'REPORT.md'}")
     if not report_path.parent.is_dir():
+        blocker = next((p for p in report_path.parents if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            raise ValueError(f"-o {report_path}: {blocker} is a file, not a folder")
         raise ValueError(f"-o {report_path}: the folder {report_path.parent} does not exist")
+    if out is not None and report_path.is_file() and not is_report(report_path):  # the user's file, not ours
+        raise ValueError(f"-o {report_path}: holds a file that is not a targetpo report; give another -o, or move "
+                         "the file away")
     alone = runs == [root]
     sections = [_section_of(p, report_path.parent, alone) for p in runs]
     order = {name: i for i, name in enumerate(EXPERIMENTS)}  # the paper's order, as `targetpo list` shows it
@@ -484,7 +498,7 @@ def write_report(root: str | Path, out: str | Path | None = None) -> Path:
     not_run = [s.run.meta.get("experiment", s.run.path.name) for s, st in zip(sections, states) if st == "NOT RUN"]
     says, them, theirs = ("its section says", "it", "its") if len(not_run) == 1 else ("their sections say", "them",
                                                                                         "theirs")
-    lines = ["# targetpo report", "",
+    lines = [REPORT_HEADING, "",
              f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} from {count(len(runs), 'run')} in `{root}`. "
              + (f"**{count(len(not_run), 'experiment')} NOT RUN** ({', '.join(not_run)}: {says} why and how to "
                 f"run {them}; no claim of {theirs} is counted below). " if not_run else "")

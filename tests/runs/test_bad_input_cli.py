@@ -175,3 +175,35 @@ def test_reproduce_over_runs_of_another_preset_is_refused_before_any_run(tmp_pat
     assert "tabular-single holds a smoke run that this reproduce (preset cpu) would not continue" in err[0]
     assert "seeds: stored 2, asked 100" in err[0] and "pass --fresh" in err[0]
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_report_o_never_replaces_a_file_of_the_users(tmp_path, capsys):
+    """`report RUN -o F` replaced any existing file F; with F a file, `-o F/x.md` said "the folder F does not exist"."""
+    run = tmp_path / "run"
+    assert main(["run", "tabular-single", "--preset", "smoke", "--out", str(run), "--no-progress", "--no-report"]) == 0
+    capsys.readouterr()
+    mine = tmp_path / "notes.md"
+    mine.write_text("my notes")
+    for target, message in [(mine, "holds a file that is not a targetpo report"),
+                            (mine / "x.md", f"{mine} is a file, not a folder")]:
+        code, err = _run(["report", str(run), "-o", str(target)], capsys)
+        assert code == 2 and len(err) == 1 and message in err[0], err
+    assert mine.read_text() == "my notes"
+    again = tmp_path / "R.md"  # a report of ours is replaced
+    assert main(["report", str(run), "-o", str(again)]) == 0 and main(["report", str(run), "-o", str(again)]) == 0
+
+
+def test_a_closed_stdout_ends_the_cli_quietly():
+    """`targetpo list | head -1` printed "targetpo: error: [Errno 32] Broken pipe" and exited 2."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written: the first write fails with EPIPE
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    proc = subprocess.run([sys.executable, "-m", "targetpo", "list"], stdout=write, stderr=subprocess.PIPE,
+                          env=env, timeout=120)
+    os.close(write)
+    assert proc.returncode == 141 and proc.stderr == b"", proc.stderr.decode()

@@ -18,6 +18,7 @@ def _stable_records(path) -> list[dict]:
 def test_parallel_reproduce_matches_sequential(tmp_path, capsys):
     # Two experiments plus one without its data set, on two workers: the third waits for a free worker.
     names = ["tabular-single", "tabular-multi", "mnist"]
+    (tmp_path / "no-data").mkdir()  # a folder without the IDX files (a path that does not exist is refused)
     common = ["--only", *names, "--preset", "smoke", "--no-progress", "--data-dir", str(tmp_path / "no-data")]
     assert main(["reproduce", "--out", str(tmp_path / "seq"), "--jobs", "1", *common]) == 0
     assert main(["reproduce", "--out", str(tmp_path / "par"), "--jobs", "2", *common]) == 0
@@ -198,3 +199,63 @@ def test_the_report_headline_names_experiments_not_run(tmp_path, capsys, monkeyp
     text = (out / "REPORT.md").read_text()
     assert "**1 experiment NOT RUN** (mnist: its section says why and how to run it" in text.splitlines()[2]
     assert "(#mnist-contextual-bandit-paper-33-fig-4a) — NOT RUN" in text
+
+
+def test_reproduce_reports_an_experiment_without_its_extra_as_not_run(tmp_path, capsys, monkeypatch):
+    """In a base install `reproduce` (whose paper suite holds rlvr) printed a ModuleNotFoundError traceback, called
+    rlvr FAILED (exit 1), told the user to resume it, and left it out of the report."""
+    monkeypatch.setitem(__import__("sys").modules, "reasoning_gym", None)  # as if the llm extra were missing
+    out = tmp_path / "r"
+    assert main(["reproduce", "--out", str(out), "--only", "rlvr", "tabular-single", "--preset", "smoke",
+                 "--jobs", "1", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and "FAILED" not in captured.err + captured.out
+    assert "rlvr NOT RUN: rlvr needs the llm extra (no module named 'reasoning_gym'): pip install 'targetpo[llm]'" \
+        in captured.err
+    assert f"run it with: targetpo reproduce --out {out} --only rlvr --preset smoke" in captured.err
+    assert "reproduce: 1 done, 1 NOT RUN of 2 experiments" in captured.out
+    assert json.loads((out / "rlvr" / "run.json").read_text())["status"] == "not run"
+    assert "**NOT RUN.** rlvr needs the llm extra" in (out / "REPORT.md").read_text()
+
+
+def test_a_reproduce_worker_without_the_extra_answers_not_run(tmp_path, monkeypatch):
+    """The parallel path's worker sent ("failed", traceback) for a missing extra."""
+    import multiprocessing
+    import signal
+
+    from targetpo import cli
+
+    monkeypatch.setitem(__import__("sys").modules, "math_verify", None)
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    recv, send = multiprocessing.Pipe(duplex=False)
+    try:
+        cli._reproduce_worker(send, cli._plan(tmp_path, "llm-length", "smoke", [], False, "cpu"), threads=1)
+    finally:
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+    status, detail = recv.recv()
+    assert status == "missing extra", detail
+    assert detail.startswith("llm-length needs the llm extra (no module named 'math_verify')")
+    assert not (tmp_path / "llm-length").exists()
+
+
+def test_run_without_the_extra_writes_no_run_folder(tmp_path, capsys, monkeypatch):
+    """`targetpo run llm-length` without the llm extra printed the right line but left a "failed" run.json, which
+    then refused the same command ("already holds a run") once the extra was installed."""
+    monkeypatch.setitem(__import__("sys").modules, "transformers", None)
+    assert main(["run", "llm-length", "--preset", "smoke", "--out", str(tmp_path / "x"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("targetpo: error: llm-length needs the llm extra (no module named 'transformers')"), err
+    assert "\n" not in err and not (tmp_path / "x").exists()
+
+
+def test_reproduce_refuses_a_data_dir_that_is_not_a_folder(tmp_path, capsys):
+    """A mistyped --data-dir ran nothing, wrote a NOT RUN placeholder and a report, and exited 0."""
+    (tmp_path / "afile").write_text("")
+    for given, what in [(tmp_path / "nope", "does not exist"), (tmp_path / "afile", "is a file, not a directory")]:
+        out = tmp_path / "r"
+        code = main(["reproduce", "--out", str(out), "--only", "mnist", "--preset", "smoke", "--data-dir", str(given),
+                     "--no-progress"])
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert code == 2 and len(err) == 1 and f"--data-dir {given}: {what}" in err[0], err
+        assert not out.exists()

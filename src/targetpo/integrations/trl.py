@@ -43,10 +43,20 @@ import numbers
 from dataclasses import dataclass, field
 
 import torch
-from accelerate.utils import is_peft_model
-from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.utils import (get_config_model_id, split_pixel_values_by_grid, split_tensor_dict,
-                               unsplit_pixel_values_by_grid)
+
+from targetpo.runs.data import EXTRA_MODULES, install_hint
+
+try:
+    from accelerate.utils import is_peft_model
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer.utils import (get_config_model_id, split_pixel_values_by_grid, split_tensor_dict,
+                                   unsplit_pixel_values_by_grid)
+except ModuleNotFoundError as exc:  # name the extra, not the first of its modules that is missing
+    missing = (exc.name or "").split(".")[0]
+    if missing not in EXTRA_MODULES["llm"] + EXTRA_MODULES["trl"]:
+        raise
+    raise ModuleNotFoundError(f"{__name__} needs the trl extra (no module named {missing!r}): {install_hint('trl')}",
+                              name=missing) from exc
 
 from targetpo.objectives import get
 from targetpo.objectives.clipped import masked_log_ratio

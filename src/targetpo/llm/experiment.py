@@ -31,6 +31,7 @@ from targetpo.llm.trainer import OBJECTIVE_FIELDS, TrainerConfig, objective_fiel
 from targetpo.runs.config import RunConfig, config, default, param, swept
 
 NAME = "rlvr"
+REQUIRES_EXTRA = "llm"  # transformers, reasoning-gym, math-verify: checked before the run folder is written
 TITLE = "LLM RLVR: TPO vs GRPO on verifiable rewards (paper §3.8)"
 PAPER_REF = "§3.8, App. G; docs/experiments.md §E12"
 WARMSTART = "warmstart"

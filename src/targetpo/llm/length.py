@@ -42,6 +42,7 @@ from targetpo.runs.config import config, default, param, swept, unused
 from targetpo.runs.stats import Verdict, above, all_of, below, count, fmt, paired_interval
 
 NAME = "llm-length"
+REQUIRES_EXTRA = "llm"  # transformers, reasoning-gym, math-verify: checked before the run folder is written
 TITLE = "LLM sequence log-score at 60–250-token completions: TPO sum vs mean vs length-scaled η"
 PAPER_REF = "§2, §6 (open questions); docs/experiments.md §E19"
 SUITE = "llm"  # its own suite: ~45 min of CPU, more than the open-questions suite's whole budget

@@ -190,9 +190,8 @@ def resolve_dir(data_dir: str | os.PathLike | None, dataset: str) -> Path | None
 
 def how_to_provide(dataset: str) -> str:
     flag = "" if dataset == "mnist" else f" --dataset {dataset}"
-    example = ", e.g. ../shared/data/mnist" if dataset == "mnist" else ""
     extra = " or `apt install dataset-fashion-mnist`" if dataset == "fashion-mnist" else ""
-    return (f"pass `--data-dir DIR{flag}` (a directory with the standard IDX files{example}), "
+    return (f"pass `--data-dir DIR{flag}` (a directory with the standard IDX files), "
             f"set {ENV_VARS[dataset]}=DIR, or add `--download` to fetch the official files{extra}")
 
 

@@ -1,6 +1,9 @@
 """MNIST mechanism: where TPO's update beats a one-vs-rest correction (paper §3.3, Fig. 4b, App. C; docs/experiments.md §E3b).
 
-Same training as `mnist`. At every evaluation, on each *misclassified* test image, we take the current policy
+Same training as `mnist`, without its CE oracle. The copies of the batched network share one first-layer
+matmul whose rounding depends on how many copies there are (targetpo.mnist.mlp), so a method's curve can
+differ from `mnist`'s in rounding; Group PG's large steps amplify it (the smoke preset's Group PG errors part
+by step 80), the other methods' test errors match. At every evaluation, on each *misclassified* test image, we take the current policy
 π of each method and compute, from the closed forms of App. C (not a network gradient):
 - the concentration c = max_{j≠y} π_j / (1 − π_y): how much of the wrong mass sits on one confusing class;
 - the exact first-order gain in π_y of the method's expected logit update g, p_y⟨e_y − π, g⟩;

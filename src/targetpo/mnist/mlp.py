@@ -8,6 +8,9 @@ computes every network's own gradient, and Adam, being elementwise, is exactly p
 Layout, chosen for CPU speed. Every copy of seed s reads the same input batch x_s, so the first layer of all
 M copies is one matmul x_s [B, in] @ W1_s [in, M·h] per seed (no copy of the input per network); later layers
 are per-network batched matmuls [S·M, B, h] @ [S·M, h, h'].
+A network's numbers are reproducible for a given M, but not across M: the first layer's gradient is one
+[in, B] @ [B, M·h] matmul whose kernel, and so its rounding (~1e-10 after one step), depends on M·h; a run
+of a method alone and beside others can part in the last bits, which training may amplify.
 
 Init is Flax's ``lecun_normal`` (variance scaling 1/fan_in, truncated normal at ±2σ with the std corrected
 for the truncation) for kernels and zeros for biases, as the authors' ``PolicyMLP``.

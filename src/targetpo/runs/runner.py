@@ -29,6 +29,7 @@ from targetpo.runs.store import (METRICS_FILE, RUN_FILE, MetricsWriter, RunFileE
 from targetpo.runs.config import (config_class, config_fields, config_from_dict, make_config, override_key,
                                   validated)
 from targetpo.runs.stats import count
+from targetpo.runs.data import require_extra
 
 
 class _Diverged(Exception):
@@ -242,7 +243,10 @@ def make_run_dir(run_dir: Path) -> None:
 
 
 def _check_data(exp: ModuleType, cfg: Any) -> None:
-    """The experiment's data check (MissingDataError, or a ValueError naming a malformed file), if it has one."""
+    """The optional extra the experiment needs (MissingExtraError), then its data check (MissingDataError, or a
+    ValueError naming a malformed file), if it has them."""
+    if getattr(exp, "REQUIRES_EXTRA", None):
+        require_extra(exp.REQUIRES_EXTRA, exp.NAME)
     if hasattr(exp, "check_data"):
         exp.check_data(cfg)
 

@@ -220,7 +220,12 @@ def versions() -> dict[str, str]:
     out = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
            "targetpo": __version__, "platform": platform.platform()}
     try:
-        root = Path(__file__).resolve().parents[3]
+        # Only from a checkout (src/targetpo/…): installed from a wheel, parents[3] is site-packages' lib folder,
+        # and git would name the commit of whatever repository happens to contain the environment.
+        package = Path(__file__).resolve().parents[1]
+        root = package.parents[1]
+        if package.parent.name != "src" or not (root / "pyproject.toml").is_file():
+            return out
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, timeout=5)
         if commit.returncode == 0:
