@@ -30,6 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from _args import Parser, comma_choices, positive_int  # noqa: E402  (benchmarks/ is on sys.path as a script)
+
+PATHS = ("chunked", "full", "trl")
 HEADING = "## LLM log-probs: peak memory of log-probs + backward"
 
 
@@ -127,23 +130,24 @@ def estimate_paper_preset(args) -> list[tuple[str, float, str]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", type=int, default=2, help="decoder layers (Qwen3-1.7B has 28; the head's cost "
-                    "does not depend on it)")
-    ap.add_argument("--hidden", type=int, default=2048, help="hidden size (Qwen3-1.7B: 2048)")
-    ap.add_argument("--ffn", type=int, default=6144, help="MLP size (Qwen3-1.7B: 6144)")
-    ap.add_argument("--vocab", type=int, default=151936, help="vocabulary (Qwen3: 151,936)")
-    ap.add_argument("--rows", type=int, default=4, help="sequences in the batch")
-    ap.add_argument("--prompt", type=int, default=64, help="prompt tokens per sequence")
-    ap.add_argument("--completion", type=int, default=1024, help="completion tokens per sequence")
-    ap.add_argument("--chunk", type=int, default=1024, help="tokens per LM-head chunk of the chunked path")
+    ap = Parser(description=__doc__)
+    ap.add_argument("--layers", type=positive_int, default=2, help="decoder layers (Qwen3-1.7B has 28; the head's "
+                    "cost does not depend on it)")
+    ap.add_argument("--hidden", type=positive_int, default=2048, help="hidden size (Qwen3-1.7B: 2048)")
+    ap.add_argument("--ffn", type=positive_int, default=6144, help="MLP size (Qwen3-1.7B: 6144)")
+    ap.add_argument("--vocab", type=positive_int, default=151936, help="vocabulary (Qwen3: 151,936)")
+    ap.add_argument("--rows", type=positive_int, default=4, help="sequences in the batch")
+    ap.add_argument("--prompt", type=positive_int, default=64, help="prompt tokens per sequence")
+    ap.add_argument("--completion", type=positive_int, default=1024, help="completion tokens per sequence")
+    ap.add_argument("--chunk", type=positive_int, default=1024, help="tokens per LM-head chunk of the chunked path")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="model dtype")
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    ap.add_argument("--paths", default="chunked,full,trl", help="which paths to measure, comma-separated")
+    ap.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
+    ap.add_argument("--paths", default="chunked,full,trl", type=comma_choices(PATHS),
+                    help="which paths to measure, comma-separated (default chunked,full,trl)")
     ap.add_argument("--estimate", action="store_true", help="print (and with --write record) the paper preset's "
                     "estimated GPU memory instead of measuring")
-    ap.add_argument("--paper-prompt", type=int, default=256, help="prompt tokens assumed for the estimate")
-    ap.add_argument("--path", default=None, help=argparse.SUPPRESS)  # one path, in a child process
+    ap.add_argument("--paper-prompt", type=positive_int, default=256, help="prompt tokens assumed for the estimate")
+    ap.add_argument("--path", default=None, choices=PATHS, help=argparse.SUPPRESS)  # one path, in a child process
     ap.add_argument("--write", default=None, help="write the result table into this markdown file")
     args = ap.parse_args()
     if args.path:

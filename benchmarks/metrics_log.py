@@ -7,7 +7,6 @@ record shape most experiments write: a step and two per-seed rows of float32.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
 from tqdm import tqdm
 
 from targetpo.runs.runner import RunContext
@@ -39,10 +39,12 @@ def us_per_record(seeds: int, records: int, repeats: int) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, default=100, help="floats per row")
-    ap.add_argument("--records", type=int, default=5000)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap = Parser(description=__doc__)
+    ap.add_argument("--seeds", type=positive_int, default=100, help="floats per row (per-seed values; default 100)")
+    ap.add_argument("--records", type=positive_int, default=5000, help="records logged per timed pass; the time is "
+                    "per record (default 5000)")
+    ap.add_argument("--repeats", type=positive_int, default=5, help="timed passes, each into a fresh metrics file "
+                    "(median reported; default 5)")
     args = ap.parse_args()
     times = us_per_record(args.seeds, args.records, args.repeats)
     print(f"{statistics.median(times):.1f} µs per record (median of {args.repeats}: "

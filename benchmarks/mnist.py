@@ -11,12 +11,12 @@ Evaluation is excluded (the same for every layout). Prints a markdown table; --w
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from dataclasses import replace
 
 import torch
+from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
 
 from targetpo.mnist import train as E
 from targetpo.mnist import data as D
@@ -38,12 +38,13 @@ def run(setup, data, steps: int, eta: float) -> None:
 
 def main() -> None:
     global N_TRAIN
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", default=None)
-    ap.add_argument("--seeds", type=int, default=20)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=20, help="updates per timed repeat")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap = Parser(description=__doc__)
+    ap.add_argument("--data-dir", default=None, help="MNIST folder (default: $TARGETPO_MNIST_DIR)")
+    ap.add_argument("--seeds", type=positive_int, default=20, help="seeds S per network (default 20, the paper's)")
+    ap.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads (default 2)")
+    ap.add_argument("--steps", type=positive_int, default=20, help="updates per timed repeat")
+    ap.add_argument("--repeats", type=positive_int, default=5, help="interleaved timed repeats of every layout "
+                    "(median reported; default 5)")
     ap.add_argument("--write", default=None, help="append the table to this markdown file")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

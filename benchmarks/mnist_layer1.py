@@ -10,16 +10,17 @@ thread; times are medians of --repeats interleaved calls.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
+from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap = Parser(description=__doc__)
+    ap.add_argument("--repeats", type=positive_int, default=7, help="interleaved timed calls of every formulation "
+                    "(median reported; default 7)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     s, m, b, d, h = 20, 6, 100, 784, 50

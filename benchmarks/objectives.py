@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 import torch
-from _markdown import replace_section  # benchmarks/ is on sys.path when run as a script
+from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
+from _markdown import replace_section
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from targetpo.objectives import grpo_loss, tpo_sequence_loss  # noqa: E402
@@ -30,6 +31,18 @@ OBJECTIVES = {
     "grpo (per-token ratio, β=0.04)": lambda lp, old, s, tm: grpo_loss(lp, old, s, token_mask=tm, beta=0.04),
 }
 BASELINE = "grpo (per-token ratio, β=0.04)"
+
+
+def shape_arg(text: str) -> tuple[int, int, int]:
+    """--shape G,K,T: G >= 1 groups, K >= 2 candidates (the objectives refuse a group of one), T >= 4 tokens (a
+    completion is T//4 to T tokens long, so every one has a token)."""
+    try:
+        g, k, t = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be three integers G,K,T, e.g. 64,16,1024") from None
+    if g < 1 or k < 2 or t < 4:
+        raise argparse.ArgumentTypeError(f"{text!r}: needs G >= 1, K >= 2 and T >= 4")
+    return g, k, t
 
 
 def make_inputs(g: int, k: int, t: int, seed: int = 0):
@@ -78,14 +91,16 @@ def peak_memory(name, inputs) -> float:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="64,16,1024", help="G,K,T: groups, candidates per group, tokens")
-    ap.add_argument("--repeats", type=int, default=15, help="timed repetitions per objective (median reported)")
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap = Parser(description=__doc__)
+    ap.add_argument("--shape", default="64,16,1024", type=shape_arg, help="G,K,T: groups (>= 1), candidates per "
+                    "group (>= 2), tokens (>= 4) (default 64,16,1024)")
+    ap.add_argument("--repeats", type=positive_int, default=15, help="timed repetitions per objective (median "
+                    "reported)")
+    ap.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
     ap.add_argument("--write", default=None, help="markdown file whose '## Objectives' section is replaced")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    g, k, t = map(int, args.shape.split(","))
+    g, k, t = args.shape
     times = time_all(g, k, t, args.repeats)
     inputs = make_inputs(g, k, t)
     mem = {n: peak_memory(n, inputs) for n in OBJECTIVES}
@@ -93,7 +108,7 @@ def main():
     for n in OBJECTIVES:
         rows.append(f"| {n} | {times[n] * 1e3:.1f} | {times[n] / times[BASELINE]:.2f}× | {mem[n]:.0f} | "
                     f"{mem[n] / mem[BASELINE]:.2f}× |")
-    cmd = f"python benchmarks/objectives.py --shape {args.shape} --repeats {args.repeats} --threads {args.threads}"
+    cmd = f"python benchmarks/objectives.py --shape {g},{k},{t} --repeats {args.repeats} --threads {args.threads}"
     section = "\n".join([
         "## Objectives: TPO vs GRPO at LLM-like shapes", "",
         f"Forward + backward of the loss on per-token log-probs [G, K, T] = [{g}, {k}, {t}] with ragged token "

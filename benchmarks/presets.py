@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -51,15 +53,35 @@ def stable_lines(path: Path) -> list[dict]:
     return sorted(recs, key=lambda r: (str(r.get("unit")), r.get("step", -1), str(r.get("event"))))
 
 
+def preset_arg(text: str) -> tuple[str, str]:
+    """NAME[:PRESET] -> (name, preset): an experiment of this checkout and one of its presets (a bare NAME: cpu),
+    refused here rather than by the first run's traceback."""
+    if str(ROOT / "src") not in sys.path:
+        sys.path.insert(0, str(ROOT / "src"))
+    from targetpo.experiments import EXPERIMENTS, load
+
+    name, _, preset = text.partition(":")
+    if name not in EXPERIMENTS:
+        raise argparse.ArgumentTypeError(f"{text!r}: unknown experiment {name!r}; available: "
+                                         f"{', '.join(EXPERIMENTS)}")
+    presets = load(name).PRESETS
+    if (preset or "cpu") not in presets:
+        raise argparse.ArgumentTypeError(f"{text!r}: experiment {name} has no preset {preset!r}; available: "
+                                         f"{', '.join(presets)}")
+    return name, preset
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("presets", nargs="+", metavar="NAME:PRESET")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap = Parser(description=__doc__)
+    ap.add_argument("presets", nargs="+", metavar="NAME:PRESET", type=preset_arg,
+                    help="experiment and preset to time, e.g. mnist:paper (a bare NAME runs its cpu preset)")
+    ap.add_argument("--repeats", type=positive_int, default=3, help="fresh runs of each preset per source tree "
+                    "(median reported; default 3)")
     ap.add_argument("--src", action="append", default=None, help="a source tree's src/ folder (repeatable; "
                     "default: this checkout's)")
     ap.add_argument("--data-dir", default=None, help="passed to experiments that read MNIST")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads per run (default: the runner's, "
-                    "every core)")
+    ap.add_argument("--threads", type=positive_int, default=None, help="torch threads per run (default: the "
+                    "runner's, every core)")
     ap.add_argument("--device", default=None, help="passed to every run (e.g. cuda); default: the CPU")
     ap.add_argument("--out", default=None, help="where the runs go (default: a temporary directory)")
     args = ap.parse_args()
@@ -69,8 +91,7 @@ def main() -> None:
             ap.error(f"--src {s}: not a src folder holding the targetpo package")
     out = Path(args.out or tempfile.mkdtemp(prefix="targetpo-presets-"))
     rows = []
-    for spec in args.presets:
-        name, _, preset = spec.partition(":")
+    for name, preset in args.presets:
         extra = ["--data-dir", args.data_dir] if args.data_dir and name.startswith("mnist") else []
         extra += ["--threads", str(args.threads)] if args.threads else []
         extra += ["--device", args.device] if args.device else []

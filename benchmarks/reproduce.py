@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 HEADLINE = re.compile(r"\*\*(\d+ PASS, \d+ FAIL[^*]*)\*\*")
 
@@ -39,15 +41,19 @@ def run_once(out: Path, args: argparse.Namespace) -> tuple[float, float, str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--suite", default="paper")
-    ap.add_argument("--jobs", type=int, default=None, help="passed to reproduce (default: its own, the CPU cores)")
+    sys.path.insert(0, str(ROOT / "src"))  # SUITES of this checkout, the one the runs use
+    from targetpo.experiments import SUITES
+
+    ap = Parser(description=__doc__)
+    ap.add_argument("--repeats", type=positive_int, default=3, help="fresh `targetpo reproduce` runs (median "
+                    "reported; default 3)")
+    ap.add_argument("--suite", default="paper", choices=list(SUITES), help="passed to reproduce: which experiments "
+                    "(default paper): " + "; ".join(f"{k}: {v}" for k, v in SUITES.items()))
+    ap.add_argument("--jobs", type=positive_int, default=None, help="passed to reproduce (default: its own, the CPU "
+                    "cores)")
     ap.add_argument("--data-dir", default=None, help="MNIST folder, passed to reproduce")
     ap.add_argument("--out", default=None, help="where the runs go (default: a temporary directory)")
     args = ap.parse_args()
-    if args.repeats < 1:
-        raise SystemExit(f"--repeats={args.repeats}: must be at least 1")
     out = Path(args.out or tempfile.mkdtemp(prefix="targetpo-reproduce-"))
     rows = []
     for i in range(args.repeats):

@@ -10,13 +10,13 @@ weights except through completion lengths, which max_new_tokens bounds).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from targetpo.llm import experiment as rlvr  # noqa: E402
@@ -24,8 +24,9 @@ from targetpo.llm.trainer import RLVRTrainer  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=15)
+    ap = Parser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=positive_int, default=15, help="timed steps of every setting, after one "
+                    "warm-up step (median reported; default 15)")
     args = ap.parse_args()
     cfg = rlvr.PRESETS["cpu"]
     task, template, train, heldout = rlvr.problems(cfg)

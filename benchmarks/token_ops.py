@@ -13,13 +13,13 @@ First it times the episodes without the hook, so a preloaded allocator can be co
 
 from __future__ import annotations
 
-import argparse
 import collections
 import resource
 import statistics
 import time
 
 import torch
+from _args import Parser, nonnegative_int, positive_int  # benchmarks/ is on sys.path when run as a script
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from targetpo.tokens import engine as te
@@ -65,12 +65,14 @@ def alone_us(func, args, kwargs, repeats: int = 50) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    ap.add_argument("--method", default="tpo_token", help="token-experiment method (default tpo_token)")
-    ap.add_argument("--episodes", type=int, default=10, help="episodes timed after a warm-up run (default 10)")
-    ap.add_argument("--top", type=int, default=8,
-                    help="how many of the costliest (op, shapes) to re-time alone (default 8; a large N: all)")
+    ap = Parser(description=__doc__)
+    ap.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
+    ap.add_argument("--method", default="tpo_token", choices=list(te.METHODS), metavar="METHOD",
+                    help=f"token-experiment method: {', '.join(te.METHODS)} (default tpo_token)")
+    ap.add_argument("--episodes", type=positive_int, default=10, help="episodes timed after a warm-up run (default 10)")
+    ap.add_argument("--top", type=nonnegative_int, default=8,
+                    help="how many of the costliest (op, shapes) to re-time alone (default 8; a large N: all; 0: "
+                    "only the episode time)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = te.TrialConfig(task="reverse_copy", reward="bag", length=10, vocab=2, batch=100, k=8,

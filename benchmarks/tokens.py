@@ -23,7 +23,6 @@ With ``--against OTHER_SRC`` it only times measurement 2, in fresh interpreters 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -33,7 +32,8 @@ import time
 from pathlib import Path
 
 import torch
-from _markdown import replace_section  # benchmarks/ is on sys.path when run as a script
+from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
+from _markdown import replace_section
 
 from targetpo import objectives as obj
 from targetpo.tokens import engine as te
@@ -179,17 +179,18 @@ def side_by_side(seeds: int, repeats: int) -> tuple[float, float]:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, default=4, help="seeds vectorised per episode for the per-seed costs")
-    ap.add_argument("--episodes", type=int, default=5, help="timed episodes per method (median reported)")
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    ap.add_argument("--repeats", type=int, default=3, help="runs of the authors' smoke configuration (median reported)")
+    ap = Parser(description=__doc__)
+    ap.add_argument("--seeds", type=positive_int, default=4, help="seeds vectorised per episode for the per-seed costs")
+    ap.add_argument("--episodes", type=positive_int, default=5, help="timed episodes per method (median reported)")
+    ap.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
+    ap.add_argument("--repeats", type=positive_int, default=3, help="runs of the authors' smoke configuration "
+                    "(median reported)")
     ap.add_argument("--write", default=None, help=f"markdown file whose '{SECTION}' section is replaced")
     ap.add_argument("--against", default=None, metavar="OTHER_SRC",
                     help="only time the smoke configuration, alternating with another version's src folder")
     args = ap.parse_args()
-    if args.repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.against and not (Path(args.against) / "targetpo" / "__init__.py").is_file():
+        ap.error(f"--against {args.against}: not a src folder holding the targetpo package")
     if args.against:
         res = smoke_against(args.against, args.threads, args.repeats)
         print(f"| version | wall (s), median of {args.repeats} | CPU (s) |\n|---|---|---|")

@@ -25,8 +25,20 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
+# benchmarks/ is on sys.path when run as a script
+from _args import Parser, int_at_least, nonnegative_int, positive_int  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+HEADS = 4  # build_tiny_model's default num_heads
+
+
+def hidden_size(text: str) -> int:
+    value = positive_int(text)
+    if value % HEADS:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a multiple of {HEADS} (the tiny model's attention heads)")
+    return value
 
 
 def build(cls, config_cls, out, args):
@@ -72,15 +84,17 @@ def loss_step(trainer, inputs):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=8, help="prompts per step (one micro-batch of whole groups)")
-    ap.add_argument("--k", type=int, default=8, help="completions per prompt (num_generations)")
-    ap.add_argument("--tokens", type=int, default=32, help="max_completion_length")
-    ap.add_argument("--hidden", type=int, default=64, help="tiny Qwen2 hidden size")
-    ap.add_argument("--layers", type=int, default=2, help="tiny Qwen2 layers")
-    ap.add_argument("--repeats", type=int, default=15, help="timed steps per trainer (median reported)")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per trainer first")
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap = Parser(description=__doc__)
+    ap.add_argument("--prompts", type=positive_int, default=8, help="prompts per step (one micro-batch of whole "
+                    "groups)")
+    ap.add_argument("--k", type=int_at_least(2), default=8, help="completions per prompt (num_generations, >= 2)")
+    ap.add_argument("--tokens", type=positive_int, default=32, help="max_completion_length")
+    ap.add_argument("--hidden", type=hidden_size, default=64, help="tiny Qwen2 hidden size (a multiple of its "
+                    f"{HEADS} attention heads)")
+    ap.add_argument("--layers", type=positive_int, default=2, help="tiny Qwen2 layers")
+    ap.add_argument("--repeats", type=positive_int, default=15, help="timed steps per trainer (median reported)")
+    ap.add_argument("--warmup", type=nonnegative_int, default=2, help="untimed steps per trainer first")
+    ap.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
     ap.add_argument("--build-tpo-first", action="store_true", help="construct TargetPOTrainer before the stock one")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

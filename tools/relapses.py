@@ -41,21 +41,46 @@ def summary(values: np.ndarray, solved: float, relapse: float, gap: int) -> str:
     per_seed = [relapses(values[:, s], solved, relapse, gap) for s in range(values.shape[1])]
     hit = [r for r in per_seed if r is not None]
     counts = [len(r) for r in hit]
-    peak = max((p for r in hit for _, p in r), default=float("nan"))
+    peaks = [p for r in hit for _, p in r]
     final = values[-1]
     return (f"{len(hit)}/{len(per_seed)} seeds reach ≤ {solved:g}; relapses ≥ {relapse:g} per such seed: "
-            f"{counts} (total {sum(counts)}), highest peak {peak:.3f}; final error per seed "
-            f"{np.round(final, 4).tolist()}")
+            f"{counts} (total {sum(counts)})" + (f", highest peak {max(peaks):.3f}" if peaks else "")
+            + f"; final error per seed {np.round(final, 4).tolist()}")
+
+
+class _Parser(argparse.ArgumentParser):
+    """One-line errors, as the targetpo CLI's."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
+
+
+def _level(text: str) -> float:
+    """An error level: a number in [0, 1]."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r} is not an error level in [0, 1]")
+    return value
+
+
+def _episodes(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative; give a number of episodes >= 0")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = _Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("source", help="a run folder (run.json + metrics.jsonl) or an .npz of [seeds, episodes] curves")
     ap.add_argument("--metric", default="error", help="the run metric to read (run folders only)")
-    ap.add_argument("--solved", type=float, default=0.01, help="error level a seed must reach first")
-    ap.add_argument("--relapse", type=float, default=0.05, help="error level that counts as a relapse")
-    ap.add_argument("--gap", type=int, default=10, help="relapse stretches this close (episodes) are one")
+    ap.add_argument("--solved", type=_level, default=0.01, help="error level in [0, 1] a seed must reach first")
+    ap.add_argument("--relapse", type=_level, default=0.05, help="error level in [0, 1] that counts as a relapse "
+                    "(above --solved)")
+    ap.add_argument("--gap", type=_episodes, default=10, help="relapse stretches this close (episodes) are one")
     args = ap.parse_args(argv)
+    if args.relapse <= args.solved:
+        ap.error(f"--relapse {args.relapse:g} must be above --solved {args.solved:g}")
     src = Path(args.source)
     if not src.exists():
         ap.error(f"{src}: no such run folder or .npz file")
@@ -66,9 +91,13 @@ def main(argv: list[str] | None = None) -> int:
         from targetpo.runs.stats import curves
         from targetpo.runs.store import Run
 
-        series = {u: c.values for u, c in curves(Run.load(src), args.metric).items()}
+        run = Run.load(src)
+        try:
+            series = {u: c.values for u, c in curves(run, args.metric).items()}
+        except (KeyError, ValueError) as exc:
+            ap.error(f"--metric {args.metric!r}: {exc}")
     if not series:
-        raise ValueError(f"{src}: no per-seed curves found (npz: arrays named *_errors; run: metric {args.metric!r})")
+        ap.error(f"{src}: no per-seed curves found (npz: arrays named *_errors; run: metric {args.metric!r})")
     for name, values in series.items():
         print(f"{name}: {summary(values, args.solved, args.relapse, args.gap)}")
     return 0

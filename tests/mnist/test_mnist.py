@@ -549,3 +549,40 @@ def test_group_pg_at_an_eta_adam_cannot_hold_is_refused_before_the_run(tmp_path,
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(err) == 1 and "eta=1e-24 with method group_pg: below 1e-15" in err[0], err
     assert not out.exists()
+
+
+def test_a_folder_of_mnist_digits_is_not_run_as_fashion_mnist(tmp_path, capsys, mnist_dir):
+    """`--dataset fashion-mnist` on the MNIST files trained on digits and labelled every number Fashion-MNIST."""
+    import shutil
+
+    from targetpo.cli import main
+
+    code = main(["run", "mnist", "--preset", "smoke", "--dataset", "fashion-mnist", "--data-dir", str(mnist_dir),
+                 "--out", str(tmp_path / "r"), "--no-progress"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2 and len(err) == 1 and "holds mnist, not fashion-mnist" in err[0], err
+    assert not (tmp_path / "r").exists()
+    raw = tmp_path / "raw"  # the same labels uncompressed are recognised too; a user's own labels are not
+    raw.mkdir()
+    for f in mnist_dir.glob("t10k-*"):
+        (raw / f.name.removesuffix(".gz")).write_bytes(gzip.decompress(f.read_bytes()))
+    assert D.official_dataset_of(raw / "t10k-labels-idx1-ubyte") == "mnist"
+    mine = tmp_path / "mine"
+    shutil.copytree(raw, mine)
+    labels = bytearray((mine / "t10k-labels-idx1-ubyte").read_bytes())
+    labels[8] = (labels[8] + 1) % 10  # one label changed: no longer the official file
+    (mine / "t10k-labels-idx1-ubyte").write_bytes(bytes(labels))
+    assert D.official_dataset_of(mine / "t10k-labels-idx1-ubyte") is None
+    assert D.check_available(mine, "fashion-mnist") == mine
+
+
+def test_a_checkpoint_the_run_cannot_reach_is_refused_before_it_starts(tmp_path, capsys):
+    """checkpoint_label=10000 on a 100-step run ran, and the report quietly read label 80 instead."""
+    from targetpo.cli import main
+
+    code = main(["run", "mnist-mechanism", "--preset", "smoke", "checkpoint_label=10000", "--data-dir",
+                 str(tmp_path), "--out", str(tmp_path / "r"), "--no-progress"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2 and len(err) == 1, err
+    assert "checkpoint_label=10000: is measured after 10,020 updates, more than steps=100" in err[0]
+    assert not (tmp_path / "r").exists()

@@ -260,3 +260,61 @@ def test_data_locations_are_stored_absolute_and_a_resume_reads_either_spelling(t
     (tmp_path / "m1").rename(tmp_path / "m2")
     run_experiment("mnist", "smoke", out=out, overrides=[f"data-dir={tmp_path / 'm2'}", "methods=ce"], resume=True,
                    force=True, progress=False, quiet=True)
+
+
+def test_resume_with_only_the_data_location_or_the_stored_seeds_continues(tmp_path, mnist_dir, capsys):
+    """A resume with --data-dir alone (or --seeds as stored) was refused whenever the run had key=value overrides:
+    the asked config was rebuilt from the preset, so "steps: stored 60, asked 100" though nobody asked for 100."""
+    import json
+    import shutil
+
+    from targetpo.cli import main
+
+    shutil.copytree(mnist_dir, tmp_path / "m1")
+    out = tmp_path / "run"
+    argv = ["run", "mnist", "--preset", "smoke", "steps=60", "methods=ce,tpo", "--out", str(out), "--no-progress",
+            "--no-report"]
+    assert main(argv + ["--data-dir", str(tmp_path / "m1")]) == 0
+    (tmp_path / "m1").rename(tmp_path / "m2")  # the same files, moved
+    before = (out / "metrics.jsonl").read_bytes()
+    for extra in (["--data-dir", str(tmp_path / "m2")], ["--seeds", "2"]):
+        code = main(["run", "mnist", "--out", str(out), "--resume", "--no-progress", "--no-report", *extra])
+        assert code == 0, capsys.readouterr().err
+    assert (out / "metrics.jsonl").read_bytes() == before
+    assert json.loads((out / "run.json").read_text())["config"]["steps"] == 60
+    code = main(["run", "mnist", "--out", str(out), "--resume", "--no-progress", "steps=80"])  # still refused
+    assert code == 2 and "steps: stored 60, asked 80" in capsys.readouterr().err
+
+
+def test_a_resume_refused_for_other_data_leaves_run_json_as_it_was(tmp_path, mnist_dir, capsys):
+    """The fingerprint refusal came after run.json was rewritten: status "interrupted", a wall time and an empty
+    segment were added by a resume that did nothing."""
+    import gzip
+    import json
+    import shutil
+
+    from targetpo.cli import main
+
+    shutil.copytree(mnist_dir, tmp_path / "m1")
+    out = tmp_path / "run"
+    assert main(["run", "mnist", "--preset", "smoke", "methods=ce", "--data-dir", str(tmp_path / "m1"), "--out",
+                 str(out), "--no-progress", "--no-report"]) == 0
+    # make it a run killed midway: its last records and "done" line gone, run.json still saying "running"
+    lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (out / "metrics.jsonl").write_text("".join(lines[:2]))
+    meta = json.loads((out / "run.json").read_text())
+    meta["status"] = "running"
+    (out / "run.json").write_text(json.dumps(meta))
+    other = tmp_path / "m2"
+    shutil.copytree(tmp_path / "m1", other)
+    labels = other / "t10k-labels-idx1-ubyte.gz"
+    raw = bytearray(gzip.decompress(labels.read_bytes()))
+    raw[8], raw[9] = raw[9], raw[8]  # two test labels swapped: other data
+    if raw[8] == raw[9]:
+        raw[8] = (raw[8] + 1) % 10
+    labels.write_bytes(gzip.compress(bytes(raw)))
+    files = {p.name: p.read_bytes() for p in out.iterdir()}
+    code = main(["run", "mnist", "--out", str(out), "--resume", "--data-dir", str(other), "--no-progress"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2 and len(err) == 1 and "was computed on other data" in err[0], err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == files

@@ -196,8 +196,8 @@ def how_to_provide(dataset: str) -> str:
 
 
 def check_available(data_dir: str | os.PathLike | None, dataset: str) -> Path:
-    """The data directory if it holds at least the test files; MissingDataError (saying how to provide the
-    data) otherwise. Cheap: checks file names only."""
+    """The data directory if it holds at least the test files, and not another dataset's official ones;
+    MissingDataError (saying how to provide the data) otherwise. Cheap: file names and one 4.5 KB checksum."""
     directory = resolve_dir(data_dir, dataset)
     if directory is None:
         raise MissingDataError(f"no {dataset} data directory given: {how_to_provide(dataset)}")
@@ -208,7 +208,33 @@ def check_available(data_dir: str | os.PathLike | None, dataset: str) -> Path:
         present = sorted(p.name for p in directory.iterdir())[:8]
         raise MissingDataError(f"{directory} lacks {FILES['test_images']}[.gz] and/or {FILES['test_labels']}[.gz] "
                                f"(found: {present or 'nothing'}): {how_to_provide(dataset)}")
+    other = official_dataset_of(_find(directory, FILES["test_labels"]))
+    if other is not None and other != dataset:  # e.g. --dataset fashion-mnist on a folder of MNIST digits
+        raise MissingDataError(f"{directory} holds {other}, not {dataset} (its {FILES['test_labels']} are "
+                               f"{other}'s official test labels): pass --dataset {other}, or "
+                               f"{how_to_provide(dataset)}")
     return directory
+
+
+# MD5 of the uncompressed official test labels (IDX header + 10,000 labels): it names the data set whatever the
+# file's compression (a re-gzipped copy has another .gz MD5).
+RAW_TEST_LABELS_MD5 = {"mnist": "27ae3e4e09519cfbb04c329615203637"}
+
+
+def official_dataset_of(labels: Path) -> str | None:
+    """The dataset whose official test labels `labels` holds, by MD5 of the file (official .gz) or of its content;
+    None for any other file, such as a user's own data set (or one the loader will refuse as broken)."""
+    data = labels.read_bytes()  # 4.5 KB gzipped, 10 KB raw
+    packed = hashlib.md5(data).hexdigest()
+    found = next((d for d, sums in MD5.items() if sums[FILES["test_labels"] + ".gz"] == packed), None)
+    if found is not None:
+        return found
+    try:
+        raw = gzip.decompress(data) if labels.suffix == ".gz" else data
+    except (OSError, EOFError, zlib.error):
+        return None
+    digest = hashlib.md5(raw).hexdigest()
+    return next((d for d, known in RAW_TEST_LABELS_MD5.items() if known == digest), None)
 
 
 def load(data_dir: str | os.PathLike | None = None, dataset: str = "mnist", *, download: bool = False) -> MnistData:

@@ -58,6 +58,11 @@ class Config(MnistConfig):
         if self.checkpoint_label % self.eval_every:
             raise ValueError(f"checkpoint_label={self.checkpoint_label}: must be a multiple of eval_every "
                              f"({self.eval_every})")
+        if self.checkpoint_label + self.eval_every > self.steps:  # label L is measured after L + eval_every updates
+            raise ValueError(f"checkpoint_label={self.checkpoint_label}: is measured after "
+                             f"{self.checkpoint_label + self.eval_every:,} updates, more than steps={self.steps}; "
+                             f"give steps >= {self.checkpoint_label + self.eval_every} or a checkpoint_label <= "
+                             f"{max(0, self.steps - self.eval_every) // self.eval_every * self.eval_every}")
 
 
 PRESETS = {

@@ -31,7 +31,8 @@ def figure(ncols: int = 1, width: float = 5.0, height: float = 3.6, nrows: int =
     return fig, list(axes.ravel())
 
 
-def curve(ax, steps: np.ndarray, values: np.ndarray, label: str, color: str | None = None, floor: float | None = None):
+def curve(ax, steps: np.ndarray, values: np.ndarray, label: str, color: str | None = None, floor: float | None = None,
+          ls: str = "-"):
     """Seed mean with a ± s.e. band. `values` is [steps, seeds]. `floor` clips for log axes."""
     m, se = mean_se(values)
     lo, hi = m - se, m + se
@@ -41,7 +42,7 @@ def curve(ax, steps: np.ndarray, values: np.ndarray, label: str, color: str | No
             ax.axhline(floor, color="0.5", lw=0.8, ls=(0, (1, 3)), gid=FLOOR)
         m, lo, hi = (np.maximum(x, floor) for x in (m, lo, hi))
     color = color or COLORS.get(label.lower().replace(" ", "_"))
-    ax.plot(steps, m, label=label, color=color, lw=1.6)
+    ax.plot(steps, m, label=label, color=color, lw=1.6, ls=ls)
     ax.fill_between(steps, lo, hi, color=color, alpha=0.2, lw=0)
 
 

@@ -104,7 +104,7 @@ def report(run, section) -> None:
         section.text(tr.horizon_note(run, "10 seeds × 1000 episodes, H = 10, B = 100, K = 8",
                                      f"{count(cfg['seeds'], 'seed')} × {cfg['episodes']} episodes, H = {cfg['length']}, "
                                      f"B = {cfg['batch']}, K = {cfg['k']}")
-                     + f" A run that reaches 1% after episode {cfg['episodes'] - 1} shows as '–'.")
+                     + f" A run not reaching 1% by episode {cfg['episodes'] - 1} shows as 'never'.")
     if not data:
         section.text("No metrics recorded yet.")
         return

@@ -1,0 +1,51 @@
+"""The benchmarks' command lines: the main CLI's one-line argument errors and small `type=` validators."""
+
+from __future__ import annotations
+
+import argparse
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error, as `targetpo` itself (src/targetpo/cli.py): the message and where the usage
+    is, not the usage itself; exit status 2."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
+
+
+def int_at_least(minimum: int):
+    """A `type=` for an integer >= `minimum` (argparse names the option in its error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be at least {minimum}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"  # argparse's fallback message names the type
+    return parse
+
+
+positive_int = int_at_least(1)
+nonnegative_int = int_at_least(0)
+
+
+def comma_choices(choices):
+    """A `type=` for a comma-separated, non-empty list of names out of `choices` (returned as given)."""
+
+    def parse(text: str) -> str:
+        names = text.split(",")
+        bad = [n for n in names if n not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{', '.join(map(repr, bad))} not among {', '.join(choices)} "
+                                             "(comma-separated)")
+        return text
+
+    return parse
