@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -211,12 +212,22 @@ def _stop_with_parent() -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def _name_worker_logs(name: str) -> logging.Handler:
+    """targetpo's log lines from a reproduce worker start with its experiment's name: two workers write to the same
+    terminal, and a bare "step 0: all 2 groups have zero-variance rewards" did not say whose it was."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"{name}: %(levelname)s: %(message)s"))
+    logging.getLogger("targetpo").addHandler(handler)
+    return handler
+
+
 def _reproduce_worker(conn, plan: _Plan, threads: int) -> None:
     """One experiment in its own process with `threads` torch threads; sends ("done", summary), ("missing", reason),
     ("missing extra", reason) or ("failed", traceback) to the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
     signal.signal(signal.SIGTERM, _exit_on_signal)  # by SIGTERM, and the interpreter then shuts down cleanly
     _stop_with_parent()
+    _name_worker_logs(plan.name)
     try:
         _run_plan(plan, progress=False, threads=threads, quiet=True)
         exp = load(plan.name)

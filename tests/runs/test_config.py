@@ -318,3 +318,20 @@ def test_a_resume_refused_for_other_data_leaves_run_json_as_it_was(tmp_path, mni
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert code == 2 and len(err) == 1 and "was computed on other data" in err[0], err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == files
+
+
+@pytest.mark.parametrize("override, message", [
+    ("steps=٣", "steps='٣': expected an integer written in ASCII digits, without '_'"),
+    ("lr=１", "lr='１': expected a number written in ASCII digits"),
+    ("seeds=1_0", "seeds='1_0': expected an integer written in ASCII digits, without '_'"),
+    ("lr=1e-400", "lr='1e-400': too small for a float (it would read as 0)"),
+])
+def test_numbers_python_reads_loosely_are_refused(override, message):
+    """int()/float() accept Arabic-Indic and full-width digits and '_' separators (steps=٣ ran 3 steps,
+    seeds=1_0 ran 10), and 1e-400 read as 0.0, so the error showed a value nobody typed."""
+    from targetpo.experiments import load
+    from targetpo.runs.config import make_config
+
+    with pytest.raises(ValueError) as info:
+        make_config(load("tabular-single"), "smoke", overrides=[override])
+    assert message in str(info.value)

@@ -259,3 +259,17 @@ def test_reproduce_refuses_a_data_dir_that_is_not_a_folder(tmp_path, capsys):
         err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
         assert code == 2 and len(err) == 1 and f"--data-dir {given}: {what}" in err[0], err
         assert not out.exists()
+
+
+def test_a_workers_log_lines_name_its_experiment(capsys):
+    """Warnings from two reproduce workers (rlvr's "all groups have zero-variance rewards") said not whose they were."""
+    import logging
+
+    from targetpo import cli
+
+    handler = cli._name_worker_logs("rlvr")
+    try:
+        logging.getLogger("targetpo.llm.trainer").warning("step %d: all %d groups have zero-variance rewards", 0, 2)
+    finally:
+        logging.getLogger("targetpo").removeHandler(handler)
+    assert "rlvr: WARNING: step 0: all 2 groups have zero-variance rewards" in capsys.readouterr().err

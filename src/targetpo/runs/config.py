@@ -321,10 +321,16 @@ def _parse_value(text: str, annotation: Any, name: str) -> Any:
         if text.lower() in ("0", "false", "no", "off"):
             return False
     elif tp in (int, float):
+        if not text.isascii() or "_" in text:  # Python's int()/float() read "٣", "１" and "1_0" too
+            raise ValueError(f"{name}={text!r}: expected {_TYPE_NAMES[tp]} written in ASCII digits, without '_'")
         try:
-            return tp(text)
+            value = tp(text)
         except ValueError:
             pass
+        else:
+            if value == 0 and re.search(r"[1-9]", re.split(r"[eE]", text)[0]):  # 1e-400: not the 0.0 it reads as
+                raise ValueError(f"{name}={text!r}: too small for a float (it would read as 0)")
+            return value
     elif tp is dict:
         raise ValueError(f"{name}={text!r}: a dict, set only through the Python API, not as key=value")
     else:
