@@ -586,3 +586,19 @@ def test_a_checkpoint_the_run_cannot_reach_is_refused_before_it_starts(tmp_path,
     assert code == 2 and len(err) == 1, err
     assert "checkpoint_label=10000: is measured after 10,020 updates, more than steps=100" in err[0]
     assert not (tmp_path / "r").exists()
+
+
+def test_every_mnist_experiment_runs_without_onednn():
+    """With 2 threads 2 of 16 identical mnist-staleness runs took another numerical path (oneDNN); 24 of 24 agree
+    with it off. The wrapper turns it off for the unit only, whatever else the flags hold."""
+    from targetpo.experiments import EXPERIMENTS, load
+    from targetpo.mnist.train import without_onednn
+
+    mkldnn = torch.backends.mkldnn
+    before = (mkldnn.enabled, mkldnn.deterministic, mkldnn.allow_tf32, mkldnn.fp32_precision)
+    assert without_onednn(lambda: mkldnn.enabled)() is False
+    assert (mkldnn.enabled, mkldnn.deterministic, mkldnn.allow_tf32, mkldnn.fp32_precision) == before
+    mnist = [n for n, module in EXPERIMENTS.items() if module.startswith("targetpo.mnist.")]
+    assert len(mnist) == 6
+    for name in mnist:
+        assert getattr(load(name).run_unit, "__wrapped__", None) is not None, name

@@ -139,6 +139,7 @@ def reward_labels(actions: torch.Tensor, rewards: torch.Tensor, num_classes: int
     return torch.where(rewards > 0.5, actions, (actions + 1) % num_classes)
 
 
+@base.without_onednn
 def run_unit(cfg: Config, unit: str, ctx) -> None:
     data = load_data(cfg, ctx)
     conds, methods = conditions(cfg), list(cfg.methods)

@@ -112,6 +112,7 @@ def make_diagnostics(methods: list[str], eta: float):
     return diagnostics
 
 
+@base.without_onednn
 def run_unit(cfg: Config, unit: str, ctx) -> None:
     train(cfg, load_data(cfg, ctx), ctx, diagnostics=make_diagnostics(list(cfg.methods), cfg.eta))
 

@@ -112,6 +112,7 @@ def step(params, opt, settings: list[str], x, y, noise, eta: float, check=None) 
     opt.step()
 
 
+@base.without_onednn
 def run_unit(cfg: Config, unit: str, ctx) -> None:
     data = base.load_data(cfg, ctx)
     settings = list(cfg.methods)

@@ -121,6 +121,7 @@ def replay_slots(u: torch.Tensor, size: int) -> list[int]:
     return (u * size).long().clamp_max(size - 1).tolist()
 
 
+@base.without_onednn
 def run_unit(cfg: Config, unit: str, ctx) -> None:
     data = load_data(cfg, ctx)
     reps, var = list(cfg.replays), variants(cfg.methods, cfg.is_clips)

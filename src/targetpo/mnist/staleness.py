@@ -119,6 +119,7 @@ class Lookahead:
         self._cache.pop(k, None)
 
 
+@base.without_onednn
 def run_unit(cfg: Config, unit: str, ctx) -> None:
     data = load_data(cfg, ctx)
     delays, methods = list(cfg.delays), list(cfg.methods)

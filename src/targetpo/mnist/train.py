@@ -13,6 +13,8 @@ both (`step` = updates performed, `label` = the paper's label) and compare steps
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -151,6 +153,21 @@ def train(cfg, data: mnist_data.MnistData, ctx, diagnostics=None) -> None:
             ctx.advance(cfg.eval_every)
 
 
+def without_onednn(run_unit):
+    """`run_unit` with torch's oneDNN (mkldnn) kernels off. With 2 threads, 2 of 16 identical `mnist-staleness`
+    smoke runs (steps=200) took another numerical path, from some update on, than the other 14 and every 1-thread
+    run; with oneDNN off, 24 of 24 gave the majority's numbers bit for bit, at the same speed (10.5 vs 10.4 s a
+    run of steps=600). The MNIST experiments compute on the CPU only."""
+    @functools.wraps(run_unit)
+    def wrapped(*args, **kwargs):
+        m = torch.backends.mkldnn
+        with m.flags(enabled=False, deterministic=m.deterministic, allow_tf32=m.allow_tf32,
+                     fp32_precision=m.fp32_precision):
+            return run_unit(*args, **kwargs)
+    return wrapped
+
+
+@without_onednn
 def run_unit(cfg: Config, unit: str, ctx) -> None:
     train(cfg, load_data(cfg, ctx), ctx)
 
