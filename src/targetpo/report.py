@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from targetpo.experiments import EXPERIMENTS, UnknownExperiment, load  # noqa: E402
+from targetpo.experiments import EXPERIMENTS, UnknownExperiment, load, suite_of  # noqa: E402
 from targetpo.runs import plots  # noqa: E402
 from targetpo.runs.config import config_class, config_fields, make_config, show  # noqa: E402
 from targetpo.runs.runner import (DATA_LOCATION, Progress, config_differences, run_is_live, run_progress,  # noqa: E402
@@ -162,7 +162,9 @@ class Section:
             live = run_is_live(self.run.path)
             status = "stopped before the end (killed or interrupted)" if live is False else status
         head = [f"## {self.title}", "",
-                f"Run `{self.run.path.name}` · preset **{meta.get('preset')}** · {count(seed_count(meta), 'seed')} · "
+                f"Run `{self.run.path.name}`"
+                + (f" (`{meta.get('experiment')}`)" if meta.get("experiment") not in (None, self.run.path.name) else "")
+                + f" · preset **{meta.get('preset')}** · {count(seed_count(meta), 'seed')} · "
                 f"wall time {meta.get('wall_time_s', 0):.1f} s · status {status} · "
                 f"data: {meta.get('data_source')} · torch {meta.get('versions', {}).get('torch')}"
                 + (f" · device {meta.get('device')}, peak GPU memory {meta['peak_gpu_memory_bytes'] / 2**30:.2f} GiB"
@@ -189,7 +191,10 @@ class Section:
         if self.claims:
             na = ("n/a (run incomplete)" if not self.complete else
                   "n/a" if self.gives_verdicts else f"n/a ({meta.get('preset')} preset)")
-            head += ["| paper claim | result | evidence (ours; [lo, hi] = 95 % seed interval) |", "|---|---|---|"]
+            name = meta.get("experiment")
+            paper_claims = name not in EXPERIMENTS or suite_of(name) == "paper"  # an open question's are its own
+            what = "paper claim" if paper_claims else "claim (an open question's, not the paper's)"
+            head += [f"| {what} | result | evidence (ours; [lo, hi] = 95 % seed interval) |", "|---|---|---|"]
             for c, verdict in zip(self.claims, self.verdicts()):
                 head.append(f"| {c.text} | {_result_cell(c, verdict, na)} | {_evidence_cell(c, verdict)} |")
             head.append("")

@@ -276,3 +276,21 @@ def test_a_resume_on_other_data_is_refused(tmp_path, capsys, monkeypatch, mnist_
     monkeypatch.setenv("TARGETPO_MNIST_DIR", str(mnist_dir))  # its own data: it resumes
     assert main(["run", "mnist", "--out", str(out), "--resume", "--no-progress", "--no-report"]) == 0
     assert (out / "metrics.jsonl").read_text().splitlines() == lines
+
+
+def test_a_run_folder_named_otherwise_and_an_open_questions_claims_are_labelled(tmp_path):
+    """A run in `--out m` was headed "Run `m`" alone, and the open questions' claims sat in a "paper claim"
+    column (llm-length's), as if the paper had made them."""
+    from targetpo.experiments import run_experiment
+    from targetpo.report import Section
+    from targetpo.runs.store import Run
+
+    out = run_experiment("tabular-single", "smoke", out=tmp_path / "m", progress=False, quiet=True)
+    section = Section("t", Run.load(out), tmp_path)
+    section.claim("a claim", None, "evidence")
+    assert "Run `m` (`tabular-single`) · preset" in section.render() and "| paper claim |" in section.render()
+    run = Run.load(out)
+    run.meta["experiment"] = "llm-length"  # a suite other than the paper's
+    section = Section("t", run, tmp_path)
+    section.claim("a claim", None, "evidence")
+    assert "| claim (an open question's, not the paper's) |" in section.render()
