@@ -151,6 +151,13 @@ class Section:
         """Each claim's verdict as the report shows it: None where the preset or the data cannot decide."""
         return [c.verdict if self.gives_verdicts and self.complete else None for c in self.claims]
 
+    @property
+    def paper_claims(self) -> bool:
+        """Whether its claims are the paper's: an experiment outside the paper suite (an open question) states
+        its own."""
+        name = self.run.meta.get("experiment")
+        return name not in EXPERIMENTS or suite_of(name) == "paper"
+
     def render(self) -> str:
         if self.error is not None:
             return f"## {self.title}\n\n{self.error}\n"
@@ -191,9 +198,7 @@ class Section:
         if self.claims:
             na = ("n/a (run incomplete)" if not self.complete else
                   "n/a" if self.gives_verdicts else f"n/a ({meta.get('preset')} preset)")
-            name = meta.get("experiment")
-            paper_claims = name not in EXPERIMENTS or suite_of(name) == "paper"  # an open question's are its own
-            what = "paper claim" if paper_claims else "claim (an open question's, not the paper's)"
+            what = "paper claim" if self.paper_claims else "claim (an open question's, not the paper's)"
             head += [f"| {what} | result | evidence (ours; [lo, hi] = 95 % seed interval) |", "|---|---|---|"]
             for c, verdict in zip(self.claims, self.verdicts()):
                 head.append(f"| {c.text} | {_result_cell(c, verdict, na)} | {_evidence_cell(c, verdict)} |")
@@ -510,7 +515,7 @@ def write_report(root: str | Path, out: str | Path | None = None) -> Path:
              + _runs_flagged(broken, "could not be reported", "why")
              + _runs_flagged(failed, "failed", "the error and how to resume")
              + _runs_flagged(incomplete, "incomplete", "which units are missing")
-             + f"Paper claims checked from our data: {claim_count(sections)}. "
+             + f"{claims_heading(sections)} checked from our data: {claim_count(sections)}. "
              "Paper numbers are the reference constants of `targetpo.paper` (the paper's tables, or runs of the "
              "authors' code where the paper gives none); every other number is measured from this run's metrics, and "
              "`mean [lo, hi]` is a seed mean with its 95 % interval over seeds (docs/verdicts.md).", ""]
@@ -525,6 +530,12 @@ def write_report(root: str | Path, out: str | Path | None = None) -> Path:
     finally:
         tmp.unlink(missing_ok=True)  # a failed write or rename leaves no stray file
     return report_path
+
+
+def claims_heading(sections: list[Section]) -> str:
+    """"Paper claims", or what else the tally counts (an open question's claims, headed as such in its section)."""
+    own = sum(len(s.claims) for s in sections if not s.paper_claims)
+    return "Paper claims" if not own else f"Claims (the paper's, and {count(own, 'claim')} of the open questions)"
 
 
 def claim_count(sections: list[Section]) -> str:

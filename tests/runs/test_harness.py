@@ -294,3 +294,7 @@ def test_a_run_folder_named_otherwise_and_an_open_questions_claims_are_labelled(
     section = Section("t", run, tmp_path)
     section.claim("a claim", None, "evidence")
     assert "| claim (an open question's, not the paper's) |" in section.render()
+    from targetpo.report import claims_heading
+
+    assert claims_heading([section]) == "Claims (the paper's, and 1 claim of the open questions)"
+    assert claims_heading([Section("t", Run.load(out), tmp_path)]) == "Paper claims"
