@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from targetpo.experiments import EXPERIMENTS, SUITES, in_suite, load, suite_of
 from targetpo.runs.config import config_class, field_lines, first_repeat, make_config, override_key
-from targetpo.runs.data import EXTRA_MODULES, MissingDataError, MissingExtraError, install_hint
+from targetpo.runs.data import EXTRA_OF_MODULE, MissingDataError, MissingExtraError, needs_extra
 from targetpo.runs.runner import (DATA_LOCATION, add_runner_arguments, available_cores, computes_on,
                                   config_differences, file_in_the_way, folder_listing, is_not_run, mark_not_run,
                                   parse_device, request_stop, run_experiment, show_differences, stored_config)
@@ -521,9 +521,6 @@ def _refuse_empty_strings(args) -> None:
             raise ValueError(f"--{key.replace('_', '-')} is empty: give a value, or leave the flag out for its default")
 
 
-# Modules of the optional extras (pyproject.toml): a command that needs one says which extra to install.
-OPTIONAL_MODULES = {module: extra for extra, modules in EXTRA_MODULES.items() for module in modules}
-
 POSITIONAL = ("dir",)  # the free-text positional arguments (`report DIR`, `data NAME DIR`); the others have choices
 
 
@@ -548,11 +545,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"targetpo: error: {message}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
-        extra = OPTIONAL_MODULES.get((exc.name or "").split(".")[0])
+        extra = EXTRA_OF_MODULE.get((exc.name or "").split(".")[0])  # a command that needs one names the extra
         if extra is None:
             raise
-        print(f"targetpo: error: {args.command} needs the {extra} extra (no module named {exc.name!r}): "
-              f"{install_hint(extra)}", file=sys.stderr)
+        print(f"targetpo: error: {needs_extra(args.command, extra, exc.name)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         again = {"run": "the same command with --resume", "rlvr": "the same command with --resume",

@@ -34,8 +34,8 @@ import numpy as np
 from targetpo.experiments import EXPERIMENTS, UnknownExperiment, load, suite_of  # noqa: E402
 from targetpo.runs import plots  # noqa: E402
 from targetpo.runs.config import config_class, config_fields, make_config, show  # noqa: E402
-from targetpo.runs.runner import (DATA_LOCATION, Progress, config_differences, run_is_live, run_progress,  # noqa: E402
-                                  stored_config)
+from targetpo.runs.runner import (DATA_LOCATION, Progress, config_differences, file_in_the_way,  # noqa: E402
+                                  run_is_live, run_progress, stored_config)
 from targetpo.runs.stats import FAIL_CLASSES, NOT_REPRODUCED, SCALE, SETTINGS, Failure, Verdict, count  # noqa: E402
 from targetpo.runs.store import METRICS_FILE, RUN_FILE, Run, RunFileError, find_runs, seed_count  # noqa: E402
 
@@ -489,8 +489,8 @@ def write_report(root: str | Path, out: str | Path | None = None) -> Path:
     if report_path.is_dir():
         raise ValueError(f"-o {report_path}: is a directory; give the report's file, e.g. {report_path / 'REPORT.md'}")
     if not report_path.parent.is_dir():
-        blocker = next((p for p in report_path.parents if p.exists()), None)
-        if blocker is not None and not blocker.is_dir():
+        blocker = file_in_the_way(report_path.parent)
+        if blocker is not None:
             raise ValueError(f"-o {report_path}: {blocker} is a file, not a folder")
         raise ValueError(f"-o {report_path}: the folder {report_path.parent} does not exist")
     if out is not None and report_path.is_file() and not is_report(report_path):  # the user's file, not ours

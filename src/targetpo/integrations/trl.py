@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from targetpo.runs.data import EXTRA_MODULES, install_hint
+from targetpo.runs.data import EXTRA_OF_MODULE, needs_extra
 
 try:
     from accelerate.utils import is_peft_model
@@ -53,10 +53,9 @@ try:
                                    unsplit_pixel_values_by_grid)
 except ModuleNotFoundError as exc:  # name the extra, not the first of its modules that is missing
     missing = (exc.name or "").split(".")[0]
-    if missing not in EXTRA_MODULES["llm"] + EXTRA_MODULES["trl"]:
+    if EXTRA_OF_MODULE.get(missing) not in ("llm", "trl"):  # the trl extra brings the llm extra's modules too
         raise
-    raise ModuleNotFoundError(f"{__name__} needs the trl extra (no module named {missing!r}): {install_hint('trl')}",
-                              name=missing) from exc
+    raise ModuleNotFoundError(needs_extra(__name__, "trl", missing), name=missing) from exc
 
 from targetpo.objectives import get
 from targetpo.objectives.clipped import masked_log_ratio

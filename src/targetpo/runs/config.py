@@ -375,7 +375,11 @@ def make_config(exp: ModuleType, preset: str, seeds: int | None = None, override
     """A preset with `seeds` and `key=value` overrides applied, validated."""
     if preset not in exp.PRESETS:
         raise ValueError(f"experiment {exp.NAME} has no preset {preset!r}; presets: {', '.join(exp.PRESETS)}")
-    cfg = exp.PRESETS[preset]
+    return configure(exp.PRESETS[preset], seeds, overrides)
+
+
+def configure(cfg: Any, seeds: int | None = None, overrides: list[str] | None = None) -> Any:
+    """`cfg` (a preset, or the config a run stored) with `seeds` and `key=value` overrides applied, validated."""
     if seeds is not None:
         if any(override_key(o) == "seeds" for o in overrides or []):
             raise ValueError(f"give either --seeds {seeds} or seeds=..., not both")

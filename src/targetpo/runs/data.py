@@ -18,13 +18,17 @@ EXTRA_MODULES = {"llm": ("transformers", "tokenizers", "accelerate", "peft", "re
                  "trl": ("trl",), "verl": ("verl",)}
 
 
-def install_hint(extra: str) -> str:
-    return f"pip install 'targetpo[{extra}]' (in a checkout: pip install -e '.[{extra}]')"
+EXTRA_OF_MODULE = {module: extra for extra, modules in EXTRA_MODULES.items() for module in modules}
+
+
+def needs_extra(who: str, extra: str, module: str) -> str:
+    """The one-line message for `who` missing `extra` (its `module` not installed), with how to install it."""
+    return (f"{who} needs the {extra} extra (no module named {module!r}): pip install 'targetpo[{extra}]' (in a "
+            f"checkout: pip install -e '.[{extra}]')")
 
 
 def require_extra(extra: str, who: str) -> None:
     """MissingExtraError naming `who`, the extra and its first module that is not installed (nothing is imported)."""
     for module in EXTRA_MODULES[extra]:
         if importlib.util.find_spec(module) is None:
-            raise MissingExtraError(f"{who} needs the {extra} extra (no module named {module!r}): "
-                                    f"{install_hint(extra)}")
+            raise MissingExtraError(needs_extra(who, extra, module))

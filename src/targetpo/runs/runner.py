@@ -25,8 +25,8 @@ import torch
 from tqdm.auto import tqdm
 
 from targetpo.runs.store import (METRICS_FILE, RUN_FILE, MetricsWriter, RunFileError, read_metrics, read_run_json,
-                                 record_key, versions, write_run_json)
-from targetpo.runs.config import (apply_overrides, config_class, config_fields, config_from_dict, make_config,
+                                 record_key, restore_run_json, versions, write_run_json)
+from targetpo.runs.config import (config_class, config_fields, config_from_dict, configure, make_config,
                                   override_key, validated)
 from targetpo.runs.stats import count
 from targetpo.runs.data import require_extra
@@ -476,12 +476,10 @@ def _run_experiment(
                              "--force (or use the version that wrote it)")
         other_preset = preset is not None and preset != meta["preset"]
         if other_preset or overrides or seeds is not None:
-            if preset is None:  # the stored config, with what was given now: --data-dir alone, or --seeds as stored,
-                # asks for the same run (built from the preset, every key=value of the original run would differ)
-                base = cfg if seeds is None else dataclasses.replace(cfg, seeds=seeds)
-                asked = absolute_locations(validated(apply_overrides(base, overrides or [])))
-            else:
-                asked = absolute_locations(make_config(exp, preset, seeds, overrides))
+            # Without --preset, the stored config with what was given now: --data-dir alone, or --seeds as stored,
+            # asks for the same run (built from the preset, every key=value of the original run would differ).
+            asked = absolute_locations(configure(cfg, seeds, overrides) if preset is None
+                                       else make_config(exp, preset, seeds, overrides))
             given = {override_key(k) for k in overrides or ()}  # data-dir=… is data_dir=…
             # The data's location as given now (the fingerprint check still refuses other data).
             cfg = dataclasses.replace(cfg, **{k: getattr(asked, k) for k in DATA_LOCATION if k in given})
@@ -555,11 +553,6 @@ def _run_experiment(
 
     # A resume the data check refuses (DataMismatch, inside the first unit) puts run.json back as it was.
     stored = meta_path.read_bytes() if meta_path.exists() else None
-
-    def restore_run_json() -> None:
-        tmp = meta_path.with_name(RUN_FILE + ".restore")
-        tmp.write_bytes(stored)
-        os.replace(tmp, meta_path)  # atomic, as write_run_json
     meta["status"] = "running"
     meta.setdefault("runs", []).append({"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumed": bool(done) or bool(existing),
                          "units": todo, "torch_threads": torch.get_num_threads(),
@@ -567,7 +560,8 @@ def _run_experiment(
     # From before run.json says "running" to the last record: a Ctrl-C or SIGTERM anywhere in between (even while
     # the metrics file is being created) leaves the status "interrupted", never a stale "running".
     with (_on_interrupt(lambda: record_time("interrupted")),
-          _on_failure(name, cfg, record_time, restore=restore_run_json if stored is not None else None),
+          _on_failure(name, cfg, record_time,
+                      restore=None if stored is None else lambda: restore_run_json(run_dir, stored)),
           contextlib.ExitStack() as open_files):
         write_run_json(run_dir, meta)
         total = sum(steps_of(exp, cfg, u) for u in todo)

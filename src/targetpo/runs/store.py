@@ -236,12 +236,19 @@ def versions() -> dict[str, str]:
 
 
 def write_run_json(run_dir: Path, meta: dict) -> None:
-    tmp = Path(run_dir) / (RUN_FILE + ".tmp")
     # The config is written as is, every float at full precision (repr): a resume must replay the config that was
     # asked for, and %.7g turned lr=0.123456789 into 0.1234568 (the resumed steps then trained on another lr).
     out = {k: v if k == "config" else _jsonable(v) for k, v in meta.items()}
-    tmp.write_text(json.dumps(out, indent=2, default=lambda o: o.item() if hasattr(o, "item") else str(o)) + "\n")
-    os.replace(tmp, Path(run_dir) / RUN_FILE)  # atomic: a kill never leaves a half-written run.json
+    text = json.dumps(out, indent=2, default=lambda o: o.item() if hasattr(o, "item") else str(o)) + "\n"
+    restore_run_json(run_dir, text.encode())
+
+
+def restore_run_json(run_dir: Path, data: bytes) -> None:
+    """run.json replaced by `data` (as read from it earlier, byte for byte), atomically: a kill never leaves a
+    half-written run.json."""
+    tmp = Path(run_dir) / (RUN_FILE + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, Path(run_dir) / RUN_FILE)
 
 
 @dataclass
