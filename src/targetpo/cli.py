@@ -528,11 +528,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # key=value overrides may follow options (`run NAME --preset paper steps=10`); argparse leaves those over.
-    if extra and getattr(args, "command", None) in ("run", "rlvr") and all("=" in e and not e.startswith("-") for e in extra):
+    # Any word that is not a flag joins them, so `steps` reads "must look like key=value" wherever it stands.
+    if extra and getattr(args, "command", None) in ("run", "rlvr") and not any(e.startswith("-") for e in extra):
         args.overrides = list(args.overrides or []) + extra
     elif extra:  # named by the subcommand's parser, whose --help lists what it takes
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        sub.choices.get(getattr(args, "command", None), parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        flags = [e for e in extra if e.startswith("-")] or extra  # not the overrides beside them, which are fine
+        sub.choices.get(getattr(args, "command", None), parser).error(f"unrecognized arguments: {' '.join(flags)}")
     try:
         _refuse_empty_strings(args)
         return args.func(args) or 0

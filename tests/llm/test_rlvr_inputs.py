@@ -36,7 +36,22 @@ ONE_DIGIT = ("task_options=operators=+,min_terms=2,max_terms=2,min_digits=1,max_
     (["tiny_heads=3"], "tiny_heads=3: must divide tiny_hidden=32"),
     (["tiny_heads=32"], "heads of an even size"),  # head size 1: rotary embeddings need pairs
     (["tiny_kv_heads=3"], "tiny_kv_heads=3: must divide tiny_heads=2"),
-    (["task_options=foo=bar"], "task_options {'foo': 'bar'} of reasoning-gym task 'basic_arithmetic'"),
+    # reasoning-gym's own words were Python's: "__init__() got an unexpected keyword argument 'foo'", "'>' not
+    # supported between instances of 'str' and 'int'", "got multiple values for keyword argument 'size'"
+    (["task_options=foo=bar"], "task_options: 'foo' is not an option of reasoning-gym task 'basic_arithmetic'; "
+                               "its options: min_terms, max_terms, min_digits, max_digits, operators,"),
+    (["task_options=min_term=3"], "did you mean 'min_terms'?"),
+    (["task_options=min_terms=abc"], "task_options: min_terms=abc for reasoning-gym task 'basic_arithmetic': "
+                                     "min_terms takes an integer"),
+    (["task_options=allow_negation=1"], "allow_negation takes true or false"),
+    (["task_options=operators=7"], "operators takes characters"),
+    (["task_options=format_style=fancy"], "format_style takes one of simple, natural"),
+    (["--task", "chain_sum", "task_options=size=4"], "task_options: size= is set by targetpo (the pool sizes are "
+                                                     "train_size and eval_size); leave it out"),
+    (["task_options=seed=4"], "task_options: seed= is set by targetpo"),
+    # the dataset's own checks, with the options as typed rather than a Python dict
+    (["task_options=min_terms=-3"], "task_options=min_terms=-3 of reasoning-gym task 'basic_arithmetic': "
+                                    "min_terms must be positive"),
     (["task=graph_color", "compact=true"], "compact=true: compact prompts exist for"),
     (["eval_size=500", ONE_DIGIT], "could only find"),
     (["--objective", ""], "--objective is empty: give a value"),

@@ -139,6 +139,24 @@ def test_argument_errors_are_one_line_naming_the_subcommand_help(argv, expected,
     assert err[0].startswith(expected) and err[0].endswith(f"(usage: {command} --help)")
 
 
+@pytest.mark.parametrize("words", [
+    ["steps", "--preset", "smoke"], ["--preset", "smoke", "steps"], ["--preset", "smoke", "steps=3", "steps"],
+    ["--preset", "smoke", "=4"], ["=4", "--preset", "smoke"],
+])
+def test_an_override_without_a_key_reads_the_same_wherever_it_stands(tmp_path, capsys, words):
+    """After a flag, `steps` read "unrecognized arguments: steps=3 steps" and `=4` "unknown config field ''"."""
+    bad = next(w for w in reversed(words) if not w.startswith("-") and w != "smoke" and w != "steps=3")
+    code, err = _run(["run", "tabular-single", *words, "--out", str(tmp_path / "run")], capsys)
+    assert code == 2 and len(err) == 1 and f"override {bad!r} must look like key=value" in err[0], err
+    assert not any(tmp_path.iterdir())
+
+
+def test_an_unknown_flag_beside_overrides_is_named_alone(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "tabular-single", "steps=3", "--preset", "smoke", "steps=4", "--bogus"])
+    assert "unrecognized arguments: --bogus (usage" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv,expected", [
     # each empty value used to mean its default: the cpu preset, DIR/REPORT.md, the current directory
     (["run", "tabular-single", "--preset", "", "--out", "{tmp}/run"], "--preset is empty: give a value"),

@@ -77,10 +77,11 @@ class ReasoningGymTask:
                              f"{len(DATASETS)}, e.g. {', '.join(ARITHMETIC_TASKS)}, graph_color, knights_knaves")
         if compact and name not in ARITHMETIC_TASKS:
             raise ValueError(f"compact=true: compact prompts exist for {', '.join(ARITHMETIC_TASKS)}, not {name!r}")
+        check_task_options(name, DATASETS[name][1], options)
         try:
             self._scorer = rg.create_dataset(name, size=1, seed=0, **options)  # scoring reads only the entry
-        except Exception as exc:  # an option the dataset lacks or refuses: say which
-            raise ValueError(f"task_options {options} of reasoning-gym task {name!r}: {exc}") from None
+        except Exception as exc:  # the dataset's own checks (min_terms must be positive, ...): say which options
+            raise ValueError(f"task_options={show_options(options)} of reasoning-gym task {name!r}: {exc}") from None
 
     def problems(self, split: str, size: int, seed: int) -> list[Problem]:
         import reasoning_gym as rg
@@ -101,6 +102,63 @@ class ReasoningGymTask:
 
     def score(self, problem: Problem, answer: str | None) -> float:
         return score_reasoning_gym(self._scorer, problem.entry, answer)
+
+
+# Config fields a task's pools set themselves: the pool size (train_size, eval_size) and its seed (`seed`).
+SET_BY_TARGETPO = {"size": "the pool sizes are train_size and eval_size", "seed": "pools are drawn from seed="}
+
+
+def show_options(options: dict) -> str:
+    """{"min_terms": 2, "allow_negation": False} -> 'min_terms=2,allow_negation=false', as the user typed it."""
+    return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items()) or "(none)"
+
+
+def check_task_options(name: str, config_cls: type, options: dict) -> None:
+    """Refuse, naming the option and what is allowed, an option that `config_cls` (a reasoning-gym dataset's config
+    dataclass) lacks, one targetpo sets itself, or a value of the wrong kind. Without this, reasoning-gym answered
+    with Python's own words ("__init__() got an unexpected keyword argument", "'>' not supported between
+    instances of 'str' and 'int"). Fields of types other than bool, int, float, str and their Optional/Literal/
+    sequence-of-str forms are left to reasoning-gym's checks."""
+    import typing
+
+    hints = typing.get_type_hints(config_cls)
+    allowed = [k for k in hints if k not in SET_BY_TARGETPO]
+    for key, value in options.items():
+        if key in SET_BY_TARGETPO:
+            raise ValueError(f"task_options: {key}= is set by targetpo ({SET_BY_TARGETPO[key]}); leave it out")
+        if key not in hints:
+            near = difflib.get_close_matches(key, allowed, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ValueError(f"task_options: {key!r} is not an option of reasoning-gym task {name!r}; {hint}"
+                             f"its options: {', '.join(allowed)}")
+        want = _option_kind(hints[key])
+        if want is not None and not want[1](value):
+            raise ValueError(f"task_options: {key}={show_options({key: value}).split('=', 1)[1]} for reasoning-gym "
+                             f"task {name!r}: {key} takes {want[0]}")
+
+
+def _option_kind(hint) -> tuple[str, Any] | None:
+    """(what a field of this type takes, in words; a test of a parsed value), or None where it is not checked."""
+    import typing
+
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union and type(None) in args and len(args) == 2:  # Optional[X]: X (none cannot be typed)
+        return _option_kind(next(a for a in args if a is not type(None)))
+    if origin is typing.Literal:
+        return f"one of {', '.join(map(str, args))}", lambda v: v in args
+    if origin in (list, tuple) or hint is tuple or str(origin) == "collections.abc.Sequence":
+        if all(a in (str, Ellipsis) for a in args) and args:  # operators=+-*: one character each
+            return "characters (each one an item, e.g. operators=+-)", lambda v: isinstance(v, str)
+        return None
+    if hint is bool:
+        return "true or false", lambda v: isinstance(v, bool)
+    if hint is int:
+        return "an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)
+    if hint is float:
+        return "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+    if hint is str:
+        return "text", lambda v: isinstance(v, str)
+    return None
 
 
 def gsm8k_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
@@ -185,7 +243,7 @@ def load_task(name: str, *, data_path: str | None = None, compact: bool = False,
         if not data_path:
             raise ValueError("task gsm8k needs data_path=DIR (a directory with train.jsonl and test.jsonl)")
         if options:
-            raise ValueError(f"task_options {options}: task gsm8k takes no options")
+            raise ValueError(f"task_options={show_options(options)}: task gsm8k takes no options")
         if compact:
             raise ValueError(f"compact=true: compact prompts exist for {', '.join(ARITHMETIC_TASKS)}, not 'gsm8k'")
         return Gsm8kTask(data_path)

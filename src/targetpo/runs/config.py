@@ -349,7 +349,7 @@ def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
     names = [f.name for f in dataclasses.fields(cfg)]
     changes = {}
     for item in overrides:
-        if "=" not in item:
+        if "=" not in item or not override_key(item):
             raise ValueError(f"override {item!r} must look like key=value")
         key, value = override_key(item), item.split("=", 1)[1]
         if key not in names:
