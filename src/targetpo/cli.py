@@ -186,6 +186,9 @@ def _not_run(plan: _Plan, reason: str, extra: bool = False) -> None:
 
 def _exit_on_signal(signum, frame) -> None:
     request_stop()  # should this SystemExit be lost inside a library, the run's next record raises it again
+    # Once is enough: a second SIGTERM (the process group's, then a worker's parent-watch) landing in the
+    # interpreter's exit raised inside an atexit callback and printed "Exception ignored ... SystemExit: 143".
+    signal.signal(signum, signal.SIG_IGN)
     raise SystemExit(128 + signum)
 
 
@@ -296,7 +299,7 @@ def _run_parallel(plans: list[_Plan], jobs: int, progress: bool) -> tuple[list[s
                               f"experiments go on):\n{detail.rstrip()}", file=sys.stderr)
                 bar.update(1)
         bar.set_postfix_str("")
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (cmd_reproduce's handler): stop the workers too
         for plan, proc, *_ in running.values():
             proc.terminate()
         for plan, proc, *_ in running.values():
@@ -378,12 +381,18 @@ def cmd_reproduce(args) -> int:
             if main_thread:
                 signal.signal(signal.SIGTERM, previous)
     else:
+        # SIGTERM to this process alone stops the workers as Ctrl-C does (before, they were left to notice its death).
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _exit_on_signal) if main_thread else None
         try:
             missing, failed = _run_parallel(plans, min(jobs, len(plans)), progress=not args.no_progress)
-        except KeyboardInterrupt:  # also a second Ctrl-C that cut the stopping short: say it here, once
+        except (KeyboardInterrupt, SystemExit) as exc:  # also a second Ctrl-C that cut the stopping short
             print("targetpo: interrupted; every finished line is kept and `targetpo reproduce` with the same --out "
                   "resumes", file=sys.stderr)
-            return 130
+            return exc.code if isinstance(exc, SystemExit) else 130
+        finally:
+            if main_thread:
+                signal.signal(signal.SIGTERM, previous)
     # One summary for both paths, counting what happened rather than what was planned.
     done = len(plans) - len(missing) - len(failed)
     print(f"reproduce: {done} done" + (f", {len(missing)} NOT RUN" if missing else "")

@@ -4,6 +4,7 @@ written, and nothing a user typed is silently dropped, collapsed or ignored."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -220,3 +221,30 @@ def test_a_sequential_reproduce_stopped_by_sigterm_leaves_its_run_interrupted(tm
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     assert json.loads((out / "tabular-multi" / "run.json").read_text())["status"] == "interrupted"
+
+
+@pytest.mark.parametrize("group", [True, False], ids=["process-group", "parent-only"])
+def test_a_parallel_reproduce_stopped_by_sigterm_ends_quietly_with_its_runs_interrupted(tmp_path, group):
+    """`kill -TERM -PGID` (a scheduler, a terminal's hang-up) reached each worker twice, once from the group and once
+    from its parent-watch: the second landed in the interpreter's exit and printed "Exception ignored in atexit
+    callback ... SystemExit: 143". SIGTERM to the parent alone killed it at once, leaving the workers to notice."""
+    out = tmp_path / "r"
+    cmd = [sys.executable, "-m", "targetpo", "reproduce", "--out", str(out), "--only", "token-dense",
+           "token-terminal", "--preset", "cpu", "--jobs", "2", "--no-progress"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    metrics = [out / name / "metrics.jsonl" for name in ("token-dense", "token-terminal")]
+    deadline = time.time() + 180
+    while time.time() < deadline and not all(m.exists() and m.stat().st_size > 0 for m in metrics):
+        time.sleep(0.05)
+    if group:
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    stopped = next(line for line in err.splitlines() if line.startswith("interrupted: stopped the running"))
+    assert "token-dense" in stopped and "token-terminal" in stopped, err
+    for m in metrics:
+        assert json.loads((m.parent / "run.json").read_text())["status"] == "interrupted"
