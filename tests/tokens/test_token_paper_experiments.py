@@ -218,20 +218,19 @@ def test_resolve():  # claim parts are joined by runs.stats.all_of (tests/runs/t
 @pytest.mark.parametrize("name,overrides,match", [
     # what run_trial refuses for a unit's method is refused by the config, before a run folder exists
     ("token-dense", ["reward=terminal"], "tpo_token needs a dense reward"),
-    ("token-dense", ["tpo_projection=js"], "not read by method 'ppo'"),
+    ("token-dense", ["methods=ppo,dg", "tpo_projection=js"], "tpo_projection=js: not read by this run"),
     ("token-dense", ["score_noise=0.1"], "score_noise=0.1: fixed"),
-    ("token-terminal", ["zero_all_fail=true", "score_noise=0.1"], "not read by method 'ppo'"),
+    ("token-terminal", ["zero_all_fail=true", "score_noise=0.1"], "which method 'ppo' .single rollouts. does not have"),
     # 0/1 scores: zeroing all-fail groups changed nothing (the metrics were byte-identical)
     ("token-terminal", ["methods=tpo,grpo", "zero_all_fail=true"], "zero_all_fail=True with reward='terminal' and no "
                                                                    "score_noise changes nothing"),
     # c² or the noise overflowed float32 inside the objective, after the run folder was written
     ("token-terminal", ["methods=tpo", "std_shrink=1e160"], "std_shrink=1e.160: must be >= 0 and <= 1e.06"),
-    ("token-variants", ["score_noise=0.1"], "not read by method 'tpo_token'"),
-    ("token-ablations", ["tpo_projection=js"], "not read by method 'grpo'"),
-    ("token-diagnostics", ["score_noise=0.1"], "not read by method 'ppo'"),
+    ("token-variants", ["score_noise=0.1"], "which method 'tpo_token' .token rollouts. does not have"),
+    ("token-ablations", ["methods=grpo,group_pg", "tpo_projection=js"], "tpo_projection=js: not read by this run"),
+    ("token-diagnostics", ["score_noise=0.1"], "which method 'ppo' .single rollouts. does not have"),
     ("token-diagnostics", ["methods=tpo,tpo_1ep", "epochs=1"], "same trial as tpo"),
-    ("token-sweeps", ["methods=tpo", "tpo_projection=js"], "not read by method 'grpo'"),
-    ("token-temperature", ["score_noise=0.1"], "not read by method 'tpo_token'"),
+    ("token-temperature", ["score_noise=0.1"], "which method 'tpo_token' .token rollouts. does not have"),
     ("token-temperature", ["tpo_kl_budget=0.5"], "tpo_kl_budget=0.5: fixed"),
     ("token-temperature", ["etas=0.1,0.10000000001"], "at most 6 significant digits"),
     ("dg-epochs", ["tpo_projection=js"], "tpo_projection='js': fixed"),
@@ -246,5 +245,5 @@ def test_an_adaptive_eta_refuses_a_tpo_eta_it_would_not_read():
     with pytest.raises(ValueError, match="tpo_eta=2.0 with tpo_kl_budget=0.5"):
         te.TrialConfig(tpo_kl_budget=0.5, tpo_eta=2.0).validate()
     te.TrialConfig(tpo_kl_budget=0.5).validate()
-    with pytest.raises(ValueError, match="not read by method 'ppo'"):
-        te.trial_config(te.TrialConfig(), methods=("tpo", "ppo"), tpo_projection="js")
+    with pytest.raises(ValueError, match="which method 'ppo' .single rollouts. does not have"):
+        te.trial_config(te.TrialConfig(), methods=("tpo", "ppo"), score_noise=0.1)

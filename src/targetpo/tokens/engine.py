@@ -234,7 +234,9 @@ class TrialConfig:
                              f"chooses η per group, so tpo_eta is not read; leave it at {eta} or drop the budget")
 
 
-# TrialConfig fields each group option is read by (run_trial refuses a non-default one for any other method).
+# Options of the objectives (hyperparameters, like tpo_eta: a run refuses one that none of its methods reads) and of
+# the group scores (a change to the task: run_trial refuses one for a method that would not see it, since a run's
+# methods would then be compared on different rewards).
 TPO_OPTIONS = ("tpo_projection", "tpo_alpha", "tpo_kl_budget")
 SCORE_OPTIONS = ("std_floor", "std_shrink")
 GROUP_OPTIONS = ("score_noise", "zero_all_fail")
@@ -263,34 +265,32 @@ def objective_keywords(method: str) -> frozenset[str]:
 
 
 def check_method_options(cfg: "TrialConfig", method: str) -> None:
-    """ValueError when a group option is set for a method that does not read it (never silently ignored)."""
+    """ValueError when a change to the group scores (GROUP_OPTIONS) is set for a method that would not see it, or a
+    KL budget for a method without the anchor it bounds. The objectives' options are METHOD_FIELDS: refused by a
+    run's config when none of its methods reads them (tokens.config.TokenConfig.unread)."""
     fields = config_fields(TrialConfig)
     kind = METHODS[method].rollout
-    takes = objective_keywords(method)
-    reads = {f for f in TPO_OPTIONS + SCORE_OPTIONS if OPTION_KEYWORDS[f] in takes}
-    if kind == "group":
-        reads |= set(GROUP_OPTIONS)
-    bad = [f"{n}={getattr(cfg, n)!r}" for n in TPO_OPTIONS + SCORE_OPTIONS + GROUP_OPTIONS
-           if n not in reads and getattr(cfg, n) != fields[n].default]
+    bad = [f"{n}={getattr(cfg, n)!r}" for n in GROUP_OPTIONS if kind != "group" and getattr(cfg, n) != fields[n].default]
     if bad:
-        raise ValueError(f"{', '.join(bad)}: not read by method {method!r} ({kind} rollouts); "
-                         f"it reads {', '.join(sorted(reads)) or 'none of the group options'}")
+        raise ValueError(f"{', '.join(bad)}: changes the sequence-level group scores, which method {method!r} "
+                         f"({kind} rollouts) does not have; the methods of one run must see the same rewards: run "
+                         f"{method} without it")
     if cfg.tpo_kl_budget > 0 and getattr(obj.get(METHODS[method].objective).fn, "keywords", {}).get("anchor") is False:
         # The objective would refuse it at the first step, after the run folder is written.
         raise ValueError(f"tpo_kl_budget={cfg.tpo_kl_budget!r} with method {method!r}: a KL budget bounds "
                          "KL(q ‖ p_old), which needs the p_old anchor this method drops; use tpo or tpo_token")
 
 
-# TrialConfig fields only some methods read (the group options above are checked per method instead).
+# TrialConfig fields only some methods read (the score options above are checked per method instead).
 METHOD_FIELDS = ("k", "epochs", "dg_epochs", "clip_eps", "grpo_beta", "dg_eta", "tpo_eta", "match",
-                 "interaction_lr_scale")
+                 "interaction_lr_scale", *TPO_OPTIONS, *SCORE_OPTIONS)
 
 
 def reads(cfg: "TrialConfig", method: str) -> set[str]:
     """The METHOD_FIELDS that `method` reads under `cfg`, read off how loss_fn calls its objective: K for grouped
     methods (single-sample ones only when interaction-matched), its epochs field, ε and β where the objective
-    takes them (β unless the registry entry fixes it), η as DG's gate or TPO's target, and the matching fields
-    for single-sample methods."""
+    takes them (β unless the registry entry fixes it), η as DG's gate or TPO's target, the matching fields
+    for single-sample methods, and the TPO and score options its objective takes."""
     m = METHODS[method]
     takes = objective_keywords(method)
     single = m.rollout == "single"
@@ -301,6 +301,7 @@ def reads(cfg: "TrialConfig", method: str) -> set[str]:
         out.add("grpo_beta")
     if "eta" in takes:
         out.add("dg_eta" if single else "tpo_eta")
+    out |= {f for f in TPO_OPTIONS + SCORE_OPTIONS if OPTION_KEYWORDS[f] in takes}
     if not single:
         out.add("k")
     else:
