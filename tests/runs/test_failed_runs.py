@@ -37,6 +37,15 @@ def test_out_of_memory_is_one_line_and_the_run_records_it(tmp_path, monkeypatch,
     assert "· status failed (out of memory) ·" in write_report(out).read_text()
 
 
+def test_out_of_memory_with_one_seed_does_not_ask_for_fewer_seeds(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(multi, "run_unit", _fails_at_step(MemoryError()))
+    rc = main(["run", "tabular-multi", "--preset", "smoke", "--seeds", "1", "--out", str(tmp_path / "r"),
+               "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "out of memory with seeds=1" in err and "fewer seeds" not in err
+    assert "run a smaller config (one seed is the least)" in err
+
+
 def test_a_crash_records_failed_and_keeps_its_traceback(tmp_path, monkeypatch):
     monkeypatch.setattr(multi, "run_unit", _fails_at_step(ZeroDivisionError("a bug")))
     out = tmp_path / "run"

@@ -324,8 +324,10 @@ def _on_failure(name: str, cfg: Any, record_status, restore=None):
             record_status(f"failed ({type(exc).__name__}: {first_line[:200]})")
             raise
         record_status("failed (out of memory)")
-        raise ValueError(f"{name}: out of memory with seeds={cfg.seeds} ({first_line[:200]}); run fewer seeds or a "
-                         "smaller config; the run folder records the failure (--force replaces it)") from None
+        seeds = getattr(cfg, "seeds", 1)
+        what = "fewer seeds or a smaller config" if seeds > 1 else "a smaller config (one seed is the least)"
+        raise ValueError(f"{name}: out of memory with seeds={seeds} ({first_line[:200]}); run {what}; the run "
+                         "folder records the failure (--force replaces it)") from None
 
 
 def is_not_run(run_dir: str | Path) -> bool:
