@@ -4,8 +4,6 @@ other."""
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from targetpo.cli import main
@@ -14,8 +12,8 @@ pytest.importorskip("transformers", reason="needs the llm extra")
 pytest.importorskip("reasoning_gym", reason="needs the llm extra")
 
 
-def _refused(argv, out, capsys) -> str:
-    code = main(["rlvr", "--preset", "smoke", "--out", str(out), "--no-progress", *argv])
+def _refused(argv, out, capsys, command=("rlvr",)) -> str:
+    code = main([*command, "--preset", "smoke", "--out", str(out), "--no-progress", *argv])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(err) == 1 and err[0].startswith("targetpo: error: "), (code, err)
     assert not out.exists()
@@ -124,23 +122,27 @@ def test_gsm8k_refuses_compact_and_chat_needs_a_chat_template(tmp_path, capsys):
     assert f"template=chat: the tokenizer of model '{model}' has no chat template" in line
 
 
-def test_task_given_as_key_value_resets_the_presets_task_options_like_the_flag(tmp_path, capsys):
-    """`task=gsm8k` used to keep the preset's arithmetic options and fail with "task gsm8k takes no options"."""
-    from targetpo.llm.cli import rlvr_overrides
+@pytest.mark.parametrize("command", ["rlvr", "run rlvr"])
+def test_task_given_as_key_value_resets_the_presets_task_options_like_the_flag(tmp_path, capsys, command):
+    """`task=gsm8k` used to keep the preset's arithmetic options and fail with "task gsm8k takes no options"; under
+    `targetpo run rlvr` (and reproduce) it still did, and `task=graph_color` failed with "compact=true: compact prompts
+    exist for ...": the reset lived in the `rlvr` subcommand's flags only."""
+    from targetpo.experiments import load
+    from targetpo.runs.config import make_config
 
     d = _gsm8k(tmp_path)
-    line = _refused(["task=gsm8k", f"data_path={d}"], tmp_path / "run", capsys)
+    line = _refused(["task=gsm8k", f"data_path={d}"], tmp_path / "run", capsys, command=command.split())
     assert "takes no options" not in line and "train_size=200: more than the 3 problems" in line
 
-    def args(*overrides, task=None):
-        return argparse.Namespace(overrides=list(overrides), model=None, task=task, data_path=None, objective=None,
-                                  seq_logp=None)
-
-    assert rlvr_overrides(args("task=chain_sum")) == ["task=chain_sum", "task_options=", "compact=false"]
-    assert rlvr_overrides(args(task="chain_sum")) == ["task=chain_sum", "task_options=", "compact=false"]
-    kept = rlvr_overrides(args("task=chain_sum", "task_options=min_terms=3", "compact=true"))
-    assert kept == ["task=chain_sum", "task_options=min_terms=3", "compact=true"]
-    assert rlvr_overrides(args("steps=3")) == ["steps=3"]  # no task given: the preset's options stay
+    exp = load("rlvr")
+    for overrides in (["task=chain_sum"], ["task=graph_color"]):
+        cfg = make_config(exp, "smoke", overrides=overrides)
+        assert (cfg.task_options, cfg.compact) == ((), False)
+    kept = make_config(exp, "smoke", overrides=["task=chain_sum", "task_options=min_terms=3", "compact=true"])
+    assert (kept.task_options, kept.compact) == (("min_terms=3",), True)
+    preset = exp.PRESETS["smoke"]
+    same = make_config(exp, "smoke", overrides=["steps=3"])  # no task given: the preset's options stay
+    assert (same.task_options, same.compact) == (preset.task_options, preset.compact) and preset.compact
 
 
 def test_rlvr_help_reads_once_and_agrees_with_the_preset_and_readme(capsys):

@@ -52,14 +52,7 @@ def rlvr_overrides(args) -> list[str]:
             raise ValueError("give either --objective/--seq-logp or methods=..., not both")
         # An empty --objective is refused with every empty flag (targetpo.cli), so there is at least one method.
         overrides.append(f"methods={_methods(args.objective if args.objective is not None else 'tpo', args.seq_logp)}")
-    if "task" in given or args.task is not None:
-        # A new task starts from its own defaults, not the preset's options for another task, unless they are
-        # given too (the same for --task and task=).
-        if "task_options" not in given:
-            overrides.append("task_options=")
-        if "compact" not in given:
-            overrides.append("compact=false")
-    return overrides
+    return overrides  # task= (from --task too) resets task_options and compact: RLVRConfig.SETS_WITH
 
 
 def add_rlvr_parser(subparsers) -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -57,6 +58,8 @@ class Config(TrainerConfig, RunConfig):
     seeds = default(3, help="paired seeds; seed s samples with seed + s for every method (all start from the one "
                     "warm start)")
     seed = default(0, help="base seed (warm start, prompt draws, sampling)")
+    # Another task starts from its own defaults, not the preset's options for the arithmetic task (--task too).
+    SETS_WITH: ClassVar[dict[str, dict[str, Any]]] = {"task": {"task_options": (), "compact": False}}
     model: str = param("tiny", "\"tiny\" (a random character-level Qwen2 built offline from the tiny_* fields) or a "
                        "local Hugging Face model directory (never downloaded)")
     tiny_hidden: int = param(64, "tiny model hidden size", ge=1)
@@ -67,7 +70,8 @@ class Config(TrainerConfig, RunConfig):
     dtype: str = param("float32", "model weights dtype (losses are computed in float32)",
                        choices=("float32", "bfloat16"))
     task: str = param("basic_arithmetic", "gsm8k or a reasoning-gym dataset name (basic_arithmetic, chain_sum, "
-                      "graph_color, knights_knaves, ...)")
+                      "graph_color, knights_knaves, ...); task=NAME resets task_options and compact unless they are "
+                      "given too")
     task_options: tuple[str, ...] = param(
         ("operators=+", "min_terms=2", "max_terms=2", "min_digits=2", "max_digits=2", "allow_parentheses=false",
          "allow_negation=false"), "reasoning-gym dataset options as key=value, e.g. min_terms=2,max_digits=2",

@@ -164,6 +164,9 @@ class RunConfig(Validated):
     # {field: the methods that read it} for fields only some methods read: setting one when none of them runs
     # is refused (:meth:`unread`), never silently ignored.
     READ_BY: typing.ClassVar[dict[str, tuple[str, ...]]] = {}
+    # {field: {other field: value}}: a `key=value` override of the field also sets the others, unless they are given
+    # too (rlvr's task=NAME starts from that task's own options, not the preset's options for another task).
+    SETS_WITH: typing.ClassVar[dict[str, dict[str, typing.Any]]] = {}
 
     def readers(self) -> dict[str, str]:
         return {name: f"read by {', '.join(by)}" for name, by in self.READ_BY.items()}
@@ -359,6 +362,8 @@ def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
         if key in changes:
             raise ValueError(f"{key} is set twice ({key}={show(changes[key])} and {item.strip()}); give it once")
         changes[key] = _parse_value(value.strip(), hints[key], key)
+    for key in list(changes):
+        changes |= {k: v for k, v in getattr(cfg, "SETS_WITH", {}).get(key, {}).items() if k not in changes}
     return dataclasses.replace(cfg, **changes)
 
 
