@@ -15,6 +15,7 @@ runs: TPO does not apply it (docs/verl.md §6), and the pair must differ only in
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -89,6 +90,9 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError(f"--out {args.out} is a file; give a directory")
     for method in args.methods:
         config_kwargs(method, args)  # the batch arithmetic
+    if not args.no_vllm and importlib.util.find_spec("vllm") is None:  # TRL raised it with a traceback at build time
+        raise ValueError("vLLM is not installed (pip install vllm, on a GPU machine); pass --no-vllm to generate "
+                         "with transformers instead")
 
 
 def gsm8k_dataset(gsm8k_dir: Path, limit: int | None):

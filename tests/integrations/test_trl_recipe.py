@@ -100,6 +100,9 @@ def test_one_step_of_each_trainer_on_a_tiny_model_with_lora(method, tmp_path, gs
     # divides 2 x 4 but splits a group: a traceback from inside TargetPOConfig after the checks
     (["--num-generations", "4", "--prompts-per-step", "2", "--per-device-batch", "2"],
      "--per-device-batch 2 must be a multiple of --num-generations 4"),
+    # without vLLM and without --no-vllm, TRL raised "vLLM is not available" with a traceback while building
+    pytest.param([], "vLLM is not installed (pip install vllm, on a GPU machine); pass --no-vllm",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")),
 ])
 def test_bad_arguments_exit_2_with_one_line_before_a_model_is_loaded(argv, message, tmp_path):
     model_dir = save_tiny_model(tmp_path / "tiny", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,

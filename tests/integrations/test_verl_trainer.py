@@ -417,9 +417,25 @@ def test_launcher_refuses_a_group_splitting_config_before_starting_anything(tmp_
     proc = subprocess.run([sys.executable, "-m", "targetpo.integrations.verl_trainer", *TPO_LAYOUT,
                            "actor_rollout_ref.actor.shuffle=True", "trainer.v1.trainer_mode=sync"],
                           capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)  # hydra's outputs/
-    assert proc.returncode != 0
+    # a refusal is the message and exit 2, not Hydra's "Error executing job with overrides: [...]", a traceback and 1
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "python -m targetpo.integrations.verl_trainer: error: TPO cannot run with these verl settings" in proc.stderr
     assert "trainer.v1.trainer_mode=tpo_sync" in proc.stderr and "actor_rollout_ref.actor.shuffle" in proc.stderr
-    assert "ray" not in proc.stderr.lower().split("valueerror")[0][-200:]  # failed in validation, not in Ray
+    assert "Traceback" not in proc.stderr and "Error executing job" not in proc.stderr
+    assert "ray.init" not in proc.stderr.lower()  # failed in validation, not in Ray
+
+
+@pytest.mark.slow  # a fresh interpreter imports verl
+@pytest.mark.parametrize("first", ["targetpo.integrations.verl_trainer", "targetpo.integrations.verl_plugin", "verl"])
+def test_the_tpo_trainer_is_registered_whichever_module_is_imported_first(first):
+    """Importing verl_trainer first (a user's own driver) imported verl_plugin, whose registration imported the
+    half-loaded verl_trainer: "could not register ... circular import", and no tpo_sync trainer."""
+    code = (f"import {first}\nimport targetpo.integrations.verl_trainer\n"
+            "from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY\nprint('tpo_sync' in TRAINER_REGISTRY)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == "True", proc.stderr[-2000:]
+    assert "could not register" not in proc.stderr
 
 
 def test_launcher_hands_a_valid_config_with_eta_to_verls_main(tmp_path, monkeypatch):

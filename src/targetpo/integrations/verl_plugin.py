@@ -221,10 +221,21 @@ def _register() -> None:
             raise ValueError(f"verl already has an advantage estimator named {NAME!r}: {prev.__module__}.{prev.__qualname__}")
         del estimators[NAME]  # this module imported again (reload): replace our own earlier registration
     core_algos.register_adv_est(NAME)(compute_tpo_advantage)
-    # The group-keeping trainer (trainer.v1.trainer_mode=tpo_sync) needs verl's v1 trainer, which needs
-    # TransferQueue; without it verl cannot run its current trainer at all, so there is nothing to register.
-    # A failure here must not unregister the loss in the workers; the launcher registers the trainer again
-    # in the driver and raises there, and verl's get_trainer_cls names the trainers it has.
+    register_trainer_if_possible()
+
+
+def register_trainer_if_possible() -> None:
+    """Register the group-keeping trainer (trainer.v1.trainer_mode=tpo_sync). It needs verl's v1 trainer, which
+    needs TransferQueue; without it verl cannot run its current trainer at all, so there is nothing to register.
+    A failure here must not unregister the loss in the workers; the launcher registers the trainer again in the
+    driver and raises there, and verl's get_trainer_cls names the trainers it has."""
+    import sys
+
+    trainer = sys.modules.get("targetpo.integrations.verl_trainer")
+    if trainer is not None and not hasattr(trainer, "register_tpo_trainer"):
+        # verl_trainer imported first: it imports this module before defining register_tpo_trainer, and calls
+        # this function again at its end (importing it from here gave a circular-import warning and no trainer).
+        return
     if importlib.util.find_spec("transfer_queue") is not None:
         try:
             from targetpo.integrations.verl_trainer import register_tpo_trainer

@@ -25,9 +25,10 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
+import sys
 from collections.abc import Mapping
 
-from targetpo.integrations.verl_plugin import ETA_ENV, NAME, SEQ_LOGP_BY_LOSS_AGG
+from targetpo.integrations.verl_plugin import ETA_ENV, NAME, SEQ_LOGP_BY_LOSS_AGG, register_trainer_if_possible
 
 __all__ = ["TRAINER_MODE", "TPO_DEFAULTS", "IGNORED_BY_TPO_LOSS", "tpo_settings", "uses_tpo", "layout_problems", "check_config",
            "whole_group_order", "balance_whole_groups", "register_tpo_trainer", "export_eta"]
@@ -295,7 +296,11 @@ def main() -> None:
 
     @hydra.main(config_path=config_dir, config_name="ppo_trainer", version_base=None)
     def _run(config):
-        eta = export_eta(config)
+        try:
+            eta = export_eta(config)
+        except ValueError as exc:  # a refused setting: one message and exit 2, not Hydra's traceback (exit 1)
+            sys.stderr.write(f"{PROG}: error: {exc}\n")
+            sys.exit(2)
         os.environ[ETA_ENV] = repr(eta)
         if config.trainer.get("use_v1", True) and config.trainer.v1.trainer_mode == TRAINER_MODE:
             register_tpo_trainer()  # raises here, before Ray, if verl's v1 trainer cannot be imported
@@ -303,6 +308,12 @@ def main() -> None:
 
     _run()
 
+
+PROG = "python -m targetpo.integrations.verl_trainer"
+
+# Imported before verl_plugin had registered the trainer (this module imports it above, before
+# register_tpo_trainer exists), the plugin leaves the registration to this line.
+register_trainer_if_possible()
 
 if __name__ == "__main__":
     main()
