@@ -78,3 +78,17 @@ def test_figure_rows_give_every_panel_in_reading_order():
     w, h = fig.get_size_inches()
     assert (w, h) == (15.0, 7.2)
     plots.pyplot().close(fig)
+
+
+def test_a_curve_lying_exactly_under_another_is_named_in_the_panel_title():
+    """Two methods that never leave the start drew one line, and the legend entry of the lower one showed no line
+    anywhere (seen in smoke reports: TPO under GRPO)."""
+    fig, axes = plots.figure(2)
+    _panel(axes[0], ["TPO", "GRPO", "DG"])
+    _panel(axes[1], ["TPO"])
+    plots.curve(axes[1], np.arange(5), np.full((5, 2), 0.5), "GRPO")
+    for ax in axes:
+        plots.finish(ax, "H = 3", "episode", "error")
+    assert axes[0].get_title() == "H = 3\n(TPO lies under DG; GRPO lies under DG: identical)"
+    assert axes[1].get_title() == "H = 3"
+    plots.pyplot().close(fig)

@@ -84,10 +84,26 @@ def finish(ax, title: str, xlabel: str, ylabel: str, log: bool = False, ylim: tu
     floors = [line.get_ydata()[0] for line in ax.get_lines() if line.get_gid() == FLOOR]
     if floors:
         ylabel = f"{ylabel}\n(values < {floors[0]:g} drawn at {floors[0]:g}, dotted)"
+    hidden = hidden_curves(ax)
+    if hidden:  # a legend entry whose line lies exactly under another's showed no line at all
+        title = f"{title}\n({'; '.join(f'{a} lies under {b}' for a, b in hidden)}: identical)"
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
+
+
+def hidden_curves(ax) -> list[tuple[str, str]]:
+    """(label, label of the curve drawn over it) for each labelled curve whose drawn points are exactly those of
+    a curve drawn after it (e.g. two methods that never leave the start)."""
+    lines = [ln for ln in ax.get_lines() if not ln.get_label().startswith("_") and ln.get_gid() != FLOOR]
+    out = []
+    for i, under in enumerate(lines):
+        over = next((ln for ln in reversed(lines[i + 1:]) if np.array_equal(ln.get_xdata(), under.get_xdata())
+                     and np.array_equal(ln.get_ydata(), under.get_ydata())), None)
+        if over is not None:
+            out.append((under.get_label(), over.get_label()))
+    return out
 
 
 def finish_figure(fig) -> None:
