@@ -186,10 +186,16 @@ def _not_run(plan: _Plan, reason: str, extra: bool = False) -> None:
 
 def _exit_on_signal(signum, frame) -> None:
     request_stop()  # should this SystemExit be lost inside a library, the run's next record raises it again
-    # Once is enough: a second SIGTERM (the process group's, then a worker's parent-watch) landing in the
-    # interpreter's exit raised inside an atexit callback and printed "Exception ignored ... SystemExit: 143".
-    signal.signal(signum, signal.SIG_IGN)
     raise SystemExit(128 + signum)
+
+
+def _exit_on_first_signal(signum, frame) -> None:
+    """A reproduce worker's SIGTERM handler. Once is enough: a worker gets a second SIGTERM (the process group's,
+    then its parent-watch's) that, landing in the interpreter's exit, raised inside an atexit callback and printed
+    "Exception ignored ... SystemExit: 143". Should the first SystemExit be lost, request_stop still ends the run at
+    its next record, and the parent-watch ends the process ORPHAN_GRACE_S later."""
+    signal.signal(signum, signal.SIG_IGN)
+    _exit_on_signal(signum, frame)
 
 
 # How long a worker whose parent died may take to stop by itself before it is ended at once.
@@ -228,7 +234,7 @@ def _reproduce_worker(conn, plan: _Plan, threads: int) -> None:
     """One experiment in its own process with `threads` torch threads; sends ("done", summary), ("missing", reason),
     ("missing extra", reason) or ("failed", traceback) to the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
-    signal.signal(signal.SIGTERM, _exit_on_signal)  # by SIGTERM, and the interpreter then shuts down cleanly
+    signal.signal(signal.SIGTERM, _exit_on_first_signal)  # by SIGTERM, and the interpreter then shuts down cleanly
     _stop_with_parent()
     _name_worker_logs(plan.name)
     try:
@@ -542,7 +548,13 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides or []) + extra
     elif extra:  # named by the subcommand's parser, whose --help lists what it takes
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        flags = [e for e in extra if e.startswith("-")] or extra  # not the overrides beside them, which are fine
+        # The unknown flags and the words that follow them (their values), not the overrides beside them.
+        flags, follows = [], False
+        for e in extra:
+            follows = e.startswith("-") or (follows and "=" not in e)
+            if follows:
+                flags.append(e)
+        flags = flags or extra
         sub.choices.get(getattr(args, "command", None), parser).error(f"unrecognized arguments: {' '.join(flags)}")
     try:
         _refuse_empty_strings(args)

@@ -320,7 +320,7 @@ def _describe(run: Run) -> str:
 
 def resolve_failures(sections: list["Section"]) -> None:
     """Give every FAIL its class (docs/verdicts.md §3): the experiment's *scale or data* / *seed noise* evidence
-    first, then the same claim (same key) passing in a larger run of the same experiment in this report (*scale or
+    first (its *scale or data* only while no larger run FAILs the claim too), then the same claim (same key) passing in a larger run of the same experiment in this report (*scale or
     data*), then the experiment's *does not reproduce* note; with none of these, *does not reproduce* with nothing
     found. A larger run where the claim FAILs too is added to the *does not reproduce* evidence. A larger run
     counts only where it changes the same settings from its preset as this one (none, or the same values): a
@@ -342,7 +342,9 @@ def resolve_failures(sections: list["Section"]) -> None:
                       if is_larger(o.run, s.run) and settings(o) == settings(s)]
             passing = [r for r, w in larger if w is Verdict.PASS]
             also = [r for r, w in larger if w is Verdict.FAIL]
-            explained = [f for f in c.candidates if f.kind != NOT_REPRODUCED]
+            # An experiment's own scale explanation (its run is too short, say) does not stand against a larger
+            # run of this report in which the claim FAILs too.
+            explained = [f for f in c.candidates if f.kind != NOT_REPRODUCED and not (f.kind == SCALE and also)]
             if explained:
                 c.failure = explained[0]
             elif passing:
@@ -352,7 +354,7 @@ def resolve_failures(sections: list["Section"]) -> None:
                 c.failure = Failure(SETTINGS, f"this run changes {show_overrides(s.overrides, s.run)}; the claim "
                                               "is the paper's at its own settings, so this FAIL is about these ones")
             else:
-                base = c.candidates[0] if c.candidates else Failure(
+                base = next((f for f in c.candidates if f.kind == NOT_REPRODUCED), None) or Failure(
                     NOT_REPRODUCED, "no oracle floor, larger run or seed interval in this report explains it")
                 extra = "".join(f"; the same claim also FAILs in the larger {_describe(r)}" for r in also)
                 c.failure = base._replace(evidence=base.evidence + extra)

@@ -43,6 +43,9 @@ ONE_DIGIT = ("task_options=operators=+,min_terms=2,max_terms=2,min_digits=1,max_
                                      "min_terms takes an integer"),
     (["task_options=allow_negation=1"], "allow_negation takes true or false"),
     (["task_options=operators=7"], "operators takes characters"),
+    # a list of words: one word was split into letters ("Invalid tasks: _, a, d, e, ..."), a Sequence[str] unchecked
+    (["--task", "fraction_simplification", "task_options=styles=3"], "styles takes words joined by '|'"),
+    (["--task", "time_intervals", "task_options=task_types=date||time"], "task_types takes words joined by '|'"),
     (["task_options=format_style=fancy"], "format_style takes one of simple, natural"),
     (["--task", "chain_sum", "task_options=size=4"], "task_options: size= is set by targetpo (the pool sizes are "
                                                      "train_size and eval_size); leave it out"),
@@ -262,3 +265,15 @@ def test_a_resume_on_other_problems_is_refused(tmp_path, capsys):
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "was computed on other data" in err[0] and meta["data_fingerprint"] in err[0], err
     assert (out / "metrics.jsonl").read_text() == kept
+
+
+def test_a_word_list_option_is_one_item_per_word():
+    """`task_types=date` was handed to reasoning-gym as the string 'date', which it read as the items d, a, t, e and
+    silently generated questions of another type (datetime); characters (operators=+-) stay one item each."""
+    from targetpo.llm.data import ReasoningGymTask
+
+    task = ReasoningGymTask("time_intervals", task_types="date|time")
+    assert task.options == {"task_types": ["date", "time"]}
+    kinds = {p.entry["metadata"]["task_type"] for p in task.problems("train", 40, 0)}
+    assert kinds == {"date", "time"}
+    assert ReasoningGymTask("basic_arithmetic", operators="+-").options == {"operators": "+-"}

@@ -89,6 +89,18 @@ def test_a_curve_lying_exactly_under_another_is_named_in_the_panel_title():
     plots.curve(axes[1], np.arange(5), np.full((5, 2), 0.5), "GRPO")
     for ax in axes:
         plots.finish(ax, "H = 3", "episode", "error")
-    assert axes[0].get_title() == "H = 3\n(TPO lies under DG; GRPO lies under DG: identical)"
+    assert axes[0].get_title() == "H = 3\n(TPO under DG: identical; GRPO under DG: identical)"
     assert axes[1].get_title() == "H = 3"
+    plots.pyplot().close(fig)
+    # two different means clipped alike at a log floor, and identical curves with a missing (NaN) step
+    fig, axes = plots.figure(2)
+    steps = np.arange(3)
+    plots.curve(axes[0], steps, np.array([[0.5], [1e-6], [1e-6]]) * np.ones((1, 2)), "TPO", floor=1e-3)
+    plots.curve(axes[0], steps, np.array([[0.5], [1e-5], [1e-5]]) * np.ones((1, 2)), "GRPO", floor=1e-3)
+    for label in ("TPO", "GRPO"):
+        plots.curve(axes[1], steps, np.array([[0.5], [np.nan], [0.2]]) * np.ones((1, 2)), label)
+    for ax in axes:
+        plots.finish(ax, "t", "episode", "error", log=True)
+    assert axes[0].get_title() == "t\n(TPO under GRPO: the same where drawn)"
+    assert axes[1].get_title() == "t\n(TPO under GRPO: identical)"
     plots.pyplot().close(fig)

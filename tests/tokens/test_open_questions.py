@@ -301,8 +301,11 @@ def test_projection_settings_are_distinct_and_forward_kl_is_optional(tmp_path):
     exp = load("token-projections")
     with pytest.raises(ValueError, match="'alpha0.50' is the same setting as 'alpha0.5'"):
         make_config(exp, "smoke", overrides=["settings=alpha0.5,alpha0.50"])
-    with pytest.raises(ValueError, match="tpo_eta=2.0 with tpo_kl_budget=1.0"):
-        make_config(exp, "smoke", overrides=["settings=forward_kl,kl1", "tpo_eta=2"])
+    with pytest.raises(ValueError, match="tpo_eta=2.0: not read by this run .a KL budget .tpo_kl_budget > 0. "
+                                         "chooses TPO's η per group, and no other unit reads it"):
+        make_config(exp, "smoke", overrides=["settings=kl1,kl2", "tpo_eta=2"])
+    # the forward_kl unit reads it (was refused: the kl1 unit does not)
+    assert make_config(exp, "smoke", overrides=["settings=forward_kl,kl1", "tpo_eta=2"]).tpo_eta == 2
     out = run_experiment(exp.NAME, "smoke", out=tmp_path / "p", progress=False, quiet=True, threads=1,
                          overrides=["settings=reverse_kl,js", "episodes=2"])
     assert "vs reverse KL" in write_report(out).read_text()

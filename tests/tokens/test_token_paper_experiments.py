@@ -242,8 +242,12 @@ def test_a_unit_the_engine_would_refuse_is_refused_by_the_config(name, overrides
 
 
 def test_an_adaptive_eta_refuses_a_tpo_eta_it_would_not_read():
-    with pytest.raises(ValueError, match="tpo_eta=2.0 with tpo_kl_budget=0.5"):
-        te.TrialConfig(tpo_kl_budget=0.5, tpo_eta=2.0).validate()
-    te.TrialConfig(tpo_kl_budget=0.5).validate()
+    """Refused by the run when no unit reads tpo_eta; with Group PG beside TPO it is read (it was refused per
+    trial, though Group PG reads it)."""
+    exp = load("token-terminal")
+    with pytest.raises(ValueError, match="tpo_eta=2.0: not read by this run .a KL budget"):
+        make_config(exp, "smoke", overrides=["methods=tpo", "tpo_kl_budget=0.5", "tpo_eta=2"])
+    cfg = make_config(exp, "smoke", overrides=["methods=tpo,group_pg", "tpo_kl_budget=0.5", "tpo_eta=2"])
+    assert "tpo_eta" in te.reads(cfg, "group_pg") and "tpo_eta" not in te.reads(cfg, "tpo")
     with pytest.raises(ValueError, match="which method 'ppo' .single rollouts. does not have"):
         te.trial_config(te.TrialConfig(), methods=("tpo", "ppo"), score_noise=0.1)

@@ -130,3 +130,15 @@ def test_a_short_run_whose_grpo_has_not_converged_fails_the_kl_claim_as_scale(tm
     assert "**FAIL** (does not reproduce)" in _kl_claim(tmp_path, "converged", 200, [0.05, 0.1, 0.08])
     # a run of the paper's length is not excused
     assert "**FAIL** (does not reproduce)" in _kl_claim(tmp_path, "long", 2000, [0.97, 0.6, 0.95])
+
+
+def test_a_short_runs_scale_class_does_not_stand_against_a_longer_run_that_fails_too(tmp_path):
+    """With a 2000-episode run in the same report failing the KL claim as well, the 200-episode run kept "scale or
+    data: ... GRPO has not yet ended where the claim compares it", which the longer run contradicts."""
+    _kl_claim(tmp_path / "runs", "short", 200, [0.97, 0.6, 0.95])
+    _kl_claim(tmp_path / "runs", "long", 2000, [0.97, 0.6, 0.95])
+    text = write_report(tmp_path / "runs").read_text()
+    lines = [line for line in text.splitlines() if line.startswith("| Removing GRPO's KL term makes it worse")]
+    assert len(lines) == 2 and all("**FAIL** (does not reproduce)" in line for line in lines), lines
+    short = next(line for line in lines if "the same claim also FAILs in the larger run `long`" in line)
+    assert "scale or data" not in short.lower()

@@ -7,6 +7,7 @@ and a disjoint held-out set from it, deterministically from a seed.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import json
@@ -77,9 +78,9 @@ class ReasoningGymTask:
                              f"{len(DATASETS)}, e.g. {', '.join(ARITHMETIC_TASKS)}, graph_color, knights_knaves")
         if compact and name not in ARITHMETIC_TASKS:
             raise ValueError(f"compact=true: compact prompts exist for {', '.join(ARITHMETIC_TASKS)}, not {name!r}")
-        check_task_options(name, DATASETS[name][1], options)
+        self.options = check_task_options(name, DATASETS[name][1], options)
         try:
-            self._scorer = rg.create_dataset(name, size=1, seed=0, **options)  # scoring reads only the entry
+            self._scorer = rg.create_dataset(name, size=1, seed=0, **self.options)  # scoring reads only the entry
         except Exception as exc:  # the dataset's own checks (min_terms must be positive, ...): say which options
             raise ValueError(f"task_options={show_options(options)} of reasoning-gym task {name!r}: {exc}") from None
 
@@ -113,16 +114,21 @@ def show_options(options: dict) -> str:
     return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items()) or "(none)"
 
 
-def check_task_options(name: str, config_cls: type, options: dict) -> None:
-    """Refuse, naming the option and what is allowed, an option that `config_cls` (a reasoning-gym dataset's config
-    dataclass) lacks, one targetpo sets itself, or a value of the wrong kind. Without this, reasoning-gym answered
-    with Python's own words ("__init__() got an unexpected keyword argument", "'>' not supported between
-    instances of 'str' and 'int"). Fields of types other than bool, int, float, str and their Optional/Literal/
-    sequence-of-str forms are left to reasoning-gym's checks."""
+def check_task_options(name: str, config_cls: type, options: dict) -> dict:
+    """`options` as the dataset takes them, after refusing, naming the option and what is allowed, an option that
+    `config_cls` (a reasoning-gym dataset's config dataclass) lacks, one targetpo sets itself, or a value of the
+    wrong kind. Without this, reasoning-gym answered with Python's own words ("__init__() got an unexpected keyword
+    argument", "'>' not supported between instances of 'str' and 'int"). A list of words is given joined by '|'
+    (`task_types=date|time`; a comma separates options) and becomes a list; a list of characters is given as one
+    word (`operators=+-`). Fields of other types are left to reasoning-gym's checks."""
     import typing
 
     hints = typing.get_type_hints(config_cls)
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+                for f in dataclasses.fields(config_cls)}
     allowed = [k for k in hints if k not in SET_BY_TARGETPO]
+    out = dict(options)
     for key, value in options.items():
         if key in SET_BY_TARGETPO:
             raise ValueError(f"task_options: {key}= is set by targetpo ({SET_BY_TARGETPO[key]}); leave it out")
@@ -131,33 +137,51 @@ def check_task_options(name: str, config_cls: type, options: dict) -> None:
             hint = f"did you mean {near[0]!r}? " if near else ""
             raise ValueError(f"task_options: {key!r} is not an option of reasoning-gym task {name!r}; {hint}"
                              f"its options: {', '.join(allowed)}")
-        want = _option_kind(hints[key])
-        if want is not None and not want[1](value):
+        want = _option_kind(hints[key], defaults.get(key))
+        if want is None:
+            continue
+        words, test, convert = want
+        if not test(value):
             raise ValueError(f"task_options: {key}={show_options({key: value}).split('=', 1)[1]} for reasoning-gym "
-                             f"task {name!r}: {key} takes {want[0]}")
+                             f"task {name!r}: {key} takes {words}")
+        out[key] = convert(value)
+    return out
 
 
-def _option_kind(hint) -> tuple[str, Any] | None:
-    """(what a field of this type takes, in words; a test of a parsed value), or None where it is not checked."""
+def _option_kind(hint, default=None) -> tuple[str, Any, Any] | None:
+    """(what a field of this type takes, in words; a test of a parsed value; the value the dataset is given), or None
+    where it is not checked. A sequence field holds characters when every item of its default is one character
+    (operators), else words (task types, names)."""
+    import collections.abc
     import typing
 
+    same = lambda v: v  # noqa: E731
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is typing.Union and type(None) in args and len(args) == 2:  # Optional[X]: X (none cannot be typed)
-        return _option_kind(next(a for a in args if a is not type(None)))
+        return _option_kind(next(a for a in args if a is not type(None)), default)
     if origin is typing.Literal:
-        return f"one of {', '.join(map(str, args))}", lambda v: v in args
-    if origin in (list, tuple) or hint is tuple or str(origin) == "collections.abc.Sequence":
-        if all(a in (str, Ellipsis) for a in args) and args:  # operators=+-*: one character each
-            return "characters (each one an item, e.g. operators=+-)", lambda v: isinstance(v, str)
-        return None
+        return f"one of {', '.join(map(str, args))}", lambda v: v in args, same
+    if origin in (list, tuple, collections.abc.Sequence) or hint in (list, tuple):
+        if not all(a in (str, Ellipsis) for a in args):
+            return None  # numbers, pairs, enums: reasoning-gym checks them
+        items = list(default) if isinstance(default, (list, tuple)) else []
+        if not args and not all(isinstance(i, str) for i in items):
+            return None
+        if items and all(isinstance(i, str) and len(i) == 1 for i in items):
+            return ("characters, each one an item (e.g. operators=+-)", lambda v: isinstance(v, str) and v != "",
+                    same)
+        kind = tuple if (origin is tuple or hint is tuple) else list
+        return ("words joined by '|' (e.g. task_types=date|time)",
+                lambda v: isinstance(v, str) and all(w.strip() for w in v.split("|")),
+                lambda v: kind(w.strip() for w in v.split("|")))
     if hint is bool:
-        return "true or false", lambda v: isinstance(v, bool)
+        return "true or false", lambda v: isinstance(v, bool), same
     if hint is int:
-        return "an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)
+        return "an integer", lambda v: isinstance(v, int) and not isinstance(v, bool), same
     if hint is float:
-        return "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+        return "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), same
     if hint is str:
-        return "text", lambda v: isinstance(v, str)
+        return "text", lambda v: isinstance(v, str), same
     return None
 
 

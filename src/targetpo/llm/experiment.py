@@ -70,11 +70,12 @@ class Config(TrainerConfig, RunConfig):
     dtype: str = param("float32", "model weights dtype (losses are computed in float32)",
                        choices=("float32", "bfloat16"))
     task: str = param("basic_arithmetic", "gsm8k or a reasoning-gym dataset name (basic_arithmetic, chain_sum, "
-                      "graph_color, knights_knaves, ...); task=NAME resets task_options and compact unless they are "
-                      "given too")
+                      "graph_color, knights_knaves, ...); another task=NAME resets task_options and compact "
+                      "unless they are given too")
     task_options: tuple[str, ...] = param(
         ("operators=+", "min_terms=2", "max_terms=2", "min_digits=2", "max_digits=2", "allow_parentheses=false",
-         "allow_negation=false"), "reasoning-gym dataset options as key=value, e.g. min_terms=2,max_digits=2",
+         "allow_negation=false"), "reasoning-gym dataset options as key=value, e.g. min_terms=2,max_digits=2 (a list of words "
+        "joined by '|': task_types=date|time)",
         nonempty=False)
     compact: bool = param(True, "arithmetic tasks only: prompt with the bare expression \"12 + 7 =\" instead of "
                           "the sentence")

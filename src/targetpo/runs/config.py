@@ -362,7 +362,7 @@ def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
         if key in changes:
             raise ValueError(f"{key} is set twice ({key}={show(changes[key])} and {item.strip()}); give it once")
         changes[key] = _parse_value(value.strip(), hints[key], key)
-    for key in list(changes):
+    for key in [k for k in changes if changes[k] != getattr(cfg, k)]:  # `task=` naming the task it has: no reset
         changes |= {k: v for k, v in getattr(cfg, "SETS_WITH", {}).get(key, {}).items() if k not in changes}
     return dataclasses.replace(cfg, **changes)
 

@@ -36,13 +36,15 @@ def curve(ax, steps: np.ndarray, values: np.ndarray, label: str, color: str | No
     """Seed mean with a ± s.e. band. `values` is [steps, seeds]. `floor` clips for log axes."""
     m, se = mean_se(values)
     lo, hi = m - se, m + se
+    raw = m
     if floor is not None:
         if np.any(m < floor) and not any(line.get_gid() == FLOOR for line in ax.get_lines()):
             # A mean drawn at the floor is not its value: a dotted line there, and finish names it on the y label.
             ax.axhline(floor, color="0.5", lw=0.8, ls=(0, (1, 3)), gid=FLOOR)
         m, lo, hi = (np.maximum(x, floor) for x in (m, lo, hi))
     color = color or COLORS.get(label.lower().replace(" ", "_"))
-    ax.plot(steps, m, label=label, color=color, lw=1.6, ls=ls)
+    (line,) = ax.plot(steps, m, label=label, color=color, lw=1.6, ls=ls)
+    line.targetpo_mean = raw  # before the floor: hidden_curves tells identical curves from ones clipped alike
     ax.fill_between(steps, lo, hi, color=color, alpha=0.2, lw=0)
 
 
@@ -86,23 +88,29 @@ def finish(ax, title: str, xlabel: str, ylabel: str, log: bool = False, ylim: tu
         ylabel = f"{ylabel}\n(values < {floors[0]:g} drawn at {floors[0]:g}, dotted)"
     hidden = hidden_curves(ax)
     if hidden:  # a legend entry whose line lies exactly under another's showed no line at all
-        title = f"{title}\n({'; '.join(f'{a} lies under {b}' for a, b in hidden)}: identical)"
+        title = f"{title}\n({'; '.join(f'{a} under {b}: {how}' for a, b, how in hidden)})"
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
 
 
-def hidden_curves(ax) -> list[tuple[str, str]]:
-    """(label, label of the curve drawn over it) for each labelled curve whose drawn points are exactly those of
-    a curve drawn after it (e.g. two methods that never leave the start)."""
+def hidden_curves(ax) -> list[tuple[str, str, str]]:
+    """(label, label of the curve drawn over it, "identical" or "the same where drawn") for each labelled curve
+    whose drawn points are exactly those of a curve drawn after it (two methods that never leave the start; two
+    means clipped alike at a log floor)."""
     lines = [ln for ln in ax.get_lines() if not ln.get_label().startswith("_") and ln.get_gid() != FLOOR]
+
+    def same(a, b) -> bool:
+        return np.shape(a) == np.shape(b) and np.array_equal(a, b, equal_nan=True)
+
     out = []
     for i, under in enumerate(lines):
-        over = next((ln for ln in reversed(lines[i + 1:]) if np.array_equal(ln.get_xdata(), under.get_xdata())
-                     and np.array_equal(ln.get_ydata(), under.get_ydata())), None)
+        over = next((ln for ln in reversed(lines[i + 1:]) if same(ln.get_xdata(), under.get_xdata())
+                     and same(ln.get_ydata(), under.get_ydata())), None)
         if over is not None:
-            out.append((under.get_label(), over.get_label()))
+            raw = [getattr(ln, "targetpo_mean", ln.get_ydata()) for ln in (under, over)]
+            out.append((under.get_label(), over.get_label(), "identical" if same(*raw) else "the same where drawn"))
     return out
 
 

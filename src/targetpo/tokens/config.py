@@ -68,9 +68,13 @@ class TokenConfig(TrialConfig, RunConfig):
         read = set().union(*(method_reads(dataclasses.replace(self, **fixed), m) - set(fixed)
                              for m, fixed in self.unit_methods()))
         readers = self.readers()
+        budget = any(fixed.get("tpo_kl_budget", self.tpo_kl_budget) > 0 for _, fixed in self.unit_methods())
         for name in (f for f in METHOD_FIELDS if f not in read):
-            out[name] = (f"{readers.get(name, 'read by no method of this experiment')}; methods={show(self.methods)} "
-                         "runs none of them")
+            if name == "tpo_eta" and budget:
+                out[name] = "a KL budget (tpo_kl_budget > 0) chooses TPO's η per group, and no other unit reads it"
+            else:
+                out[name] = (f"{readers.get(name, 'read by no method of this experiment')}; "
+                             f"methods={show(self.methods)} runs none of them")
         return out
 
 

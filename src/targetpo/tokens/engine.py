@@ -228,17 +228,13 @@ class TrialConfig:
             raise ValueError(f"tpo_kl_budget={self.tpo_kl_budget!r}: below {obj.adaptive_kl_floor(self.k):.3g}, the KL "
                              f"that a group of K = {self.k} may still have at the largest η the adaptive η tries "
                              "(docs/method.md §8), so it may be out of reach mid-run")
-        eta = config_fields(TrialConfig)["tpo_eta"].default
-        if self.tpo_kl_budget > 0 and self.tpo_eta != eta:
-            raise ValueError(f"tpo_eta={self.tpo_eta!r} with tpo_kl_budget={self.tpo_kl_budget!r}: a KL budget "
-                             f"chooses η per group, so tpo_eta is not read; leave it at {eta} or drop the budget")
 
 
 # Options of the objectives (hyperparameters, like tpo_eta: a run refuses one that none of its methods reads) and of
 # the group scores (a change to the task: run_trial refuses one for a method that would not see it, since a run's
 # methods would then be compared on different rewards).
 TPO_OPTIONS = ("tpo_projection", "tpo_alpha", "tpo_kl_budget")
-SCORE_OPTIONS = ("std_floor", "std_shrink")
+STD_OPTIONS = ("std_floor", "std_shrink")
 GROUP_OPTIONS = ("score_noise", "zero_all_fail")
 OPTION_KEYWORDS = {"tpo_projection": "projection", "tpo_alpha": "alpha", "tpo_kl_budget": "kl_budget",
                    "std_floor": "std_floor", "std_shrink": "std_shrink"}  # field -> the objective's keyword
@@ -281,9 +277,9 @@ def check_method_options(cfg: "TrialConfig", method: str) -> None:
                          "KL(q ‖ p_old), which needs the p_old anchor this method drops; use tpo or tpo_token")
 
 
-# TrialConfig fields only some methods read (the score options above are checked per method instead).
+# TrialConfig fields only some methods read (GROUP_OPTIONS, which change the rewards, are checked per method).
 METHOD_FIELDS = ("k", "epochs", "dg_epochs", "clip_eps", "grpo_beta", "dg_eta", "tpo_eta", "match",
-                 "interaction_lr_scale", *TPO_OPTIONS, *SCORE_OPTIONS)
+                 "interaction_lr_scale", *TPO_OPTIONS, *STD_OPTIONS)
 
 
 def reads(cfg: "TrialConfig", method: str) -> set[str]:
@@ -299,9 +295,9 @@ def reads(cfg: "TrialConfig", method: str) -> set[str]:
         out.add("clip_eps")
     if "beta" in takes and _beta(cfg, obj.get(m.objective)):  # what loss_fn passes: β unless the entry fixes it
         out.add("grpo_beta")
-    if "eta" in takes:
-        out.add("dg_eta" if single else "tpo_eta")
-    out |= {f for f in TPO_OPTIONS + SCORE_OPTIONS if OPTION_KEYWORDS[f] in takes}
+    if "eta" in takes and not (not single and cfg.tpo_kl_budget > 0 and "kl_budget" in takes):
+        out.add("dg_eta" if single else "tpo_eta")  # a KL budget chooses TPO's η per group instead
+    out |= {f for f in TPO_OPTIONS + STD_OPTIONS if OPTION_KEYWORDS[f] in takes}
     if not single:
         out.add("k")
     else:
@@ -611,7 +607,7 @@ def _beta(cfg: TrialConfig, o: obj.Objective) -> dict[str, float]:
 
 def _std(cfg: TrialConfig) -> dict[str, float]:
     """GRPO's low-variance options, passed only when set (the paper's call is unchanged otherwise)."""
-    return {k: getattr(cfg, k) for k in SCORE_OPTIONS if getattr(cfg, k) != 0}
+    return {k: getattr(cfg, k) for k in STD_OPTIONS if getattr(cfg, k) != 0}
 
 
 def loss_fn(params, spec: tfm.TransformerSpec, cfg: TrialConfig, method: str, batch: Batch,

@@ -55,6 +55,9 @@ class Config(oq.OpenQuestionConfig):
     episodes = 200
     seeds = 5
 
+    def unit_methods(self) -> list[tuple[str, dict]]:
+        return [("tpo", setting_options(s)) for s in self.settings]  # a kl<ε> unit reads no tpo_eta
+
     def check(self) -> None:
         for s in self.settings:
             try:

@@ -114,11 +114,11 @@ def _paper_final_pct(match: str, method: str, h: int) -> tuple[bool, float | Non
     return True, ref[match][method][ref["H"].index(h)]
 
 
-def _grpo_final_bound(h: int) -> tuple[int, float] | None:
-    """(H', the paper's final prompt-matched GRPO error % at H') for the shortest H' ≥ h of Table 3: a task at least
+def _grpo_final_bound(h: int, match: str) -> tuple[int, float] | None:
+    """(H', the paper's final GRPO error % at H' under `match`) for the shortest H' ≥ h of Table 3: a task at least
     as hard, so GRPO at 2000 episodes ends at most there; None beyond the table."""
     ref = paper.TABLE3_FINAL_ERROR_PCT.values
-    return next(((hh, v) for hh, v in zip(ref["H"], ref["prompts"]["grpo"]) if hh >= h and v is not None), None)
+    return next(((hh, v) for hh, v in zip(ref["H"], ref[match]["grpo"]) if hh >= h and v is not None), None)
 
 
 def _paper_cell(match: str, method: str, h: int) -> str:
@@ -207,12 +207,13 @@ def report(run, section) -> None:
                                       "this experiment is in this report") if worse else None)
     verdicts, ev, unfinished = [], [], []
     for h in cfg["lengths"]:
-        by_m = data.get(("prompts", h)) or data.get(("interactions", h)) or {}
+        mt = next((m for m in ("prompts", "interactions") if data.get((m, h))), "prompts")
+        by_m = data.get((mt, h)) or {}
         if "grpo" in by_m and "grpo_no_kl" in by_m:
             gap = tc.tail_gap(by_m["grpo_no_kl"], by_m["grpo"])
             verdicts.append(above(gap, 0))
             ev.append(f"H={h}: no KL − GRPO {gap.show(1, 100)} points")
-            bound = _grpo_final_bound(h)
+            bound = _grpo_final_bound(h, mt)
             grpo_tail = tc.tail_iv(by_m["grpo"])
             if (above(gap, 0) is Verdict.FAIL and cfg["episodes"] < paper_episodes and bound is not None
                     and grpo_tail.lo > bound[1] / 100):
