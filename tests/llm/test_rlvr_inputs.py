@@ -144,6 +144,8 @@ def test_task_given_as_key_value_resets_the_presets_task_options_like_the_flag(t
     kept = make_config(exp, "smoke", overrides=["task=chain_sum", "task_options=min_terms=3", "compact=true"])
     assert (kept.task_options, kept.compact) == (("min_terms=3",), True)
     preset = exp.PRESETS["smoke"]
+    named = make_config(exp, "smoke", overrides=[f"task={preset.task}"])  # the task it has: nothing to reset
+    assert (named.task_options, named.compact) == (preset.task_options, preset.compact)
     same = make_config(exp, "smoke", overrides=["steps=3"])  # no task given: the preset's options stay
     assert (same.task_options, same.compact) == (preset.task_options, preset.compact) and preset.compact
 

@@ -155,6 +155,9 @@ def test_an_unknown_flag_beside_overrides_is_named_alone(capsys):
     with pytest.raises(SystemExit):
         main(["run", "tabular-single", "steps=3", "--preset", "smoke", "steps=4", "--bogus"])
     assert "unrecognized arguments: --bogus (usage" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # with its value, which would otherwise come back as "override '3' must ..."
+        main(["run", "tabular-single", "--preset", "smoke", "--bogus", "3", "steps=4"])
+    assert "unrecognized arguments: --bogus 3 (usage" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,expected", [
