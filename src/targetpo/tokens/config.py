@@ -34,8 +34,9 @@ class TokenConfig(TrialConfig, RunConfig):
     # engine.diagnostics): the runner does not read those NaNs as divergence.
     NAN_MEANS_EMPTY: ClassVar[tuple[str, ...]] = ("weight_winners", "weight_losers")
     seeds = 20
-    seed = default(0, help="first seed (seeds are seed, seed+1, ...); seed s alone fixes its initial model and "
-                           "prompts")
+    seed = default(0, help="first seed (seeds are seed, seed+1, ...); seed s alone fixes its initial model, prompts "
+                           "and samples, though with another seed count the batched kernels round differently and "
+                           "long runs drift apart")
     methods = default(tuple(METHODS), choices=tuple(METHODS))
 
     def unit_methods(self) -> list[tuple[str, dict]]:
