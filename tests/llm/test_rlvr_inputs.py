@@ -46,6 +46,9 @@ ONE_DIGIT = ("task_options=operators=+,min_terms=2,max_terms=2,min_digits=1,max_
     # a list of words: one word was split into letters ("Invalid tasks: _, a, d, e, ..."), a Sequence[str] unchecked
     (["--task", "fraction_simplification", "task_options=styles=3"], "styles takes words joined by '|'"),
     (["--task", "time_intervals", "task_options=task_types=date||time"], "task_types takes words joined by '|'"),
+    # a length reasoning-gym checks only while drawing: its bare "The number of weights does not match ..."
+    (["--task", "arc_agi", "task_options=rotations=90|180"], "reasoning-gym task 'arc_agi' with "
+                                                             "task_options=rotations=90|180: The number of weights"),
     (["task_options=format_style=fancy"], "format_style takes one of simple, natural"),
     (["--task", "chain_sum", "task_options=size=4"], "task_options: size= is set by targetpo (the pool sizes are "
                                                      "train_size and eval_size); leave it out"),

@@ -90,8 +90,12 @@ class ReasoningGymTask:
         if split not in ("train", "heldout"):
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
         s = seed if split == "train" else seed + HELDOUT_SEED_OFFSET
-        ds = rg.create_dataset(self.name, size=size, seed=s, **self.options)
-        return [self._problem(e) for e in ds]
+        try:
+            ds = rg.create_dataset(self.name, size=size, seed=s, **self.options)
+            return [self._problem(e) for e in ds]
+        except (ValueError, TypeError, KeyError, IndexError) as exc:  # raised while drawing: options it checks late
+            raise ValueError(f"reasoning-gym task {self.name!r} with task_options="
+                             f"{show_options(self.options)}: {exc}") from None
 
     def _problem(self, e: dict) -> Problem:
         if self.name == "graph_color":  # no `answer`: any valid coloring scores 1; teach the generator's one
@@ -110,8 +114,12 @@ SET_BY_TARGETPO = {"size": "the pool sizes are train_size and eval_size", "seed"
 
 
 def show_options(options: dict) -> str:
-    """{"min_terms": 2, "allow_negation": False} -> 'min_terms=2,allow_negation=false', as the user typed it."""
-    return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items()) or "(none)"
+    """{"min_terms": 2, "allow_negation": False, "task_types": ["date", "time"]} ->
+    'min_terms=2,allow_negation=false,task_types=date|time', as the user typed it."""
+    def text(v) -> str:
+        return str(v).lower() if isinstance(v, bool) else "|".join(v) if isinstance(v, (list, tuple)) else str(v)
+
+    return ",".join(f"{k}={text(v)}" for k, v in options.items()) or "(none)"
 
 
 def check_task_options(name: str, config_cls: type, options: dict) -> dict:
