@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import math
@@ -22,7 +23,7 @@ from tqdm.auto import tqdm
 
 from targetpo.experiments import EXPERIMENTS, SUITES, in_suite, load, suite_of
 from targetpo.runs.config import config_class, field_lines, first_repeat, make_config, override_key
-from targetpo.runs.data import EXTRA_OF_MODULE, MissingDataError, MissingExtraError, needs_extra
+from targetpo.runs.data import MissingDataError, MissingExtraError, extra_of, needs_extra
 from targetpo.runs.runner import (DATA_LOCATION, add_runner_arguments, available_cores, computes_on,
                                   config_differences, file_in_the_way, folder_listing, is_not_run, mark_not_run,
                                   parse_device, request_stop, run_experiment, show_differences, stored_config)
@@ -74,17 +75,10 @@ def _data_overrides(args, exp, strict: bool) -> list[str]:
 
 def _run_and_report(exp, args, overrides: list[str], seeds: int | None = None) -> int:
     """`targetpo run` and `targetpo rlvr`: run (or resume) one experiment, then write its REPORT.md."""
-    # SIGTERM (a scheduler's stop, `kill`) ends the run like Ctrl-C: status "interrupted", every line kept. Without
-    # a handler the process died at once and run.json kept saying "running".
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _exit_on_signal) if main_thread else None
-    try:
+    with _sigterm_exits():
         run_dir = run_experiment(exp, args.preset, out=args.out, seeds=seeds, overrides=overrides,
                                  resume=args.resume, force=args.force, device=args.device,
                                  progress=not args.no_progress, threads=args.threads)
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
     if not args.no_report:
         from targetpo.report import write_report
 
@@ -187,6 +181,20 @@ def _not_run(plan: _Plan, reason: str, extra: bool = False) -> None:
 def _exit_on_signal(signum, frame) -> None:
     request_stop()  # should this SystemExit be lost inside a library, the run's next record raises it again
     raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _sigterm_exits():
+    """SIGTERM (a scheduler's stop, `kill`) raises SystemExit in the block, so a run ends like Ctrl-C: status
+    "interrupted", every line kept. Without a handler the process died at once and run.json kept saying "running".
+    Only the main thread can set a handler; elsewhere (a caller's thread) the block runs as it is."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_signal) if main_thread else None
+    try:
+        yield
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _exit_on_first_signal(signum, frame) -> None:
@@ -377,28 +385,18 @@ def cmd_reproduce(args) -> int:
         print(f"--device {args.device}: {', '.join(cpu_only)} compute on the CPU only and run there", file=sys.stderr)
     missing, failed = [], []
     start = time.time()
-    if jobs == 1 or len(plans) == 1:
-        # SIGTERM ends the running experiment as `targetpo run` does: status "interrupted", not a stale "running".
-        main_thread = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGTERM, _exit_on_signal) if main_thread else None
-        try:
+    # SIGTERM ends the running experiment as `targetpo run` does (status "interrupted", not a stale "running");
+    # with workers, it stops them as Ctrl-C does (before, they were left to notice this process's death).
+    with _sigterm_exits():
+        if jobs == 1 or len(plans) == 1:
             _run_sequentially(plans, args, missing, failed)
-        finally:
-            if main_thread:
-                signal.signal(signal.SIGTERM, previous)
-    else:
-        # SIGTERM to this process alone stops the workers as Ctrl-C does (before, they were left to notice its death).
-        main_thread = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGTERM, _exit_on_signal) if main_thread else None
-        try:
-            missing, failed = _run_parallel(plans, min(jobs, len(plans)), progress=not args.no_progress)
-        except (KeyboardInterrupt, SystemExit) as exc:  # also a second Ctrl-C that cut the stopping short
-            print("targetpo: interrupted; every finished line is kept and `targetpo reproduce` with the same --out "
-                  "resumes", file=sys.stderr)
-            return exc.code if isinstance(exc, SystemExit) else 130
-        finally:
-            if main_thread:
-                signal.signal(signal.SIGTERM, previous)
+        else:
+            try:
+                missing, failed = _run_parallel(plans, min(jobs, len(plans)), progress=not args.no_progress)
+            except (KeyboardInterrupt, SystemExit) as exc:  # also a second Ctrl-C that cut the stopping short
+                print("targetpo: interrupted; every finished line is kept and `targetpo reproduce` with the same "
+                      "--out resumes", file=sys.stderr)
+                return exc.code if isinstance(exc, SystemExit) else 130
     # One summary for both paths, counting what happened rather than what was planned.
     done = len(plans) - len(missing) - len(failed)
     print(f"reproduce: {done} done" + (f", {len(missing)} NOT RUN" if missing else "")
@@ -568,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"targetpo: error: {message}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
-        extra = EXTRA_OF_MODULE.get((exc.name or "").split(".")[0])  # a command that needs one names the extra
+        _, extra = extra_of(exc)  # a command that needs one names the extra
         if extra is None:
             raise
         print(f"targetpo: error: {needs_extra(args.command, extra, exc.name)}", file=sys.stderr)

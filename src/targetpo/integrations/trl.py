@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from targetpo.runs.data import EXTRA_OF_MODULE, needs_extra
+from targetpo.runs.data import extra_of, needs_extra
 
 try:
     from accelerate.utils import is_peft_model
@@ -52,8 +52,8 @@ try:
     from trl.trainer.utils import (get_config_model_id, split_pixel_values_by_grid, split_tensor_dict,
                                    unsplit_pixel_values_by_grid)
 except ModuleNotFoundError as exc:  # name the extra, not the first of its modules that is missing
-    missing = (exc.name or "").split(".")[0]
-    if EXTRA_OF_MODULE.get(missing) not in ("llm", "trl"):  # the trl extra brings the llm extra's modules too
+    missing, extra = extra_of(exc)
+    if extra not in ("llm", "trl"):  # the trl extra brings the llm extra's modules too
         raise
     raise ModuleNotFoundError(needs_extra(__name__, "trl", missing), name=missing) from exc
 

@@ -52,7 +52,7 @@ import torch
 
 from targetpo.objectives.groups import standardized_block_violations, tpo_group_loss
 from targetpo.objectives import standardize_scores
-from targetpo.runs.data import EXTRA_OF_MODULE, needs_extra
+from targetpo.runs.data import extra_of, needs_extra
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +61,8 @@ try:
 except Exception as exc:  # verl swallows plugin import errors at DEBUG level: make this one visible
     logger.warning("targetpo's verl plugin could not import verl.trainer.ppo.core_algos (%s); `tpo` is not "
                    "registered. targetpo needs verl==0.9.1.", exc)
-    missing = (getattr(exc, "name", None) or "").split(".")[0]
-    if isinstance(exc, ModuleNotFoundError) and EXTRA_OF_MODULE.get(missing) == "verl":
+    missing, extra = extra_of(exc)
+    if isinstance(exc, ModuleNotFoundError) and extra == "verl":
         raise ModuleNotFoundError(needs_extra(__name__, "verl", missing), name=missing) from exc
     raise
 

@@ -285,6 +285,9 @@ def register_tpo_trainer():
     return register_trainer(TRAINER_MODE)(TPOTrainerSync)
 
 
+PROG = "python -m targetpo.integrations.verl_trainer"  # how its refusals are headed
+
+
 def main() -> None:
     """verl's ``main_ppo`` entry point, after validating the TPO settings and exporting η to the workers."""
     import os
@@ -308,8 +311,6 @@ def main() -> None:
 
     _run()
 
-
-PROG = "python -m targetpo.integrations.verl_trainer"
 
 # Imported before verl_plugin had registered the trainer (this module imports it above, before
 # register_tpo_trainer exists), the plugin leaves the registration to this line.

@@ -116,10 +116,12 @@ SET_BY_TARGETPO = {"size": "the pool sizes are train_size and eval_size", "seed"
 def show_options(options: dict) -> str:
     """{"min_terms": 2, "allow_negation": False, "task_types": ["date", "time"]} ->
     'min_terms=2,allow_negation=false,task_types=date|time', as the user typed it."""
-    def text(v) -> str:
-        return str(v).lower() if isinstance(v, bool) else "|".join(v) if isinstance(v, (list, tuple)) else str(v)
+    return ",".join(f"{k}={show_option_value(v)}" for k, v in options.items()) or "(none)"
 
-    return ",".join(f"{k}={text(v)}" for k, v in options.items()) or "(none)"
+
+def show_option_value(v) -> str:
+    """One task option's value as the user typed it (false, 3, date|time)."""
+    return str(v).lower() if isinstance(v, bool) else "|".join(v) if isinstance(v, (list, tuple)) else str(v)
 
 
 def check_task_options(name: str, config_cls: type, options: dict) -> dict:
@@ -150,8 +152,8 @@ def check_task_options(name: str, config_cls: type, options: dict) -> dict:
             continue
         words, test, convert = want
         if not test(value):
-            raise ValueError(f"task_options: {key}={show_options({key: value}).split('=', 1)[1]} for reasoning-gym "
-                             f"task {name!r}: {key} takes {words}")
+            raise ValueError(f"task_options: {key}={show_option_value(value)} for reasoning-gym task {name!r}: "
+                             f"{key} takes {words}")
         out[key] = convert(value)
     return out
 

@@ -21,6 +21,12 @@ EXTRA_MODULES = {"llm": ("transformers", "tokenizers", "accelerate", "peft", "re
 EXTRA_OF_MODULE = {module: extra for extra, modules in EXTRA_MODULES.items() for module in modules}
 
 
+def extra_of(exc: BaseException) -> tuple[str, str | None]:
+    """(the top-level module a ModuleNotFoundError could not import, the extra that brings it or None)."""
+    module = (getattr(exc, "name", None) or "").split(".")[0]
+    return module, EXTRA_OF_MODULE.get(module)
+
+
 def needs_extra(who: str, extra: str, module: str) -> str:
     """The one-line message for `who` missing `extra` (its `module` not installed), with how to install it."""
     return (f"{who} needs the {extra} extra (no module named {module!r}): pip install 'targetpo[{extra}]' (in a "

@@ -66,10 +66,10 @@ class TokenConfig(TrialConfig, RunConfig):
         """The fields only some methods read (engine.METHOD_FIELDS) that no unit reads from this config, with the
         experiment's methods that would."""
         out = super().unread()
-        read = set().union(*(method_reads(dataclasses.replace(self, **fixed), m) - set(fixed)
-                             for m, fixed in self.unit_methods()))
+        units = self.unit_methods()
+        read = set().union(*(method_reads(dataclasses.replace(self, **fixed), m) - set(fixed) for m, fixed in units))
         readers = self.readers()
-        budget = any(fixed.get("tpo_kl_budget", self.tpo_kl_budget) > 0 for _, fixed in self.unit_methods())
+        budget = any(fixed.get("tpo_kl_budget", self.tpo_kl_budget) > 0 for _, fixed in units)
         for name in (f for f in METHOD_FIELDS if f not in read):
             if name == "tpo_eta" and budget:
                 out[name] = "a KL budget (tpo_kl_budget > 0) chooses TPO's η per group, and no other unit reads it"

@@ -215,7 +215,7 @@ def report(run, section) -> None:
             ev.append(f"H={h}: no KL − GRPO {gap.show(1, 100)} points")
             bound = _grpo_final_bound(h, mt)
             grpo_tail = tc.tail_iv(by_m["grpo"])
-            if (above(gap, 0) is Verdict.FAIL and cfg["episodes"] < paper_episodes and bound is not None
+            if (verdicts[-1] is Verdict.FAIL and cfg["episodes"] < paper_episodes and bound is not None
                     and grpo_tail.lo > bound[1] / 100):
                 unfinished.append(f"H={h}: GRPO's tail error {grpo_tail.show(1, 100, '%')} is wholly above the "
                                   f"paper's final GRPO error at H = {bound[0]} ({bound[1]}%)")
