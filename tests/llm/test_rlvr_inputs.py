@@ -47,8 +47,14 @@ ONE_DIGIT = ("task_options=operators=+,min_terms=2,max_terms=2,min_digits=1,max_
     (["--task", "fraction_simplification", "task_options=styles=3"], "styles takes words joined by '|'"),
     (["--task", "time_intervals", "task_options=task_types=date||time"], "task_types takes words joined by '|'"),
     # a length reasoning-gym checks only while drawing: its bare "The number of weights does not match ..."
-    (["--task", "arc_agi", "task_options=rotations=90|180"], "reasoning-gym task 'arc_agi' with "
-                                                             "task_options=rotations=90|180: The number of weights"),
+    (["--task", "arc_agi", "task_options=rotations=90|180"], "task_options=rotations=90|180 of reasoning-gym task "
+                                                             "'arc_agi': The number of weights"),
+    # lists of numbers and of enum values were handed over as one string ("unsupported operand type(s) for +: 'int'
+    # and 'str'", "The number of weights does not match the population")
+    (["--task", "complex_arithmetic", "task_options=operations_weights=0.4|x"],
+     "operations_weights takes numbers joined by '|' (e.g. 0.4|0.4|0.1|0.1)"),
+    (["--task", "aiw", "task_options=task_types=enemies"],
+     "task_types takes one or more of siblings, friends, colleagues, joined by '|'"),
     (["task_options=format_style=fancy"], "format_style takes one of simple, natural"),
     (["--task", "chain_sum", "task_options=size=4"], "task_options: size= is set by targetpo (the pool sizes are "
                                                      "train_size and eval_size); leave it out"),
@@ -282,3 +288,23 @@ def test_a_word_list_option_is_one_item_per_word():
     kinds = {p.entry["metadata"]["task_type"] for p in task.problems("train", 40, 0)}
     assert kinds == {"date", "time"}
     assert ReasoningGymTask("basic_arithmetic", operators="+-").options == {"operators": "+-"}
+
+
+def test_number_and_enum_list_options_become_lists():
+    """A list of weights (`operations_weights=0.4|0.4|0.1|0.1`) or of enum values (aiw's `task_types=friends`)
+    reached reasoning-gym as one string, which it could not use; each is now a list of the field's items."""
+    from reasoning_gym.logic.aiw import TaskType
+
+    from targetpo.llm.data import ReasoningGymTask, show_options
+
+    task = ReasoningGymTask("complex_arithmetic", operations_weights="0.4|0.4|0.1|0.1")
+    assert task.options == {"operations_weights": [0.4, 0.4, 0.1, 0.1]}
+    assert len(task.problems("train", 3, 0)) == 3
+    task = ReasoningGymTask("aiw", task_types="friends|colleagues", task_type_weights="0.5|0.5")
+    assert task.options["task_types"] == [TaskType.FRIENDS, TaskType.COLLEAGUES]
+    assert show_options(task.options) == "task_types=friends|colleagues,task_type_weights=0.5|0.5"
+    questions = " ".join(p.question for p in task.problems("train", 20, 0))
+    assert "colleague" in questions and "sibling" not in questions and "brother" not in questions
+    # one number is a list of one (parse_options reads `1` as an int)
+    assert ReasoningGymTask("intermediate_integration", problem_type_weights=1,
+                            problem_types="linear").options["problem_type_weights"] == [1.0]

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -94,8 +96,8 @@ class ReasoningGymTask:
             ds = rg.create_dataset(self.name, size=size, seed=s, **self.options)
             return [self._problem(e) for e in ds]
         except (ValueError, TypeError, KeyError, IndexError) as exc:  # raised while drawing: options it checks late
-            raise ValueError(f"reasoning-gym task {self.name!r} with task_options="
-                             f"{show_options(self.options)}: {exc}") from None
+            raise ValueError(f"task_options={show_options(self.options)} of reasoning-gym task {self.name!r}: "
+                             f"{exc}") from None
 
     def _problem(self, e: dict) -> Problem:
         if self.name == "graph_color":  # no `answer`: any valid coloring scores 1; teach the generator's one
@@ -120,8 +122,10 @@ def show_options(options: dict) -> str:
 
 
 def show_option_value(v) -> str:
-    """One task option's value as the user typed it (false, 3, date|time)."""
-    return str(v).lower() if isinstance(v, bool) else "|".join(v) if isinstance(v, (list, tuple)) else str(v)
+    """One task option's value as the user typed it (false, 3, date|time, 0.5|0.5, friends|siblings)."""
+    if isinstance(v, (list, tuple)):
+        return "|".join(show_option_value(i) for i in v)
+    return str(v).lower() if isinstance(v, bool) else str(v.value) if isinstance(v, enum.Enum) else str(v)
 
 
 def check_task_options(name: str, config_cls: type, options: dict) -> dict:
@@ -172,15 +176,25 @@ def _option_kind(hint, default=None) -> tuple[str, Any, Any] | None:
     if origin is typing.Literal:
         return f"one of {', '.join(map(str, args))}", lambda v: v in args, same
     if origin in (list, tuple, collections.abc.Sequence) or hint in (list, tuple):
+        kind = tuple if (origin is tuple or hint is tuple) else list
+        items_of = [a for a in args if a is not Ellipsis]
+        if items_of and len(set(items_of)) == 1 and items_of[0] in (int, float):  # weights: 0.4|0.4|0.2
+            num = items_of[0]
+            return (f"{'integers' if num is int else 'numbers'} joined by '|' (e.g. {_number_example(default, num)})",
+                    lambda v: _numbers(v, num) is not None, lambda v: kind(_numbers(v, num)))
+        if items_of and len(set(items_of)) == 1 and isinstance(items_of[0], type) and issubclass(items_of[0], enum.Enum):
+            members = {str(m.value): m for m in items_of[0]}
+            return (f"one or more of {', '.join(members)}, joined by '|'",
+                    lambda v: isinstance(v, str) and all(w.strip() in members for w in v.split("|")),
+                    lambda v: kind(members[w.strip()] for w in v.split("|")))
         if not all(a in (str, Ellipsis) for a in args):
-            return None  # numbers, pairs, enums: reasoning-gym checks them
+            return None  # pairs, nested specs: reasoning-gym checks them
         items = list(default) if isinstance(default, (list, tuple)) else []
         if not args and not all(isinstance(i, str) for i in items):
             return None
         if items and all(isinstance(i, str) and len(i) == 1 for i in items):
             return ("characters, each one an item (e.g. operators=+-)", lambda v: isinstance(v, str) and v != "",
                     same)
-        kind = tuple if (origin is tuple or hint is tuple) else list
         return ("words joined by '|' (e.g. task_types=date|time)",
                 lambda v: isinstance(v, str) and all(w.strip() for w in v.split("|")),
                 lambda v: kind(w.strip() for w in v.split("|")))
@@ -193,6 +207,27 @@ def _option_kind(hint, default=None) -> tuple[str, Any, Any] | None:
     if hint is str:
         return "text", lambda v: isinstance(v, str), same
     return None
+
+
+def _numbers(v, num: type) -> list | None:
+    """'0.4|0.6' (or one number, already parsed) as a list of `num`, or None when an item is not one."""
+    parts = [v] if isinstance(v, (int, float)) and not isinstance(v, bool) else v.split("|") if isinstance(v, str) else None
+    if parts is None:
+        return None
+    try:
+        out = [num(p.strip()) if isinstance(p, str) else p for p in parts]
+    except ValueError:
+        return None
+    if num is int and not all(isinstance(x, int) and not isinstance(x, bool) for x in out):
+        return None
+    return [num(x) for x in out] if all(math.isfinite(x) for x in out) else None
+
+
+def _number_example(default, num: type) -> str:
+    """The field's default written as the user would type it, or a made-up pair."""
+    if isinstance(default, (list, tuple)) and default and all(isinstance(x, (int, float)) for x in default):
+        return "|".join(map(str, default))
+    return "1|2" if num is int else "0.5|0.5"
 
 
 def gsm8k_lines(path: str | Path) -> Iterator[tuple[int, dict]]:

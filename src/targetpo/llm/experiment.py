@@ -74,8 +74,8 @@ class Config(TrainerConfig, RunConfig):
                       "unless they are given too")
     task_options: tuple[str, ...] = param(
         ("operators=+", "min_terms=2", "max_terms=2", "min_digits=2", "max_digits=2", "allow_parentheses=false",
-         "allow_negation=false"), "reasoning-gym dataset options as key=value, e.g. min_terms=2,max_digits=2 (a list of words "
-        "joined by '|': task_types=date|time)",
+         "allow_negation=false"), "reasoning-gym dataset options as key=value, e.g. min_terms=2,max_digits=2 (a list joined by "
+        "'|': task_types=date|time, operations_weights=0.4|0.4|0.1|0.1)",
         nonempty=False)
     compact: bool = param(True, "arithmetic tasks only: prompt with the bare expression \"12 + 7 =\" instead of "
                           "the sentence")
