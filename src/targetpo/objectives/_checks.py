@@ -33,6 +33,9 @@ def as_float(name: str, x: Tensor, *, inf_ok: bool = False) -> Tensor:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.numel() == 0:
         raise ValueError(f"{name} is empty (shape {tuple(x.shape)}): a batch needs at least one group or sample")
+    if x.is_meta:  # torch's own "Tensor.item() cannot be called on meta tensors" named neither argument nor cause
+        raise ValueError(f"{name} is on the meta device, which holds shapes but no values; the objectives read "
+                         "values (give cpu or cuda tensors)")
     if x.is_complex():
         raise TypeError(f"{name} has the complex dtype {x.dtype}: log-probs, scores and advantages are real "
                         "(float, integer or bool)")
@@ -110,12 +113,12 @@ def check_bool(name: str, mask: Tensor) -> None:
         raise ValueError(f"{name} must be a bool tensor (True = valid), got {got}{hint}")
 
 
-def check_token_mask(token_mask: Tensor | None, logp: Tensor) -> None:
-    """Raise ValueError unless `token_mask` (when given) has exactly the shape of the per-token `logp`; a mask of
-    another shape would broadcast and weight the wrong tokens."""
+def check_token_mask(token_mask: Tensor | None, logp: Tensor, like: str = "logp") -> None:
+    """Raise ValueError unless `token_mask` (when given) has exactly the shape of the per-token `logp` (the
+    argument named `like`); a mask of another shape would broadcast and weight the wrong tokens."""
     if token_mask is not None and token_mask.shape != logp.shape:
         raise ValueError(
-            f"token_mask has shape {tuple(token_mask.shape)} but logp has shape {tuple(logp.shape)}; they must match"
+            f"token_mask has shape {tuple(token_mask.shape)} but {like} has shape {tuple(logp.shape)}; they must match"
         )
     if token_mask is not None:
         check_bool("token_mask", token_mask)
@@ -146,8 +149,9 @@ def as_mask(name: str, mask: Tensor | None, like: Tensor, *, require_nonempty_gr
     return mask
 
 
-def as_token_mask(name: str, token_mask: Tensor | None, like: Tensor) -> Tensor:
-    """Validate a per-token mask [..., T]; every sequence must keep at least one token."""
+def as_token_mask(name: str, token_mask: Tensor | None, like: Tensor, candidates: Tensor | None = None) -> Tensor:
+    """Validate a per-token mask [..., T]; every sequence must keep at least one token, but those whose candidate
+    the (checked) candidate mask `candidates` [...] leaves out: a failed generation may hold no token at all."""
     if token_mask is None:
         return torch.ones_like(like, dtype=torch.bool)
     if token_mask.shape != like.shape:
@@ -155,14 +159,19 @@ def as_token_mask(name: str, token_mask: Tensor | None, like: Tensor) -> Tensor:
                          f"{tuple(like.shape)}; they must match")
     check_bool(name, token_mask)
     empty = ~token_mask.any(dim=-1)
+    if candidates is not None:
+        empty = empty & candidates
     if empty.any():
         raise ValueError(
-            f"{name} leaves {int(empty.sum())} sequence(s) with no valid token (shape {tuple(token_mask.shape)})"
+            f"{name} leaves {int(empty.sum())} sequence(s) with no valid token (shape {tuple(token_mask.shape)}, first "
+            f"at index {empty.nonzero()[0].tolist()}); mask such a candidate out with mask= (False there)"
         )
     return token_mask
 
 
 
+
+ALPHA_MIN = 1e-30  # the smallest positive α of the alpha projection (α = 0 is reverse KL; below, q^α·p^{1−α} is NaN)
 
 # The hyperparameters of every objective, by argument name: declared once, checked by `@checked` on each
 # public function, so a new objective that reuses a name gets the same rule.
@@ -179,8 +188,8 @@ HYPERPARAMETERS: dict[str, tuple[str, object]] = {
     "ratio_min": (">= 0", lambda v: v >= 0),
     "ratio_max": ("> 0", lambda v: v > 0),
     "norm_len": ("> 0 or None", lambda v: v is None or v > 0),
-    "alpha": ("in [0, 1] or None (the α-divergence between reverse (0) and forward (1) KL)",
-              lambda v: v is None or 0 <= v <= 1),
+    "alpha": (f"0 or in [{ALPHA_MIN:g}, 1], or None (the α-divergence between reverse (0) and forward (1) KL)",
+              lambda v: v is None or v == 0 or ALPHA_MIN <= v <= 1),
     "kl_budget": ("> 0 or None (the KL(q ‖ p_old) an adaptive η targets)", lambda v: v is None or v > 0),
     "std_floor": (">= 0", lambda v: v >= 0),
     "std_shrink": (">= 0", lambda v: v >= 0),
@@ -274,7 +283,10 @@ def checked(fn=None, *, words: dict[str, tuple[str, ...]] | None = None, shapes:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        bound = sig.bind(*args, **kwargs)
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as exc:  # "got an unexpected keyword argument 'temperature'": say whose
+            raise TypeError(f"{fn.__name__}(): {exc}") from None
         given = dict(bound.arguments)
         for n in spread:  # keyword arguments passed on through **kwargs (e.g. dr_grpo_loss's token_mask)
             given |= given.pop(n, {})

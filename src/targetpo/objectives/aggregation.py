@@ -23,6 +23,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from targetpo.objectives._checks import check_bool, check_hyperparameter, check_token_mask
+
 LossAgg = Literal["sum-mean", "mean", "token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 TOKEN_MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 MODES = ("sum-mean", "mean") + TOKEN_MODES
@@ -37,9 +39,20 @@ def aggregate(
     norm_len: float | None = None,
 ) -> Tensor:
     """Reduce per-element losses to a scalar. `per_token=True` means the last dim of `values` is T (tokens)
-    and `token_mask` (same shape, bool) marks valid tokens; otherwise `values` holds one value per row/candidate."""
+    and `token_mask` (same shape, bool) marks valid tokens; otherwise `values` holds one value per row/candidate.
+    Half-precision values are reduced in float32; NaN/inf values pass through (an overflowed PPO loss is +inf,
+    docs/method.md §3)."""
     if mode not in MODES:
         raise ValueError(f"loss_agg must be one of {MODES}, got {mode!r}")
+    if not isinstance(values, Tensor) or not values.is_floating_point():
+        got = values.dtype if isinstance(values, Tensor) else type(values).__name__
+        raise TypeError(f"values must be a floating torch.Tensor of per-element losses, got {got}")
+    if values.dtype in (torch.float16, torch.bfloat16):
+        values = values.float()
+    if token_mask is not None:
+        check_bool("token_mask", token_mask)
+        check_token_mask(token_mask, values, "values")  # a mask of another shape would broadcast onto the wrong elements
+    check_hyperparameter("norm_len", norm_len)
     if token_mask is not None:
         values = torch.where(token_mask, values, torch.zeros_like(values))
     if not per_token:
@@ -67,3 +80,12 @@ def aggregate(
         per_seq = per_seq / float(norm_len if norm_len is not None else values.shape[-1])
     # Average over sequences that keep at least one token (masked candidates do not dilute the mean).
     return per_seq.sum() / (n_tok > 0).sum().clamp_min(1).to(values.dtype)
+
+
+def aggregate_answers(values: Tensor, mode: str, *, token_mask: Tensor | None = None) -> Tensor:
+    """:func:`aggregate` for single-sample objectives, whose rows are answers: `values` [B] (one action each) or
+    [..., B, H] (H tokens each, any leading dims such as seeds). "sum-mean" sums each answer's tokens and
+    averages over every other dim, with or without `token_mask`; the token modes read the last dim as tokens.
+    Through :func:`aggregate` directly, a masked [S, B, H] was read as groups [G, K, T] and came out B× larger."""
+    per_token = mode != "sum-mean" and (token_mask is not None or (mode in TOKEN_MODES and values.dim() >= 2))
+    return aggregate(values, mode, token_mask=token_mask, per_token=per_token)

@@ -16,7 +16,7 @@ from targetpo.objectives._checks import (
     LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_range, check_same_shape,
     check_token_mask, checked, group_layout,
 )
-from targetpo.objectives.aggregation import TOKEN_MODES, aggregate
+from targetpo.objectives.aggregation import aggregate, aggregate_answers
 from targetpo.objectives.conventions import with_convention
 from targetpo.objectives.scores import ZERO_VARIANCE_STD, group_advantages, zero_variance_groups
 
@@ -160,8 +160,7 @@ def ppo_loss(
     ratio = importance_ratio(lp, old, valid, log_ratio_clip)
     per = -dual_clip(clipped_surrogate(ratio, a, clip_eps, hi), a, dual_clip_c)
     agg = loss_agg if loss_agg is not None else ("mean" if lp.dim() == 1 else "sum-mean")
-    per_token = token_mask is not None or (agg in TOKEN_MODES and lp.dim() >= 2)
-    loss = aggregate(per, agg, token_mask=token_mask, per_token=per_token)
+    loss = aggregate_answers(per, agg, token_mask=token_mask)
     with torch.no_grad():
         metrics = {
             "clip_frac": _clip_fraction(ratio, a, clip_eps, hi, valid),
@@ -248,7 +247,7 @@ def grpo_loss(
     if mask_zero_var:
         valid = valid & informative.unsqueeze(-1)
     if per_token:
-        tm = as_token_mask("token_mask", token_mask, lp) & valid.unsqueeze(-1)
+        tm = as_token_mask("token_mask", token_mask, lp, mask) & valid.unsqueeze(-1)
         adv_b = adv.unsqueeze(-1).expand_as(lp)  # a view: the same values per token, no silent broadcast
     else:
         tm, adv_b = valid, adv
@@ -323,7 +322,7 @@ def _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps, std_ddo
     check_group_size("scores", s)
     group_layout(lp, s, token_mask, candidate=False)
     mask = as_mask("mask", mask, s)
-    tm = as_token_mask("token_mask", token_mask, lp)
+    tm = as_token_mask("token_mask", token_mask, lp, mask)
     if mask is not None:
         tm = tm & mask.unsqueeze(-1)
     return lp, old, tm, group_advantages(s, mask, eps=adv_eps, std_ddof=std_ddof, singleton=singleton)

@@ -16,7 +16,7 @@ from torch import Tensor
 from targetpo.objectives._checks import (
     LossOutput, as_float, check_same_shape, check_token_mask, checked,
 )
-from targetpo.objectives.aggregation import aggregate
+from targetpo.objectives.aggregation import aggregate_answers
 
 
 @checked(shapes=("logp", "advantages"))
@@ -43,7 +43,7 @@ def dg_loss(
     gate = delight_gate(lp, a, eta)
     w = gate * a
     agg = loss_agg if loss_agg is not None else ("mean" if lp.dim() == 1 else "sum-mean")
-    loss = aggregate(-w * lp, agg, token_mask=token_mask, per_token=token_mask is not None)
+    loss = aggregate_answers(-w * lp, agg, token_mask=token_mask)
     if token_mask is not None:  # padding holds any finite log-prob and advantage; the metrics see the valid tokens only
         gate, w = gate[token_mask], w[token_mask]
     return LossOutput(loss, {"gate_mean": gate.mean(), "weight_abs_mean": w.abs().mean()})

@@ -92,6 +92,28 @@ def standardized_block_violations(u: Tensor, group_size: int, *, atol: float = 1
     return []
 
 
+def _check_rows(per_token_logps, old_per_token_logps, rewards, completion_mask, group_size) -> None:
+    """The trainer-side layout in the trainer's names, before any reshape into groups: a raw reshape or broadcast
+    error would name internal shapes ([G, K, T], old_logp, token_mask) the caller never passed."""
+    given = {"per_token_logps": per_token_logps, "old_per_token_logps": old_per_token_logps, "rewards": rewards,
+             "completion_mask": completion_mask}
+    for name, x in given.items():
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+        raise ValueError(f"group_size={group_size!r}: must be an integer >= 2 (K, the completions per prompt)")
+    if per_token_logps.dim() != 2:
+        raise ValueError(f"per_token_logps has shape {tuple(per_token_logps.shape)}: must be [N, T] (N completions "
+                         "of T tokens)")
+    for name in ("old_per_token_logps", "completion_mask"):
+        if given[name].shape != per_token_logps.shape:
+            raise ValueError(f"{name} has shape {tuple(given[name].shape)} but per_token_logps has shape "
+                             f"{tuple(per_token_logps.shape)}; they must match")
+    if rewards.shape != per_token_logps.shape[:1]:
+        raise ValueError(f"rewards has shape {tuple(rewards.shape)}: must be [N] = ({per_token_logps.shape[0]},), one "
+                         "per completion row of per_token_logps")
+
+
 def tpo_group_loss(per_token_logps, old_per_token_logps, rewards, completion_mask, group_size: int, *,
                    seq_logp: str = "sum", eta: float = 1.0):
     """TPO on a micro-batch of whole groups laid out as consecutive blocks of `group_size` rows.
@@ -104,6 +126,7 @@ def tpo_group_loss(per_token_logps, old_per_token_logps, rewards, completion_mas
       (loss, metrics): the mean over the N/K groups of the cross-entropy to the target (a group with no valid
       candidate counts as 0), and the objective's metrics (target_entropy, kl_q_p, frac_zero_var, ...).
     """
+    _check_rows(per_token_logps, old_per_token_logps, rewards, completion_mask, group_size)
     n, t = per_token_logps.shape
     if torch.isinf(rewards).any():
         raise ValueError(f"rewards contains {int(torch.isinf(rewards).sum())} ±inf value(s) (shape "
@@ -113,10 +136,7 @@ def tpo_group_loss(per_token_logps, old_per_token_logps, rewards, completion_mas
     g = n // group_size
     tok = completion_mask.bool()
     has_tok = tok.any(dim=-1)
-    valid = has_tok & ~torch.isnan(rewards)
-    # Rows without a valid token are masked candidates; give them a full token mask so the sequence reduction
-    # stays defined (their log-score never reaches the softmax).
-    tok = tok | ~has_tok[:, None]
+    valid = has_tok & ~torch.isnan(rewards)  # rows without a valid token are masked candidates
     keep = valid.view(g, group_size).any(dim=-1)
     n_keep = int(keep.sum())
     if n_keep == 0:

@@ -13,8 +13,8 @@ from targetpo.objectives._checks import (
     LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_same_shape,
     check_token_mask, checked, group_layout,
 )
-from targetpo.objectives.aggregation import aggregate
-from targetpo.objectives.scores import rloo_advantages, standardize_scores
+from targetpo.objectives.aggregation import aggregate, aggregate_answers
+from targetpo.objectives.scores import rloo_advantages, standardize_scores, zero_variance_groups
 
 
 def _default_agg(x: Tensor, loss_agg: str | None) -> str:
@@ -39,8 +39,7 @@ def reinforce_loss(
     a = as_float("advantages", advantages).detach()
     check_same_shape(logp=lp, advantages=a)
     check_token_mask(token_mask, lp)
-    per_token = token_mask is not None
-    loss = aggregate(-a * lp, _default_agg(lp, loss_agg), token_mask=token_mask, per_token=per_token)
+    loss = aggregate_answers(-a * lp, _default_agg(lp, loss_agg), token_mask=token_mask)
     valid = a if token_mask is None else a[token_mask]  # padding's advantages are not the batch's
     return LossOutput(loss, {"adv_mean": valid.mean(), "adv_abs_mean": valid.abs().mean()})
 
@@ -63,7 +62,7 @@ def importance_weighted_pg_loss(
     # The constant weight ρ·A is 0 for A = 0, not 0·∞ = NaN where a very stale sample's ρ overflowed (as in
     # kl_cov_loss); −(ρA)·log π is the same value bit for bit as (−ρ)·A·log π.
     weight = torch.where(a == 0, torch.zeros_like(a), ratio * a)
-    loss = aggregate(-weight * lp, _default_agg(lp, loss_agg))
+    loss = aggregate_answers(-weight * lp, _default_agg(lp, loss_agg))
     return LossOutput(loss, {"ratio_mean": ratio.mean(), "ratio_max": ratio.max()})
 
 
@@ -82,7 +81,12 @@ def batch_standardized_pg_loss(logp: Tensor, rewards: Tensor, *, eps: float = 1e
         raise ValueError(f"batch_standardized_pg_loss needs batches of >= 2 samples along the last dim; "
                          f"got logp shape {tuple(lp.shape)}")
     mean = r.mean(dim=-1, keepdim=True)
-    adv = (r - mean) / (r.std(dim=-1, unbiased=False, keepdim=True) + eps)
+    std = r.std(dim=-1, unbiased=False, keepdim=True)
+    adv = (r - mean) / (std + eps)
+    # A batch with one reward throughout has no signal: A = 0, as group_advantages gives a zero-variance group
+    # (B copies of 0.7 have a mean one ulp off, so (r − r̄)/(σ + ε) was ≈ −0.86 for every sample, NaN at ε = 0).
+    flat = zero_variance_groups(r)
+    adv = adv.masked_fill(flat.unsqueeze(-1), 0.0)
     return reinforce_loss(lp.reshape(-1), adv.reshape(-1))
 
 
@@ -104,9 +108,10 @@ def rloo_loss(
     per_token = group_layout(lp, s, token_mask)
     adv = rloo_advantages(s, mask)
     if per_token:
-        tm = as_token_mask("token_mask", token_mask, lp)
+        mask = as_mask("mask", mask, s)
+        tm = as_token_mask("token_mask", token_mask, lp, mask)
         if mask is not None:
-            tm = tm & as_mask("mask", mask, s).unsqueeze(-1)
+            tm = tm & mask.unsqueeze(-1)
         return LossOutput(aggregate(-adv.unsqueeze(-1) * lp, loss_agg, token_mask=tm, per_token=True), {})
     per = -adv * lp
     if mask is not None:

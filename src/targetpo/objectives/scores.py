@@ -45,6 +45,16 @@ def _masked_moments(s: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Ten
     return mean, var.sqrt(), n, None
 
 
+def _all_equal(s: Tensor, mask: Tensor | None) -> Tensor:
+    """Bool [..., 1]: groups whose valid scores are all the same number. Their population std is rounding (the
+    mean of K copies of 0.7 is one ulp off, so σ ≈ 6e-8, and ≈ 6e-5 for 1000.7), which a threshold on σ alone
+    reads as spread once the scores are large or ε = 0."""
+    if mask is None:
+        return s.amax(dim=-1, keepdim=True) == s.amin(dim=-1, keepdim=True)
+    hi = s.masked_fill(~mask, float("-inf")).amax(dim=-1, keepdim=True)
+    return hi == s.masked_fill(~mask, float("inf")).amin(dim=-1, keepdim=True)
+
+
 def _centred(s: Tensor, mean: Tensor, divisor: Tensor, scale: Tensor | None) -> Tensor:
     """(s − s̄)/divisor, formed in units of `scale` when the moments needed it (s − s̄ itself may overflow)."""
     if scale is None:
@@ -71,8 +81,9 @@ def standardize_scores(scores: Tensor, mask: Tensor | None = None, *, eps: float
     .. math::  u_i = (s_i - \bar s) / \sigma \quad\text{if } \sigma > \epsilon, \qquad u_i = s_i - \bar s \text{ otherwise}
 
     with the *population* std σ (ddof = 0) over the valid candidates of the group. The fallback keeps the
-    authors' code exactly: an all-equal group has centred scores of exactly 0 (so q = p_old), and a group
-    whose spread is below ε gets tiny centred scores instead of an exploding division.
+    authors' code exactly: a group whose spread is below ε gets tiny centred scores instead of an exploding
+    division. An all-equal group takes the fallback whatever ε (its σ is rounding): its centred scores are one
+    number, 0 where float32 holds the mean exactly and the mean's rounding otherwise, so q = p_old.
 
     Low-variance groups (an option beyond the paper, docs/method.md §8): with `std_floor` = σ_min > 0 and/or
     `std_shrink` = c > 0, u_i = (s_i − s̄) / max(√(σ² + c²), σ_min) for every group (no ε fallback is needed:
@@ -98,13 +109,18 @@ def standardized_with_std(s: Tensor, mask: Tensor | None, *, eps: float = ZERO_V
     """:func:`standardize_scores` on checked float scores, with each group's population std [..., 1] beside u:
     the std, not u, says whether a group has zero variance (docs/method.md §7)."""
     mean, std, _, scale = _masked_moments(s, mask)
+    # All-equal scores take the fallback whatever σ's rounding (docs/method.md §1): with ε = 0, or scores ~1000,
+    # σ > ε there and every u came out ±1.
+    spread = (std > eps) & ~_all_equal(s, mask)
     if std_floor == 0 and std_shrink == 0:
-        u = torch.where(std > eps, _centred(s, mean, std.clamp_min(eps), scale), s - mean)
+        divisor = std.clamp_min(eps) if eps > 0 else torch.where(spread, std, torch.ones_like(std))
     else:
         # The ε fallback stays: a floor or shrinkage below ε would otherwise give a near-tie (σ ≤ 1e-6, counted as
         # zero-variance) its full z-scores, the opposite of what the options are for.
         divisor = group_scale(std, std_floor=std_floor, std_shrink=std_shrink).clamp_min(eps)
-        u = torch.where(std > eps, _centred(s, mean, divisor, scale), s - mean)
+        if eps == 0:
+            divisor = torch.where(spread, divisor, torch.ones_like(divisor))
+    u = torch.where(spread, _centred(s, mean, divisor, scale), s - mean)
     return (u if mask is None else u.masked_fill(~mask, 0.0)), std
 
 
@@ -138,7 +154,7 @@ def group_advantages(scores: Tensor, mask: Tensor | None = None, *, eps: float =
     # A zero-variance group (population std ≤ ZERO_VARIANCE_STD, as zero_variance_groups and TPO decide it) gets
     # A = 0 exactly. Without this, K equal scores that float32 cannot hold (0.6, 0.7, a partial-credit 3/5) have a
     # mean one ulp off each, so s − s̄ and σ are both ~6e-8 and (s − s̄)/(σ + ε) ≈ ±0.86 for the whole group.
-    flat = std <= ZERO_VARIANCE_STD
+    flat = (std <= ZERO_VARIANCE_STD) | _all_equal(s, mask)
     if std_ddof == 1:
         # Bessel's correction; a singleton's variance is undefined and taken as 0 (its centred score is 0 anyway).
         std = torch.where(n > 1, std * (n / (n - 1).clamp_min(1.0)).sqrt(), torch.zeros_like(std))
@@ -174,11 +190,12 @@ def rloo_advantages(scores: Tensor, mask: Tensor | None = None) -> Tensor:
 
 @checked
 def zero_variance_groups(scores: Tensor, mask: Tensor | None = None, *, eps: float = ZERO_VARIANCE_STD) -> Tensor:
-    """Bool [...]: groups whose valid scores have population std ≤ eps (all-fail or all-success groups)."""
+    """Bool [...]: groups whose valid scores have population std ≤ eps or are all equal (all-fail or all-success
+    groups; equal scores whose mean float32 cannot hold exactly have a std of rounding, above eps = 0)."""
     s = as_float("scores", scores)
     mask = as_mask("mask", mask, s)
     _, std, _, _ = _masked_moments(s, mask)
-    return std.squeeze(-1) <= eps
+    return ((std <= eps) | _all_equal(s, mask)).squeeze(-1)
 
 
 def expected_baseline(probs: Tensor) -> Tensor:

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from targetpo.objectives._checks import (
-    LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_same_shape,
+    ALPHA_MIN, LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_same_shape,
     checked, group_layout, is_integer_tensor,
 )
 from targetpo.objectives.scores import ZERO_VARIANCE_STD, standardized_with_std
@@ -60,7 +60,6 @@ def _masked_log_softmax(x: Tensor, mask: Tensor | None) -> Tensor:
 # ----------------------------------------------------------------------------- options beyond the paper (§8)
 
 Projection = Literal["forward_kl", "reverse_kl", "js", "alpha"]
-ALPHA_MIN = 1e-30  # the smallest positive α of the alpha projection a setting takes (α = 0 is reverse KL)
 PROJECTIONS: tuple[str, ...] = ("forward_kl", "reverse_kl", "js", "alpha")
 
 # Adaptive η (docs/method.md §8): bisection on log η over this bracket, a fixed number of halvings (2^-60 of
@@ -467,16 +466,20 @@ def tpo_token_loss(
 SeqReduce = Literal["sum", "mean"]
 
 
-def sequence_logp(token_logp: Tensor, token_mask: Tensor | None = None, reduce: SeqReduce = "sum") -> Tensor:
+def sequence_logp(token_logp: Tensor, token_mask: Tensor | None = None, reduce: SeqReduce = "sum", *,
+                  mask: Tensor | None = None) -> Tensor:
     r"""Sequence log-score from per-token log-probs: Σ_t m_t log π_t ("sum", the paper's exact sequence
-    log-probability) or Σ_t m_t log π_t / Σ_t m_t ("mean", length-normalised)."""
+    log-probability) or Σ_t m_t log π_t / Σ_t m_t ("mean", length-normalised). A sequence with no valid token
+    must be a candidate the candidate mask `mask` [...] leaves out; its score is 0."""
     tl = as_float("token_logp", token_logp)
-    tm = as_token_mask("token_mask", token_mask, tl)
+    if mask is not None:
+        mask = as_mask("mask", mask, tl[..., 0], require_nonempty_groups=False)
+    tm = as_token_mask("token_mask", token_mask, tl, mask)
     total = torch.where(tm, tl, torch.zeros_like(tl)).sum(dim=-1)
     if reduce == "sum":
         return total
     if reduce == "mean":
-        return total / tm.sum(dim=-1).to(tl.dtype)
+        return total / tm.sum(dim=-1).clamp_min(1).to(tl.dtype)
     raise ValueError(f"seq_logp/reduce must be 'sum' or 'mean', got {reduce!r}")
 
 
@@ -512,8 +515,8 @@ def tpo_sequence_loss(
     lp = as_float("logp", logp)
     group_layout(lp, scores, token_mask, candidate=False)
     check_same_shape(logp=lp, old_logp=old_logp)
-    seq = sequence_logp(lp, token_mask, seq_logp)
-    old_seq = sequence_logp(as_float("old_logp", old_logp).detach(), token_mask, seq_logp)
+    seq = sequence_logp(lp, token_mask, seq_logp, mask=mask)
+    old_seq = sequence_logp(as_float("old_logp", old_logp).detach(), token_mask, seq_logp, mask=mask)
     return tpo_loss(seq, old_seq, scores, eta=eta, mask=mask, anchor=anchor, projection=projection, alpha=alpha,
                     kl_budget=kl_budget, std_floor=std_floor, std_shrink=std_shrink, is_clip=is_clip)
 
