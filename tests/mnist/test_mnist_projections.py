@@ -26,11 +26,11 @@ def test_settings_parse_and_bad_ones_are_refused():
             MP.setting_options(bad)
     with pytest.raises(ValueError, match=r"^methods=.*item 'kl-1' must be one of"):
         make_config(load("mnist-projections"), "smoke", overrides=["methods=forward_kl,kl-1"])
-    # kl1e-8 was accepted and failed at its first step (folder written): below 1.39e-8 a group of 10 classes may
+    # kl1e-8 was accepted and failed at its first step (folder written): below 2.5e-8 a group of 10 classes may
     # keep more KL than the budget at the largest η the bisection tries.
-    with pytest.raises(ValueError, match=r"'kl1e-8' has a budget below 1\.39e-08"):
-        make_config(load("mnist-projections"), "smoke", overrides=["methods=kl1e-8"])
-    make_config(load("mnist-projections"), "smoke", overrides=["methods=kl2e-8"])
+    with pytest.raises(ValueError, match=r"'kl2e-8' has a budget below 2\.5e-08"):
+        make_config(load("mnist-projections"), "smoke", overrides=["methods=kl2e-8"])
+    make_config(load("mnist-projections"), "smoke", overrides=["methods=kl3e-8"])
     # α = 1 and α = 0 are computed as the two KLs exactly: the same run twice under two names.
     for pair, dup in [("forward_kl,alpha1", "alpha1"), ("alpha0,reverse_kl", "reverse_kl")]:
         with pytest.raises(ValueError, match=f"'{dup}' is the same setting as"):

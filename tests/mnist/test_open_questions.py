@@ -138,6 +138,10 @@ def test_replay_smoke(tmp_path, mnist_dir):
     text = write_report(run_dir).read_text()
     assert "R=8" in text and "mnist_replay.png" in text and (run_dir / "mnist_replay.png").exists()
     assert "What this run shows" in text and "TPO + IS (c̄=1) minus TPO" in text
+    # a smoke run decides nothing: its paired differences read "higher"/"lower" on 2 seeds × 40 updates
+    shows = text.split("What this run shows", 1)[1]
+    assert "not judged: the preset is too short to decide" in shows
+    assert not any(w in shows for w in ("(lower)", "(higher)", "no detectable difference"))
 
 
 def test_friction_smoke(tmp_path, mnist_dir):
@@ -156,3 +160,6 @@ def test_friction_smoke(tmp_path, mnist_dir):
     text = write_report(run_dir).read_text()
     assert "mnist_friction.png" in text and "Updates until the seed-mean test error first reaches 10 %" in text
     assert "What this run shows" in text and "rare (β = 6)" in text
+    shows = text.split("What this run shows", 1)[1]
+    assert "TPO − DG" in shows and "(not judged: the preset is too short to decide)" in shows
+    assert not any(w in shows for w in ("TPO lower", "TPO higher", "no detectable difference"))

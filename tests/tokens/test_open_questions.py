@@ -72,6 +72,26 @@ def test_zeroing_all_fail_groups_under_binary_reward_is_refused_as_a_no_op():
     _run(length=2, zero_all_fail=True, score_noise=0.1)  # with noisy scores it is read
 
 
+@pytest.mark.parametrize("reward", ["terminal", "partial"])
+def test_zeroing_all_fail_groups_silences_them_under_score_noise_too(reward):
+    """The zeroing ran before the noise, so with terminal reward and score_noise it changed no bit, and under
+    partial credit the all-fail groups still got |u| up to 1.7: their scores were equal, then noisy again."""
+    cfg = te.TrialConfig(**(SMALL | {"reward": reward, "score_noise": 0.01, "zero_all_fail": True, "length": 2,
+                                     "batch": 12}))
+    spec = te.model_spec(cfg)
+    params = tfm.init_params(spec, [0, 1])
+    prompts = tasks.sample_prompts(te._generators([0, 1], 1, "cpu"), cfg.batch, cfg.length, cfg.vocab)
+    batch = te.collect(params, spec, cfg, "tpo", prompts, te._generators([0, 1], 2, "cpu"),
+                       te._generators([0, 1], 3, "cpu"))
+    fail = ~tasks.exact_match(batch.actions, tasks.targets(prompts, cfg.task, cfg.vocab).unsqueeze(2)).any(-1)
+    assert fail.any() and (~fail).any()
+    assert torch.equal(batch.scores[fail], torch.zeros_like(batch.scores[fail]))
+    assert bool((obj.standardize_scores(batch.scores)[fail] == 0).all())
+    assert (batch.scores[~fail].std(-1) > 0).all()                     # the other groups keep their noise
+    a, b = _run(reward=reward, score_noise=0.01), _run(reward=reward, score_noise=0.01, zero_all_fail=True)
+    assert not np.array_equal(a["error"], b["error"]) or not np.array_equal(a["frac_zero_var"], b["frac_zero_var"])
+
+
 def test_zeroing_all_fail_groups_changes_partial_credit_training():
     a, b = _run(reward="partial"), _run(reward="partial", zero_all_fail=True)
     assert not np.array_equal(a["error"], b["error"])
@@ -162,6 +182,29 @@ def test_an_objective_option_is_refused_only_when_no_method_of_the_run_reads_it(
     rows = {name: Run.load(d).rows(next(u for u in Run.load(d).units() if u.endswith("group_pg")))
             for name, d in (("both", both), ("plain", plain))}
     assert len(rows["both"]) == 3 and rows["both"] == rows["plain"]
+
+
+def test_std_options_beside_a_kl_budget_are_refused_where_tpo_alone_would_read_them(tmp_path):
+    """A floor or shrinkage divides each group's u by a constant, and the adaptive η reaches the same KL at η times
+    that constant: `methods=tpo tpo_kl_budget=0.5 std_floor=0.1` ran as if the floor were off. The objective
+    refuses the pair; a run refuses the option when no other method reads it, and GRPO beside TPO still reads it."""
+    from targetpo.experiments import load
+    from targetpo.runs.config import make_config
+
+    exp = load("token-terminal")
+    for opt in ("std_floor=0.1", "std_shrink=0.3"):
+        with pytest.raises(ValueError, match=f"{opt}: not read by this run \\(a KL budget .* undoes the rescaling"):
+            make_config(exp, "smoke", overrides=["methods=tpo", "tpo_kl_budget=0.5", opt])
+    make_config(exp, "smoke", overrides=["methods=tpo,grpo", "tpo_kl_budget=0.5", "std_floor=0.1"])
+    cfg = te.TrialConfig(**(SMALL | {"tpo_kl_budget": 0.5, "std_floor": 0.1}))
+    assert "std_floor" not in te.reads(cfg, "tpo") and "std_floor" in te.reads(cfg, "grpo")
+    assert "std_floor" not in te.tpo_kwargs(cfg)
+    old = torch.log_softmax(torch.randn(4, 8, generator=torch.Generator().manual_seed(0)), -1)
+    s = torch.rand(4, 8, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(ValueError, match="std_floor=0.1/std_shrink=0.0 with eta='adaptive': they rescale"):
+        obj.tpo_loss(old.clone().requires_grad_(True), old, s, eta="adaptive", kl_budget=0.05, std_floor=0.1)
+    with pytest.raises(ValueError, match="with eta='adaptive'"):
+        obj.tpo_target(old, s, eta="adaptive", kl_budget=0.05, std_shrink=0.3)
 
 
 @pytest.mark.parametrize("kw,match", [

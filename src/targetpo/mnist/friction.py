@@ -275,10 +275,11 @@ def report(run, section) -> None:
     section.figure(fig, "mnist_friction", f"MNIST friction: seed mean ± s.e. ({count(cfg['seeds'], 'seed')})")
 
     section.text("**What this run shows** (computed from the per-seed final errors; paired differences with 95 % "
-                 "t intervals):\n\n" + "\n".join(f"- {line}" for line in findings(e, names, desc)))
+                 "t intervals):\n\n" + "\n".join(f"- {line}" for line in findings(e, names, desc, section.gives_verdicts)))
 
 
-def findings(e: dict[str, dict[str, np.ndarray]], names: list[str], desc: dict[str, str]) -> list[str]:
+def findings(e: dict[str, dict[str, np.ndarray]], names: list[str], desc: dict[str, str],
+             decides: bool = True) -> list[str]:
     out = []
     for n in names:
         have = {m: v[n][-1] for m, v in e.items() if n in v}
@@ -292,7 +293,7 @@ def findings(e: dict[str, dict[str, np.ndarray]], names: list[str], desc: dict[s
                     costs.append(f"{LABELS[m]} {pm_text(100 * d, 100 * h, signed=True)}")
             line += "; cost vs clean, points: " + ", ".join(costs)
         if {"tpo", "dg"} <= set(e) and n in e["tpo"] and n in e["dg"]:
-            d, h, word = paired(e["tpo"][n][-1], e["dg"][n][-1])
+            d, h, word = paired(e["tpo"][n][-1], e["dg"][n][-1], decides)
             verdict = f"TPO {word}" if word in ("lower", "higher") else word
             line += f"; TPO − DG {pm_text(100 * d, 100 * h, signed=True)} ({verdict})"
         out.append(line)

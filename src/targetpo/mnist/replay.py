@@ -225,12 +225,14 @@ def pm_text(mean: float, half: float, signed: bool = False) -> str:
     return f"{text} ± {half:.2f}" if np.isfinite(half) else f"{text} (1 seed, no interval)"
 
 
-def paired(a: np.ndarray, b: np.ndarray) -> tuple[float, float, str]:
+def paired(a: np.ndarray, b: np.ndarray, decides: bool = True) -> tuple[float, float, str]:
     """Mean of a − b over paired seeds, its 95 % half-width, and 'lower' / 'higher' / 'no detectable difference'
-    ('no interval' for one seed)."""
+    ('no interval' for one seed; on a preset too short to decide, `decides` False, the word of
+    runs.stats.difference_read, as the report's verdicts, docs/verdicts.md)."""
     mean, half = mean_ci95(np.asarray(a) - np.asarray(b))
-    word = "no interval" if not np.isfinite(half) else "no detectable difference" if abs(mean) <= half else (
-        "lower" if mean < 0 else "higher")
+    word = ("not judged: the preset is too short to decide" if not decides else "no interval"
+            if not np.isfinite(half) else "no detectable difference" if abs(mean) <= half else (
+                "lower" if mean < 0 else "higher"))
     return float(mean), float(half), word
 
 
@@ -293,10 +295,10 @@ def report(run, section) -> None:
                    "tables give 95 % intervals)")
 
     section.text("**What this run shows** (computed from the per-seed final errors above; paired differences "
-                 "with 95 % t intervals):\n\n" + "\n".join(f"- {line}" for line in findings(f, reps)))
+                 "with 95 % t intervals):\n\n" + "\n".join(f"- {line}" for line in findings(f, reps, section.gives_verdicts)))
 
 
-def findings(f: dict[str, dict[int, np.ndarray]], reps: list[int]) -> list[str]:
+def findings(f: dict[str, dict[int, np.ndarray]], reps: list[int], decides: bool = True) -> list[str]:
     lo, hi = min(reps), max(reps)
     out = []
     for r in reps:
@@ -306,14 +308,14 @@ def findings(f: dict[str, dict[int, np.ndarray]], reps: list[int]) -> list[str]:
     if lo != hi:
         for k, v in f.items():
             if lo in v and hi in v:
-                d, h, word = paired(v[hi], v[lo])
+                d, h, word = paired(v[hi], v[lo], decides)
                 out.append(f"{label(k)}: R={hi} vs R={lo}: {pm_text(100 * d, 100 * h, signed=True)} points ({word})")
     for k, v in f.items():
         if k.startswith("tpo_is") and "tpo" in f:
             parts = []
             for r in reps:
                 if r in v and r in f["tpo"]:
-                    d, h, word = paired(v[r], f["tpo"][r])
+                    d, h, word = paired(v[r], f["tpo"][r], decides)
                     parts.append(f"R={r} {pm_text(100 * d, 100 * h, signed=True)} ({word})")
             out.append(f"{label(k)} minus TPO (anchor μ), points: " + "; ".join(parts))
     return out

@@ -71,10 +71,11 @@ ADAPTIVE = {"eta": ("adaptive",)}  # the word TPO's η takes besides a number
 
 def adaptive_kl_floor(k: int) -> float:
     """The smallest KL budget `eta="adaptive"` reaches in every group of k candidates: KL(q_η ‖ p_old) ≤
-    (range u)²/(8η²) (Hoeffding's lemma on the log-partition), and a z-score's range is at most k/√(k−1), so at the
-    bracket's top η every group's KL is at most k²/(k−1)/(8η²) (1.4e-8 for k = 10). A smaller budget may be out
-    of reach in some group, which the bisection refuses only when it meets one, mid-run."""
-    return k * k / (k - 1) / (8 * ADAPTIVE_ETA_BRACKET[1] ** 2)
+    (range u)²/(8η²) (Hoeffding's lemma on the log-partition), and a z-score's range is at most √(2k) (Σu² = k, so
+    u_max² + u_min² ≤ k; reached by scores +a, −a, 0, …, 0), so at the bracket's top η every group's KL is at most
+    2k/(8η²) (2.5e-8 for k = 10). A smaller budget may be out of reach in some group, which the bisection refuses
+    only when it meets one, mid-run. (One-hot and 0/1 scores have the smaller range k/√(k−1).)"""
+    return 2 * k / (8 * ADAPTIVE_ETA_BRACKET[1] ** 2)
 
 
 class Target(NamedTuple):
@@ -221,12 +222,18 @@ def corrected_anchor(logp: Tensor, old_logp: Tensor, is_clip: float, mask: Tenso
         return _masked_log_softmax(torch.minimum(log_old + math.log(is_clip), log_p), mask)
 
 
-def _check_options(eta, kl_budget, anchor: bool, projection=None, alpha=None) -> None:
+def _check_options(eta, kl_budget, anchor: bool, projection=None, alpha=None, std_floor=0.0, std_shrink=0.0) -> None:
     if eta == "adaptive":
         if kl_budget is None:
             raise ValueError("eta='adaptive' needs kl_budget=ε > 0, the KL(q ‖ p_old) each group's η is chosen to reach")
         if not anchor:
             raise ValueError("eta='adaptive' bounds KL(q ‖ p_old), which needs the p_old anchor; got anchor=False")
+        if std_floor or std_shrink:
+            # A floor or shrinkage divides each group's u by a constant; the adaptive η then reaches the same KL at
+            # η times that constant, so q came out the same (docs/method.md §8).
+            raise ValueError(f"std_floor={std_floor!r}/std_shrink={std_shrink!r} with eta='adaptive': they rescale "
+                             "each group's u, which the adaptive η undoes (it reaches the same KL budget at a "
+                             "rescaled η), so they would change nothing; leave them at 0 or give a fixed eta")
     elif kl_budget is not None:
         raise ValueError(f"kl_budget={kl_budget!r} is only used with eta='adaptive'; got eta={eta!r}")
     if projection is not None and projection not in PROJECTIONS:
@@ -294,7 +301,7 @@ def tpo_target(
 
 
 def _target(old_logp, scores, eta, mask, anchor, kl_budget=None, std_floor=0.0, std_shrink=0.0) -> Target:
-    _check_options(eta, kl_budget, anchor)
+    _check_options(eta, kl_budget, anchor, std_floor=std_floor, std_shrink=std_shrink)
     s = as_float("scores", scores)
     old = as_float("old_logp", old_logp)
     check_same_shape(old_logp=old, scores=s)
@@ -394,7 +401,7 @@ def tpo_loss(
     lp = as_float("logp", logp)
     group_layout(lp, scores, token=False)
     check_same_shape(logp=lp, old_logp=old_logp)
-    _check_options(eta, kl_budget, anchor, projection, alpha)
+    _check_options(eta, kl_budget, anchor, projection, alpha, std_floor, std_shrink)
     truncated = None
     if is_clip is not None:
         if not anchor:

@@ -11,7 +11,7 @@ import dataclasses
 from typing import ClassVar
 
 from targetpo.runs.config import RunConfig, config, config_fields, default, show, unused_fields
-from targetpo.tokens.engine import METHOD_FIELDS, METHODS, TrialConfig, reads
+from targetpo.tokens.engine import METHOD_FIELDS, METHODS, STD_OPTIONS, TrialConfig, reads
 
 # Methods that are an engine method run with a different epoch count (docs/experiments.md §E8 "tpo_1ep", App. E
 # "dg_4ep").
@@ -73,6 +73,9 @@ class TokenConfig(TrialConfig, RunConfig):
         for name in (f for f in METHOD_FIELDS if f not in read):
             if name == "tpo_eta" and budget:
                 out[name] = "a KL budget (tpo_kl_budget > 0) chooses TPO's η per group, and no other unit reads it"
+            elif name in STD_OPTIONS and budget:
+                out[name] = ("a KL budget (tpo_kl_budget > 0) chooses TPO's η per group, which undoes the rescaling "
+                             "of u this option makes (docs/method.md §8), and no other unit reads it")
             else:
                 out[name] = (f"{readers.get(name, 'read by no method of this experiment')}; "
                              f"methods={show(self.methods)} runs none of them")

@@ -241,11 +241,10 @@ OPTION_KEYWORDS = {"tpo_projection": "projection", "tpo_alpha": "alpha", "tpo_kl
 
 
 def tpo_kwargs(cfg: "TrialConfig", target_only: bool = False) -> dict[str, Any]:
-    """TPO's keyword options from the trial: η (or the adaptive η and its KL budget), the std options, and unless
-    `target_only` the projection."""
+    """TPO's keyword options from the trial: η and the std options (or the adaptive η and its KL budget, which
+    undoes any rescaling of u), and unless `target_only` the projection."""
     out: dict[str, Any] = ({"eta": "adaptive", "kl_budget": cfg.tpo_kl_budget} if cfg.tpo_kl_budget > 0
-                           else {"eta": cfg.tpo_eta})
-    out |= {"std_floor": cfg.std_floor, "std_shrink": cfg.std_shrink}
+                           else {"eta": cfg.tpo_eta, "std_floor": cfg.std_floor, "std_shrink": cfg.std_shrink})
     if not target_only:
         out["projection"] = cfg.tpo_projection
         if cfg.tpo_alpha is not None:
@@ -295,9 +294,11 @@ def reads(cfg: "TrialConfig", method: str) -> set[str]:
         out.add("clip_eps")
     if "beta" in takes and _beta(cfg, obj.get(m.objective)):  # what loss_fn passes: β unless the entry fixes it
         out.add("grpo_beta")
-    if "eta" in takes and not (not single and cfg.tpo_kl_budget > 0 and "kl_budget" in takes):
+    budget = not single and cfg.tpo_kl_budget > 0 and "kl_budget" in takes
+    if "eta" in takes and not budget:
         out.add("dg_eta" if single else "tpo_eta")  # a KL budget chooses TPO's η per group instead
-    out |= {f for f in TPO_OPTIONS + STD_OPTIONS if OPTION_KEYWORDS[f] in takes}
+    # ... and undoes the std options' rescaling of u (docs/method.md §8)
+    out |= {f for f in TPO_OPTIONS + STD_OPTIONS if OPTION_KEYWORDS[f] in takes and not (budget and f in STD_OPTIONS)}
     if not single:
         out.add("k")
     else:
@@ -574,12 +575,12 @@ def collect(params, spec: tfm.TransformerSpec, cfg: TrialConfig, method: str, pr
     batch = Batch(prompts, actions, logp, rewards, error=1.0 - _seed_mean(err))
     if kind == "group":
         batch.scores = tasks.sequence_scores(rewards)
-        if cfg.zero_all_fail:
-            batch.scores = zero_all_fail_groups(batch.scores, tasks.exact_match(actions, target.unsqueeze(2)))
         if cfg.score_noise > 0:
             if noise_gens is None:
                 raise ValueError(f"score_noise={cfg.score_noise}: collect needs noise_gens, one generator per seed")
             batch.scores = batch.scores + cfg.score_noise * _normal(noise_gens, batch.scores.shape[1:], prompts.device)
+        if cfg.zero_all_fail:  # after the noise: an all-fail group's scores are equal (u = 0), noisy or not
+            batch.scores = zero_all_fail_groups(batch.scores, tasks.exact_match(actions, target.unsqueeze(2)))
     elif kind == "single":
         r = rewards[:, :, 0]
         batch.adv = r - obj.batch_mean_baseline(r, dim=1)
