@@ -5,8 +5,9 @@ Three paths on the same randomly initialised model (no weights are downloaded) a
 - ``chunked``: :func:`targetpo.llm.rollout.token_logprobs` (the LM head in chunks of ``--chunk`` tokens,
   recomputed in backward; the full-vocabulary logits never exist);
 - ``full``: the same function with ``chunk_tokens=0`` (the model's own [N, C, V] logits, upcast to fp32);
-- ``trl``: TRL's GRPOTrainer path: the model's logits, sliced to the completion, divided by the temperature, then
-  ``trl.trainer.utils.selective_log_softmax``.
+- ``selective``: the model's logits, sliced to the completion, divided by the temperature, then
+  ``trl.trainer.utils.selective_log_softmax``: the log-probs of TRL's GRPOTrainer before its fused LM head (TRL
+  1.16 computes them through ``add_fused_lm_head``, a chunked head of its own, which this does not measure).
 
 Each path runs in a fresh process, which builds the model, resets the kernel's peak-RSS counter
 (``/proc/self/clear_refs``) and measures the peak resident memory of one forward + backward above the memory it
@@ -32,7 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from _args import Parser, comma_choices, positive_int  # noqa: E402  (benchmarks/ is on sys.path as a script)
 
-PATHS = ("chunked", "full", "trl")
+PATHS = ("chunked", "full", "selective")
 HEADING = "## LLM log-probs: peak memory of log-probs + backward"
 
 
@@ -70,7 +71,7 @@ def one_path(args) -> dict:
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS counter to the current RSS
     before = rss_kb("VmRSS")
     t0 = time.perf_counter()
-    if args.path == "trl":
+    if args.path == "selective":
         from trl.trainer.utils import selective_log_softmax
 
         from targetpo.llm.rollout import position_ids
@@ -114,7 +115,9 @@ def estimate_paper_preset(args) -> list[tuple[str, float, str]]:
     rows, prompt, completion = cfg.batch_prompts * cfg.k, args.paper_prompt, cfg.max_new_tokens
     kv_per_token = 2 * layers * kv_heads * head_dim * 2  # K and V, bf16
     t_mb = cfg.micro_batch_tokens
-    chunk = 512
+    from targetpo.llm.logprobs import DEFAULT_CHUNK_TOKENS, VOCAB_SLICE
+
+    chunk = DEFAULT_CHUNK_TOKENS
     items = [
         ("weights (bf16)", params * 2 * gb, f"{params / 1e9:.2f}B parameters × 2 B"),
         ("LoRA adapter: weights, grads, AdamW m and v (fp32)", lora * 16 * gb, f"{lora / 1e6:.1f}M parameters × 16 B"),
@@ -124,7 +127,8 @@ def estimate_paper_preset(args) -> list[tuple[str, float, str]]:
          f"{layers} layers × {t_mb} tokens × {hidden} × 2 B (micro_batch_tokens={t_mb})"),
         ("update: one layer recomputed (attention via SDPA, MLP)", t_mb * (4 * hidden + 4 * ffn) * 2 * gb,
          f"{t_mb} tokens × (4·{hidden} + 4·{ffn}) × 2 B"),
-        ("update: chunked LM head", 2 * chunk * vocab * 4 * gb, f"2 buffers × {chunk} tokens × {vocab} × 4 B"),
+        ("update: chunked LM head", (chunk * vocab + VOCAB_SLICE * hidden) * 4 * gb,
+         f"one [{chunk}, {vocab}] fp32 logits buffer + one [{VOCAB_SLICE}, {hidden}] fp32 slice of the bf16 head"),
     ]
     return items
 
@@ -139,11 +143,12 @@ def main() -> None:
     ap.add_argument("--rows", type=positive_int, default=4, help="sequences in the batch")
     ap.add_argument("--prompt", type=positive_int, default=64, help="prompt tokens per sequence")
     ap.add_argument("--completion", type=positive_int, default=1024, help="completion tokens per sequence")
-    ap.add_argument("--chunk", type=positive_int, default=1024, help="tokens per LM-head chunk of the chunked path")
+    ap.add_argument("--chunk", type=positive_int, default=512, help="tokens per LM-head chunk of the chunked path "
+                    "(the library's default, DEFAULT_CHUNK_TOKENS)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="model dtype")
     ap.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
-    ap.add_argument("--paths", default="chunked,full,trl", type=comma_choices(PATHS),
-                    help="which paths to measure, comma-separated (default chunked,full,trl)")
+    ap.add_argument("--paths", default="chunked,full,selective", type=comma_choices(PATHS),
+                    help="which paths to measure, comma-separated (default chunked,full,selective)")
     ap.add_argument("--estimate", action="store_true", help="print (and with --write record) the paper preset's "
                     "estimated GPU memory instead of measuring")
     ap.add_argument("--paper-prompt", type=positive_int, default=256, help="prompt tokens assumed for the estimate")
@@ -184,23 +189,27 @@ def main() -> None:
         r = results[path]
         print(f"{path:<8} peak above baseline {r['peak_above_gb']:.2f} GB  ({r['seconds']:.1f} s; "
               f"model + batch {r['model_gb']:.2f} GB; sum log-p {r['logp_sum']:.3f})", flush=True)
-    if "trl" in results and "chunked" in results:
-        ratio = results["chunked"]["peak_above_gb"] / results["trl"]["peak_above_gb"]
-        print(f"chunked / trl = {ratio:.2f}x")
+    if "selective" in results and "chunked" in results:
+        ratio = results["chunked"]["peak_above_gb"] / results["selective"]["peak_above_gb"]
+        print(f"chunked / selective = {ratio:.2f}x")
     if args.write:
         from _markdown import replace_section
 
         cmd = "python benchmarks/llm_memory.py " + " ".join(child)
         rows = "\n".join(f"| `{p}` | {r['peak_above_gb']:.2f} | {r['seconds']:.1f} |" for p, r in results.items())
-        trl = results.get("trl", {}).get("peak_above_gb")
-        ratios = "\n".join(f"- `{p}` / `trl`: {r['peak_above_gb'] / trl:.2f}×" for p, r in results.items()
-                           if trl and p != "trl")
+        sel = results.get("selective", {}).get("peak_above_gb")
+        ratios = "\n".join(f"- `{p}` / `selective`: {r['peak_above_gb'] / sel:.2f}×" for p, r in results.items()
+                           if sel and p != "selective")
         section = (f"{HEADING}\n\nQwen3-shaped model ({args.layers} layers, hidden {args.hidden}, vocabulary "
                    f"{args.vocab:,}, tied embeddings, {args.dtype}, random weights), {args.rows} sequences × "
                    f"({args.prompt} prompt + {args.completion} completion) tokens, one forward + backward of the "
                    f"completion tokens' log-probs, CPU, each path in a fresh process; peak resident memory above "
                    f"what the process held before (model + batch). Command: `{cmd.strip()}`.\n\n"
-                   f"| path | peak above baseline (GB) | seconds |\n|---|---|---|\n{rows}\n\n{ratios}\n")
+                   f"| path | peak above baseline (GB) | seconds |\n|---|---|---|\n{rows}\n\n{ratios}\n\n"
+                   "`chunked` is targetpo's log-probs (`token_logprobs`), `full` the same with `chunk_tokens=0` (the "
+                   "model's own logits), `selective` the full logits + TRL's `selective_log_softmax`, the log-probs "
+                   "of TRL's GRPOTrainer before its fused LM head (TRL 1.16 runs a chunked head of its own, not "
+                   "measured here).\n")
         replace_section(args.write, HEADING, section)
 
 

@@ -9,11 +9,13 @@ backward): at 32 sequences × 1,024 tokens × 151,936 vocabulary that is ~20 GB 
 chosen logit and log-normaliser (two floats a token), and recomputes a chunk's logits in backward, where the
 gradient on the logits is :math:`(\mathbb 1[v = y_t] - \mathrm{softmax}(z_t/T)_v)\, g_t / T`. Peak memory is one
 chunk's [chunk, V] fp32 logits instead of the whole batch's. The math is computed in fp32 whatever the model's
-dtype (bf16/fp16 weights and hidden states are upcast chunk by chunk).
+dtype: bf16/fp16 hidden states are upcast chunk by chunk, and bf16/fp16 head weights slice by slice of
+:data:`VOCAB_SLICE` rows (an fp32 copy of a [151,936, 2048] head would be 1.2 GB on every forward and backward).
 """
 
 from __future__ import annotations
 
+import inspect
 import warnings
 import weakref
 
@@ -23,9 +25,29 @@ from torch import Tensor
 DEFAULT_CHUNK_TOKENS = 512  # one [512, 151,936] fp32 buffer = 0.3 GB, next to a 1.7B model's 3.4 GB of bf16 weights
 
 
-def _chunk_logits(h: Tensor, w32: Tensor, b32: Tensor | None, temperature: float) -> Tensor:
+VOCAB_SLICE = 16384  # rows of a half-precision head upcast at a time: [16384, 2048] fp32 = 128 MB
+
+
+def _fp32(weight: Tensor) -> Tensor | None:
+    """The head weight in fp32 (itself when it is fp32), or None for a half-precision one, upcast per slice."""
+    return None if weight.dtype in (torch.float16, torch.bfloat16) else weight.float()
+
+
+def _vocab_slices(weight: Tensor):
+    """(rows, that slice of `weight` in fp32) over the vocabulary."""
+    for v in range(0, weight.shape[0], VOCAB_SLICE):
+        yield slice(v, v + VOCAB_SLICE), weight[v:v + VOCAB_SLICE].float()
+
+
+def _chunk_logits(h: Tensor, weight: Tensor, w32: Tensor | None, b32: Tensor | None, temperature: float) -> Tensor:
     """fp32 logits / T of one chunk of rows, the only [chunk, V] buffer the forward or backward holds."""
-    z = h.float() @ w32.T
+    h32 = h.float()
+    if w32 is not None:
+        z = h32 @ w32.T
+    else:
+        z = torch.empty(h.shape[0], weight.shape[0], dtype=torch.float32, device=h.device)
+        for rows, w in _vocab_slices(weight):
+            z[:, rows] = h32 @ w.T
     if b32 is not None:
         z.add_(b32)
     return z.div_(temperature) if temperature != 1.0 else z
@@ -38,15 +60,16 @@ class ChunkedTokenLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
                 chunk: int) -> Tensor:
-        w32, b32 = weight.float(), None if bias is None else bias.float()
+        w32, b32 = _fp32(weight), None if bias is None else bias.float()
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(out)
         for s in range(0, hidden.shape[0], chunk):
-            z = _chunk_logits(hidden[s:s + chunk], w32, b32, temperature)
+            z = _chunk_logits(hidden[s:s + chunk], weight, w32, b32, temperature)
             chosen = z.gather(-1, targets[s:s + chunk, None]).squeeze(-1)
             top = z.amax(-1)
             lse[s:s + chunk] = top + z.sub_(top[:, None]).exp_().sum(-1).log_()
             out[s:s + chunk] = chosen - lse[s:s + chunk]
+            del z  # before the next chunk's buffer exists: one [chunk, V] buffer at a time, not two
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
         return out
@@ -56,22 +79,33 @@ class ChunkedTokenLogprob(torch.autograd.Function):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
         t, chunk = ctx.temperature, ctx.chunk
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        w32, b32 = weight.float(), None if bias is None else bias.float()
+        w32, b32 = _fp32(weight), None if bias is None else bias.float()
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s:s + chunk]
             # d logp / d z = onehot(target) − softmax(z), chained through z = (W h + b) / T
-            g = _chunk_logits(h, w32, b32, t).sub_(lse[s:s + chunk, None]).exp_().neg_()
+            g = _chunk_logits(h, weight, w32, b32, t).sub_(lse[s:s + chunk, None]).exp_().neg_()
             g.scatter_add_(-1, targets[s:s + chunk, None], torch.ones_like(lse[s:s + chunk, None]))
             g.mul_(grad_out[s:s + chunk, None] / t)
-            if need_h:
-                grad_h[s:s + chunk] = (g @ w32).to(hidden.dtype)
-            if need_w:
-                grad_w.addmm_(g.T, h.float())
+            if w32 is not None:
+                if need_h:
+                    grad_h[s:s + chunk] = (g @ w32).to(hidden.dtype)
+                if need_w:
+                    grad_w.addmm_(g.T, h.float())
+            else:
+                gh = torch.zeros(h.shape, dtype=torch.float32, device=h.device) if need_h else None
+                for rows, w in _vocab_slices(weight):
+                    if need_h:
+                        gh.addmm_(g[:, rows], w)
+                    if need_w:
+                        grad_w[rows].addmm_(g[:, rows].T, h.float())
+                if need_h:
+                    grad_h[s:s + chunk] = gh.to(hidden.dtype)
             if need_b:
                 grad_b.add_(g.sum(0))
+            del g  # one [chunk, V] buffer at a time
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
                 None if grad_b is None else grad_b.to(bias.dtype), None, None, None)
 
@@ -158,8 +192,11 @@ def full_logits_token_logprobs(model, ids: Tensor, mask: Tensor, pos: Tensor, p:
                                temperature: float) -> Tensor:
     """The reference path: the model's own [N, C, V] logits in fp32 (what :func:`token_logprobs` computes in
     chunks; kept for models whose head cannot be split off and to test the chunked path against)."""
-    out = model(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False)
-    logits = out.logits[:, p - 1:-1].float()  # the logits that predict each completion token
+    keep = {}
+    if "logits_to_keep" in inspect.signature(_unwrap(model).forward).parameters:
+        keep = {"logits_to_keep": ids.shape[1] - p + 1}  # not the prompt's columns (all but the last one's)
+    out = model(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False, **keep)
+    logits = out.logits[:, -(ids.shape[1] - p + 1):-1].float()  # the logits that predict each completion token
     if temperature != 1.0:
         logits = logits / temperature
     chosen = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)

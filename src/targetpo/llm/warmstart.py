@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from targetpo.llm.logprobs import DEFAULT_CHUNK_TOKENS, chunked_token_logprob, lm_head_parts
 from targetpo.llm.rollout import position_ids
 
 
@@ -39,11 +40,32 @@ def supervised_batch(tokenizer, template, problems: list, device) -> tuple[torch
     return ids.to(device), mask.to(device), labels.to(device)
 
 
-def supervised_loss(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the labelled (answer) tokens."""
-    logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=position_ids(mask), use_cache=False).logits
-    return torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
-                                             labels[:, 1:].reshape(-1), ignore_index=-100)
+# The warm start takes the model's own logits while the batch's fit in this (a character model's always do:
+# 64 rows × 30 tokens × 100 symbols is 0.8 MB); above, only the labelled tokens go through the LM head, in chunks.
+FULL_LOGITS_MAX_BYTES = 64 * 2**20
+
+
+def supervised_loss(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor, *,
+                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+    """Mean cross-entropy over the labelled (answer) tokens. Beyond FULL_LOGITS_MAX_BYTES of logits, only their
+    hidden states go through the LM head, in chunks (:mod:`targetpo.llm.logprobs`): the model's own [B, L, V]
+    logits over every position, prompt included, took 12× the memory (7.9 GB for 16 rows of 288 tokens at a
+    151,936 vocabulary). Small batches keep the full logits, whose numbers the rlvr presets' warm starts were
+    measured with (the same loss to rounding, but 600 steps of it end at another checkpoint). A model whose head
+    cannot be split off (soft-capped or scaled logits) takes its full logits, as the RL loop does."""
+    pos = position_ids(mask)
+    targets = labels[:, 1:]
+    keep = targets != -100
+    parts = lm_head_parts(model)
+    vocab = parts[1].weight.shape[0] if parts is not None else 0
+    if parts is None or ids.shape[0] * (ids.shape[1] - 1) * vocab * 4 <= FULL_LOGITS_MAX_BYTES:
+        logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False).logits
+        return torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                                                 targets.reshape(-1), ignore_index=-100)
+    backbone, head = parts
+    hidden = backbone(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False)[0][:, :-1]
+    logp = chunked_token_logprob(hidden[keep], head.weight, targets[keep], bias=head.bias, chunk_tokens=chunk_tokens)
+    return -logp.mean()
 
 
 def supervised_warmstart(model, tokenizer, template, problems: list, *, steps: int, batch_size: int, lr: float,
