@@ -186,14 +186,16 @@ def test_float32_projections_match_float64(projection, alpha):
 
 def test_token_and_sequence_forms_pass_the_options_through():
     logits, old, scores = _groups(3, 4, seed=2)
-    kw = {"projection": "alpha", "alpha": 0.4, "eta": "adaptive", "kl_budget": 0.05, "std_shrink": 0.1}
-    ref = tpo_loss(logits, old, scores, **kw).loss
-    per_token = torch.stack([logits, torch.zeros_like(logits)], -1)  # [G, K, T=2], sum = logits
-    old_tok = torch.stack([old, torch.zeros_like(old)], -1)
-    assert torch.allclose(tpo_sequence_loss(per_token, old_tok, scores, **kw).loss, ref, atol=1e-12)
-    # Token form: states [3], vocab of 4 whose log-probs are the group's log-softmax, candidates = every token.
-    cand = torch.arange(4).expand(3, 4)
-    assert torch.allclose(tpo_token_loss(logits, cand, old, scores, **kw).loss, ref, atol=1e-12)
+    # (the std options beside the adaptive η are refused: it undoes their rescaling of u)
+    for kw in ({"projection": "alpha", "alpha": 0.4, "eta": "adaptive", "kl_budget": 0.05},
+               {"projection": "alpha", "alpha": 0.4, "eta": 0.7, "std_shrink": 0.1, "std_floor": 0.2}):
+        ref = tpo_loss(logits, old, scores, **kw).loss
+        per_token = torch.stack([logits, torch.zeros_like(logits)], -1)  # [G, K, T=2], sum = logits
+        old_tok = torch.stack([old, torch.zeros_like(old)], -1)
+        assert torch.allclose(tpo_sequence_loss(per_token, old_tok, scores, **kw).loss, ref, atol=1e-12)
+        # Token form: states [3], vocab of 4 whose log-probs are the group's log-softmax, candidates = every token.
+        cand = torch.arange(4).expand(3, 4)
+        assert torch.allclose(tpo_token_loss(logits, cand, old, scores, **kw).loss, ref, atol=1e-12)
 
 
 def test_registered_projections_are_tpo_with_that_projection():
