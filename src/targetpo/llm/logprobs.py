@@ -39,6 +39,11 @@ def _vocab_slices(weight: Tensor):
         yield slice(v, v + VOCAB_SLICE), weight[v:v + VOCAB_SLICE].float()
 
 
+def _head_slices(weight: Tensor, w32: Tensor | None):
+    """(rows, those rows of the head in fp32): the whole fp32 head at once, or a half-precision one slice by slice."""
+    return [(slice(None), w32)] if w32 is not None else _vocab_slices(weight)
+
+
 def _chunk_logits(h: Tensor, weight: Tensor, w32: Tensor | None, b32: Tensor | None, temperature: float) -> Tensor:
     """fp32 logits / T of one chunk of rows, the only [chunk, V] buffer the forward or backward holds."""
     h32 = h.float()
@@ -89,20 +94,14 @@ class ChunkedTokenLogprob(torch.autograd.Function):
             g = _chunk_logits(h, weight, w32, b32, t).sub_(lse[s:s + chunk, None]).exp_().neg_()
             g.scatter_add_(-1, targets[s:s + chunk, None], torch.ones_like(lse[s:s + chunk, None]))
             g.mul_(grad_out[s:s + chunk, None] / t)
-            if w32 is not None:
+            h32, gh = h.float(), None
+            for rows, w in _head_slices(weight, w32):
                 if need_h:
-                    grad_h[s:s + chunk] = (g @ w32).to(hidden.dtype)
+                    gh = g[:, rows] @ w if gh is None else gh.addmm_(g[:, rows], w)
                 if need_w:
-                    grad_w.addmm_(g.T, h.float())
-            else:
-                gh = torch.zeros(h.shape, dtype=torch.float32, device=h.device) if need_h else None
-                for rows, w in _vocab_slices(weight):
-                    if need_h:
-                        gh.addmm_(g[:, rows], w)
-                    if need_w:
-                        grad_w[rows].addmm_(g[:, rows].T, h.float())
-                if need_h:
-                    grad_h[s:s + chunk] = gh.to(hidden.dtype)
+                    grad_w[rows].addmm_(g[:, rows].T, h32)
+            if need_h:
+                grad_h[s:s + chunk] = gh.to(hidden.dtype)
             if need_b:
                 grad_b.add_(g.sum(0))
             del g  # one [chunk, V] buffer at a time

@@ -55,7 +55,6 @@ def supervised_loss(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.
     cannot be split off (soft-capped or scaled logits) takes its full logits, as the RL loop does."""
     pos = position_ids(mask)
     targets = labels[:, 1:]
-    keep = targets != -100
     parts = lm_head_parts(model)
     vocab = parts[1].weight.shape[0] if parts is not None else 0
     if parts is None or ids.shape[0] * (ids.shape[1] - 1) * vocab * 4 <= FULL_LOGITS_MAX_BYTES:
@@ -63,6 +62,7 @@ def supervised_loss(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.
         return torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
                                                  targets.reshape(-1), ignore_index=-100)
     backbone, head = parts
+    keep = targets != -100
     hidden = backbone(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False)[0][:, :-1]
     logp = chunked_token_logprob(hidden[keep], head.weight, targets[keep], bias=head.bias, chunk_tokens=chunk_tokens)
     return -logp.mean()

@@ -116,12 +116,13 @@ def check_bool(name: str, mask: Tensor) -> None:
 def check_token_mask(token_mask: Tensor | None, logp: Tensor, like: str = "logp") -> None:
     """Raise ValueError unless `token_mask` (when given) has exactly the shape of the per-token `logp` (the
     argument named `like`); a mask of another shape would broadcast and weight the wrong tokens."""
-    if token_mask is not None and token_mask.shape != logp.shape:
+    if token_mask is None:
+        return
+    check_bool("token_mask", token_mask)  # first: a list has no shape to compare
+    if token_mask.shape != logp.shape:
         raise ValueError(
             f"token_mask has shape {tuple(token_mask.shape)} but {like} has shape {tuple(logp.shape)}; they must match"
         )
-    if token_mask is not None:
-        check_bool("token_mask", token_mask)
 
 
 def check_group_size(name: str, x: Tensor, minimum: int = 2) -> None:

@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from targetpo.objectives._checks import check_bool, check_hyperparameter, check_token_mask
+from targetpo.objectives._checks import check_hyperparameter, check_token_mask
 
 LossAgg = Literal["sum-mean", "mean", "token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 TOKEN_MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -49,9 +49,7 @@ def aggregate(
         raise TypeError(f"values must be a floating torch.Tensor of per-element losses, got {got}")
     if values.dtype in (torch.float16, torch.bfloat16):
         values = values.float()
-    if token_mask is not None:
-        check_bool("token_mask", token_mask)
-        check_token_mask(token_mask, values, "values")  # a mask of another shape would broadcast onto the wrong elements
+    check_token_mask(token_mask, values, "values")  # a mask of another shape would broadcast onto the wrong elements
     check_hyperparameter("norm_len", norm_len)
     if token_mask is not None:
         values = torch.where(token_mask, values, torch.zeros_like(values))
@@ -82,10 +80,13 @@ def aggregate(
     return per_seq.sum() / (n_tok > 0).sum().clamp_min(1).to(values.dtype)
 
 
-def aggregate_answers(values: Tensor, mode: str, *, token_mask: Tensor | None = None) -> Tensor:
+def aggregate_answers(values: Tensor, mode: str | None, *, token_mask: Tensor | None = None) -> Tensor:
     """:func:`aggregate` for single-sample objectives, whose rows are answers: `values` [B] (one action each) or
-    [..., B, H] (H tokens each, any leading dims such as seeds). "sum-mean" sums each answer's tokens and
-    averages over every other dim, with or without `token_mask`; the token modes read the last dim as tokens.
-    Through :func:`aggregate` directly, a masked [S, B, H] was read as groups [G, K, T] and came out B× larger."""
+    [..., B, H] (H tokens each, any leading dims such as seeds). `mode` None is the paper's: "mean" for [B],
+    "sum-mean" otherwise (docs/method.md §3). "sum-mean" sums each answer's tokens and averages over every other
+    dim, with or without `token_mask`; the token modes read the last dim as tokens. Through :func:`aggregate`
+    directly, a masked [S, B, H] was read as groups [G, K, T] and came out B× larger."""
+    if mode is None:
+        mode = "mean" if values.dim() == 1 else "sum-mean"
     per_token = mode != "sum-mean" and (token_mask is not None or (mode in TOKEN_MODES and values.dim() >= 2))
     return aggregate(values, mode, token_mask=token_mask, per_token=per_token)

@@ -159,8 +159,7 @@ def ppo_loss(
     valid = None if token_mask is None else token_mask.bool()
     ratio = importance_ratio(lp, old, valid, log_ratio_clip)
     per = -dual_clip(clipped_surrogate(ratio, a, clip_eps, hi), a, dual_clip_c)
-    agg = loss_agg if loss_agg is not None else ("mean" if lp.dim() == 1 else "sum-mean")
-    loss = aggregate_answers(per, agg, token_mask=token_mask)
+    loss = aggregate_answers(per, loss_agg, token_mask=token_mask)
     with torch.no_grad():
         metrics = {
             "clip_frac": _clip_fraction(ratio, a, clip_eps, hi, valid),

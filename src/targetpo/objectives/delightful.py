@@ -42,8 +42,7 @@ def dg_loss(
     check_token_mask(token_mask, lp)
     gate = delight_gate(lp, a, eta)
     w = gate * a
-    agg = loss_agg if loss_agg is not None else ("mean" if lp.dim() == 1 else "sum-mean")
-    loss = aggregate_answers(-w * lp, agg, token_mask=token_mask)
+    loss = aggregate_answers(-w * lp, loss_agg, token_mask=token_mask)
     if token_mask is not None:  # padding holds any finite log-prob and advantage; the metrics see the valid tokens only
         gate, w = gate[token_mask], w[token_mask]
     return LossOutput(loss, {"gate_mean": gate.mean(), "weight_abs_mean": w.abs().mean()})

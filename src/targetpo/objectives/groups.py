@@ -14,6 +14,7 @@ import warnings
 import torch
 from torch import Tensor
 
+from targetpo.objectives._checks import check_same_shape
 from targetpo.objectives.registry import get
 from targetpo.objectives.scores import ZERO_VARIANCE_STD
 
@@ -95,9 +96,7 @@ def standardized_block_violations(u: Tensor, group_size: int, *, atol: float = 1
 def _check_rows(per_token_logps, old_per_token_logps, rewards, completion_mask, group_size) -> None:
     """The trainer-side layout in the trainer's names, before any reshape into groups: a raw reshape or broadcast
     error would name internal shapes ([G, K, T], old_logp, token_mask) the caller never passed."""
-    given = {"per_token_logps": per_token_logps, "old_per_token_logps": old_per_token_logps, "rewards": rewards,
-             "completion_mask": completion_mask}
-    for name, x in given.items():
+    for name, x in (("per_token_logps", per_token_logps), ("rewards", rewards)):
         if not isinstance(x, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
@@ -105,10 +104,8 @@ def _check_rows(per_token_logps, old_per_token_logps, rewards, completion_mask, 
     if per_token_logps.dim() != 2:
         raise ValueError(f"per_token_logps has shape {tuple(per_token_logps.shape)}: must be [N, T] (N completions "
                          "of T tokens)")
-    for name in ("old_per_token_logps", "completion_mask"):
-        if given[name].shape != per_token_logps.shape:
-            raise ValueError(f"{name} has shape {tuple(given[name].shape)} but per_token_logps has shape "
-                             f"{tuple(per_token_logps.shape)}; they must match")
+    check_same_shape(per_token_logps=per_token_logps, old_per_token_logps=old_per_token_logps,
+                     completion_mask=completion_mask)
     if rewards.shape != per_token_logps.shape[:1]:
         raise ValueError(f"rewards has shape {tuple(rewards.shape)}: must be [N] = ({per_token_logps.shape[0]},), one "
                          "per completion row of per_token_logps")

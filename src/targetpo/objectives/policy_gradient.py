@@ -17,10 +17,6 @@ from targetpo.objectives.aggregation import aggregate, aggregate_answers
 from targetpo.objectives.scores import rloo_advantages, standardize_scores, zero_variance_groups
 
 
-def _default_agg(x: Tensor, loss_agg: str | None) -> str:
-    return loss_agg if loss_agg is not None else ("mean" if x.dim() == 1 else "sum-mean")
-
-
 @checked
 def reinforce_loss(
     logp: Tensor,
@@ -39,7 +35,7 @@ def reinforce_loss(
     a = as_float("advantages", advantages).detach()
     check_same_shape(logp=lp, advantages=a)
     check_token_mask(token_mask, lp)
-    loss = aggregate_answers(-a * lp, _default_agg(lp, loss_agg), token_mask=token_mask)
+    loss = aggregate_answers(-a * lp, loss_agg, token_mask=token_mask)
     valid = a if token_mask is None else a[token_mask]  # padding's advantages are not the batch's
     return LossOutput(loss, {"adv_mean": valid.mean(), "adv_abs_mean": valid.abs().mean()})
 
@@ -62,7 +58,7 @@ def importance_weighted_pg_loss(
     # The constant weight ρ·A is 0 for A = 0, not 0·∞ = NaN where a very stale sample's ρ overflowed (as in
     # kl_cov_loss); −(ρA)·log π is the same value bit for bit as (−ρ)·A·log π.
     weight = torch.where(a == 0, torch.zeros_like(a), ratio * a)
-    loss = aggregate_answers(-weight * lp, _default_agg(lp, loss_agg))
+    loss = aggregate_answers(-weight * lp, loss_agg)
     return LossOutput(loss, {"ratio_mean": ratio.mean(), "ratio_max": ratio.max()})
 
 

@@ -112,14 +112,12 @@ def standardized_with_std(s: Tensor, mask: Tensor | None, *, eps: float = ZERO_V
     # All-equal scores take the fallback whatever σ's rounding (docs/method.md §1): with ε = 0, or scores ~1000,
     # σ > ε there and every u came out ±1.
     spread = (std > eps) & ~_all_equal(s, mask)
-    if std_floor == 0 and std_shrink == 0:
-        divisor = std.clamp_min(eps) if eps > 0 else torch.where(spread, std, torch.ones_like(std))
-    else:
-        # The ε fallback stays: a floor or shrinkage below ε would otherwise give a near-tie (σ ≤ 1e-6, counted as
-        # zero-variance) its full z-scores, the opposite of what the options are for.
-        divisor = group_scale(std, std_floor=std_floor, std_shrink=std_shrink).clamp_min(eps)
-        if eps == 0:
-            divisor = torch.where(spread, divisor, torch.ones_like(divisor))
+    # With a floor or shrinkage the ε fallback stays: one below ε would otherwise give a near-tie (σ ≤ 1e-6,
+    # counted as zero-variance) its full z-scores, the opposite of what the options are for.
+    divisor = (std if std_floor == 0 and std_shrink == 0 else
+               group_scale(std, std_floor=std_floor, std_shrink=std_shrink)).clamp_min(eps)
+    if eps == 0:  # a tie's σ may be exactly 0; its u is the fallback's, so divide by 1 there, not 0
+        divisor = torch.where(spread, divisor, torch.ones_like(divisor))
     u = torch.where(spread, _centred(s, mean, divisor, scale), s - mean)
     return (u if mask is None else u.masked_fill(~mask, 0.0)), std
 
