@@ -83,6 +83,32 @@ def test_trimmed_rollout_drops_only_unused_padding(trainer_parts):
     assert int(sub.completion_mask.sum()) == int(batch.rows(torch.arange(K)).completion_mask.sum())
 
 
+def test_the_lm_head_chunk_is_a_setting_and_changes_only_memory(trainer_parts, monkeypatch):
+    """chunk_tokens was fixed at 512 inside the trainer: a user could not shrink the [chunk, V] buffer nor take the
+    full logits. It now reaches every log-prob pass (rollout and update), which gives the same gradient."""
+    import targetpo.llm.rollout as rollout
+
+    seen = []
+    real = rollout.chunked_model_token_logprobs
+    monkeypatch.setattr(rollout, "chunked_model_token_logprobs",
+                        lambda *a: seen.append(a[-1]) or real(*a))
+    base = make(trainer_parts)
+    batch, _ = base.rollout(0)
+    batch = dataclasses.replace(batch, rewards=torch.rand(batch.rewards.shape,
+                                                          generator=torch.Generator().manual_seed(2)))
+    ref = update_grads(base, batch)
+    assert seen and set(seen) == {512}
+    for chunk in (3, 0):
+        seen.clear()
+        other = make(trainer_parts, chunk_tokens=chunk)
+        other_batch, _ = other.rollout(0)
+        torch.testing.assert_close(other_batch.old_logp, batch.old_logp, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(update_grads(other, batch), ref, rtol=1e-4, atol=1e-6, msg=f"chunk_tokens={chunk}")
+        assert seen == ([] if chunk == 0 else [3] * len(seen)) and (chunk == 0 or seen)
+    with pytest.raises(ValueError, match="chunk_tokens=-1"):
+        TrainerConfig(chunk_tokens=-1).validate()
+
+
 def test_memory_options_are_validated():
     with pytest.raises(ValueError, match="set one of them"):
         TrainerConfig(micro_batch_size=8, micro_batch_tokens=100).validate()

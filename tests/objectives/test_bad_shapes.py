@@ -111,6 +111,18 @@ def test_objective_accepts_its_well_formed_inputs(name):
     assert out.loss.dim() == 0 and torch.isfinite(out.loss)
 
 
+@pytest.mark.parametrize("name", obj.available())
+@pytest.mark.parametrize("dtype, computed", [(torch.float64, torch.float64), (torch.bfloat16, torch.float32)])
+def test_loss_and_every_metric_come_in_the_computed_dtype(name, dtype, computed):
+    """With float64 inputs, frac_zero_var, clip_frac, accuracy and the other fractions came out float32 beside
+    float64 losses and metrics; half-precision inputs are computed (and reported) in float32."""
+    o = obj.get(name)
+    inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in good_inputs(o.level).items()}
+    out = call(o, inputs)
+    got = {"loss": out.loss.dtype, **{k: v.dtype for k, v in out.metrics.items()}}
+    assert set(got.values()) == {computed}, got
+
+
 def _constants_without_gradient(fn, names: list[str], inputs: dict, **kw) -> list[str]:
     """The inputs after the first that receive a gradient from `fn`'s loss (each float input requires one). The old
     log-probs are moved off the current ones: at a ratio of 1 every candidate weighs the same and an unscaled
@@ -190,13 +202,13 @@ def test_objective_rejects_bad_values_naming_the_argument(name):
     nan[first] = good[first].clone().float()
     nan[first].view(-1)[0] = float("nan")
     if first != "candidates":
-        with pytest.raises(ValueError, match=f"{first} contains 1 NaN/inf"):
+        with pytest.raises(ValueError, match=f"{first} contains 1 NaN"):
             call(o, nan)
     for mask_name in ("mask", "token_mask"):
         if mask_name in kw and not (mask_name == "token_mask" and o.level in ("group", "token-candidates")):
             like = good["logp"] if mask_name == "token_mask" else good.get("scores", good.get("logp"))
             half = torch.full(like.shape, 0.5)
-            with pytest.raises(ValueError, match=f"{mask_name} must be a bool tensor"):
+            with pytest.raises(TypeError, match=f"{mask_name} must be a bool tensor"):
                 call(o, good, **{mask_name: half})
     checked_params = [p for p in kw if p in obj._checks.HYPERPARAMETERS]
     for p in checked_params:
@@ -307,7 +319,7 @@ def test_building_block_refuses_misaligned_tensors_naming_them(name):
 @pytest.mark.parametrize("name", [n for n, (_, aligned) in BLOCKS.items() if "mask" in aligned])
 def test_building_block_refuses_a_float_mask(name):
     good = BLOCKS[name][0]
-    with pytest.raises(ValueError, match="mask must be a bool tensor"):
+    with pytest.raises(TypeError, match="mask must be a bool tensor"):
         getattr(obj, name)(**{**good, "mask": torch.ones(G, K)})
 
 

@@ -7,6 +7,7 @@ error naming the argument; nothing is silently dropped or cast.
 """
 
 import inspect
+import math
 
 import numpy as np
 import pytest
@@ -228,8 +229,30 @@ def test_candidate_ids_of_any_integer_dtype_give_the_same_loss():
     ref = obj.tpo_token_loss(tl, ids, old, s).loss
     for dtype in (torch.int16, torch.uint8, torch.int32):
         assert obj.tpo_token_loss(tl, ids.to(dtype), old, s).loss == ref
-    with pytest.raises(ValueError, match="candidates must be an integer tensor"):
+    with pytest.raises(TypeError, match="candidates must be an integer tensor"):
         obj.tpo_token_loss(tl, ids.float(), old, s)
+
+
+def test_a_top_k_masked_vocabulary_may_hold_minus_inf_where_no_candidate_is():
+    """−inf anywhere in token_logp was refused, even at tokens a top-k sampler never draws: the loss and gradient
+    are those of any finite stand-in whose exp underflows to 0. At a candidate, and +inf anywhere, it is refused."""
+    tl, old, s = _randn(2, 6), _randn(2, 3, seed=1), _randn(2, 3, seed=2)
+    ids = torch.tensor([[0, 1, 5], [2, 3, 3]])
+    masked = torch.tensor([[False, False, True, True, False, False], [True, False, False, False, True, True]])
+    outs = []
+    for fill in (-math.inf, -1e4):  # exp(−1e4 − max) is 0 in float32 too
+        x = tl.masked_fill(masked, fill).requires_grad_(True)
+        out = obj.tpo_token_loss(x, ids, old, s)
+        out.loss.backward()
+        outs.append((out.loss.detach(), x.grad))
+    (a, ga), (b, gb) = outs
+    assert torch.isfinite(a) and torch.equal(a, b) and torch.equal(ga, gb) and not ga[masked].any()
+    with pytest.raises(ValueError, match=r"token_logp is −inf at 1 candidate token\(s\) \(first at candidate "
+                                         r"index \[\(0, 1\)\]\)"):
+        obj.tpo_token_loss(tl.masked_fill(masked, -math.inf).index_put((torch.tensor(0), torch.tensor(1)),
+                                                                        torch.tensor(-math.inf)), ids, old, s)
+    with pytest.raises(ValueError, match=r"token_logp contains 1 \+inf value"):
+        obj.tpo_token_loss(tl.index_put((torch.tensor(1), torch.tensor(0)), torch.tensor(math.inf)), ids, old, s)
 
 
 # ----------------------------------------------------------------------------- one loss, whatever the layout
@@ -272,7 +295,7 @@ def test_an_integer_0_1_token_mask_is_refused_with_how_to_convert_it(name):
     """TRL's completion_mask and verl's response_mask are 0/1 integers: refused (masks are bool), saying how."""
     logp = -torch.rand(G, K, T)
     mask = torch.ones(G, K, T, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"token_mask must be a bool tensor .*got torch.int64; "
+    with pytest.raises(TypeError, match=r"token_mask must be a bool tensor .*got torch.int64; "
                                          r"a 0/1 mask \(TRL.s completion_mask.*\.bool\(\)"):
         obj.get(name).per_token_fn(logp, logp, torch.rand(G, K), token_mask=mask)
 

@@ -265,6 +265,8 @@ def test_adaptive_eta_in_float32_reaches_the_budget():
     _, old, scores = _groups(64, 8, seed=1)
     q = tpo_target(old.float(), scores.float(), "adaptive", kl_budget=0.1)
     assert q.dtype == torch.float32
+    eta = adaptive_eta(torch.log_softmax(old.float(), -1), standardize_scores(scores.float()), 0.1)
+    assert eta.dtype == torch.float64 and eta.shape == (64, 1)  # as documented: the bisection's precision
     q = q.double()
     kl = (q * (q.log() - torch.log_softmax(old, -1))).sum(-1)
     assert torch.allclose(kl, torch.full_like(kl, 0.1), atol=1e-5)

@@ -289,7 +289,7 @@ def warm_start(cfg: Config, run_dir: Path, device, ctx=None) -> Path:
     supervised_warmstart(model, tok, template, train, steps=cfg.warmstart_steps, batch_size=cfg.warmstart_batch,
                          lr=cfg.warmstart_lr, seed=cfg.seed, log=log, advance=advance,
                          evaluate=_evaluator(cfg, model, tok, task, template, heldout),
-                         eval_every=cfg.eval_every * 10)
+                         eval_every=cfg.eval_every * 10, chunk_tokens=cfg.chunk_tokens)
     return save_checkpoint(model, tok, out)
 
 

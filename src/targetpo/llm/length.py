@@ -386,7 +386,7 @@ def warm_start(cfg: Config, run_dir: Path, device, ctx=None) -> Path:
                          lr=cfg.warmstart_lr, seed=cfg.seed, log=ctx.log if ctx else (lambda r: None),
                          advance=ctx.advance if ctx else (lambda n: None),
                          evaluate=make_evaluator(cfg, model, tok, task, template, heldout),
-                         eval_every=max(1, cfg.warmstart_steps // 4))
+                         eval_every=max(1, cfg.warmstart_steps // 4), chunk_tokens=cfg.chunk_tokens)
     return save_checkpoint(model, tok, out)
 
 

@@ -54,6 +54,7 @@ from torch import Tensor
 from targetpo import objectives as obj
 from targetpo.objectives.groups import check_whole_groups
 from targetpo.objectives.scores import zero_variance_groups
+from targetpo.llm.logprobs import DEFAULT_CHUNK_TOKENS
 from targetpo.llm.rollout import (
     SAMPLERS,
     Rollout,
@@ -115,6 +116,10 @@ class TrainerConfig(Validated):
                                     "many padded tokens, padding trimmed (0 = off)", ge=0)
     gradient_checkpointing: bool = param(False, "recompute decoder-layer activations in backward (less memory, "
                                          "~1 more forward; dropout stays off)")
+    chunk_tokens: int = param(DEFAULT_CHUNK_TOKENS, "log-probs put this many tokens at a time through the LM head, "
+                              "recomputed in backward, so one [chunk, vocabulary] fp32 buffer exists at a time "
+                              "(targetpo.llm.logprobs; the warm start too, once its logits pass 64 MiB); 0 = the "
+                              "model's full logits", ge=0)
     # Upper bounds where a larger value can only overflow the weights (AdamW on lr·wd ≥ 1 flips their sign).
     lr: float = param(1e-5, "RL AdamW learning rate", gt=0, le=1)
     weight_decay: float = param(0.0, "AdamW weight decay", ge=0, le=100)
@@ -258,7 +263,7 @@ def micro_batch_loss(model, cfg: TrainerConfig, micro: Rollout, mini_rows: int |
     mini_rows = rows if mini_rows is None else mini_rows
     mini_tokens = int(micro.completion_mask.sum()) if mini_tokens is None else mini_tokens
     logp = token_logprobs(model, micro.prompt_ids, micro.prompt_mask, micro.completion_ids, micro.completion_mask,
-                          cfg.temperature)
+                          cfg.temperature, chunk_tokens=cfg.chunk_tokens)
     out = policy_loss(cfg, logp, micro.old_logp, micro.rewards, micro.completion_mask, micro.k)
     loss = out.loss * micro_weight(cfg, micro, mini_rows, mini_tokens)
     if cfg.kl_coef > 0:
@@ -432,7 +437,7 @@ class RLVRTrainer:
             rows = rows.to(ids.device)
             p0, c1 = used_columns(mask[rows], cmask[rows])
             out[rows, :c1] = token_logprobs(model, ids[rows, p0:], mask[rows, p0:], comp[rows, :c1],
-                                            cmask[rows, :c1], self.cfg.temperature)
+                                            cmask[rows, :c1], self.cfg.temperature, chunk_tokens=self.cfg.chunk_tokens)
         return out
 
     def rollout(self, step: int) -> tuple[Rollout, list[str]]:

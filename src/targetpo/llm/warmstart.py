@@ -52,12 +52,13 @@ def supervised_loss(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.
     logits over every position, prompt included, took 12× the memory (7.9 GB for 16 rows of 288 tokens at a
     151,936 vocabulary). Small batches keep the full logits, whose numbers the rlvr presets' warm starts were
     measured with (the same loss to rounding, but 600 steps of it end at another checkpoint). A model whose head
-    cannot be split off (soft-capped or scaled logits) takes its full logits, as the RL loop does."""
+    cannot be split off (soft-capped or scaled logits) takes its full logits, as the RL loop does, and so does
+    ``chunk_tokens=0``."""
     pos = position_ids(mask)
     targets = labels[:, 1:]
     parts = lm_head_parts(model)
     vocab = parts[1].weight.shape[0] if parts is not None else 0
-    if parts is None or ids.shape[0] * (ids.shape[1] - 1) * vocab * 4 <= FULL_LOGITS_MAX_BYTES:
+    if not chunk_tokens or parts is None or ids.shape[0] * (ids.shape[1] - 1) * vocab * 4 <= FULL_LOGITS_MAX_BYTES:
         logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False).logits
         return torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
                                                  targets.reshape(-1), ignore_index=-100)
@@ -71,11 +72,12 @@ def supervised_loss(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.
 def supervised_warmstart(model, tokenizer, template, problems: list, *, steps: int, batch_size: int, lr: float,
                          seed: int, log: Callable[[dict], None] = lambda r: None,
                          advance: Callable[[int], None] = lambda n: None,
-                         evaluate: Callable[[], dict] | None = None, eval_every: int = 0) -> None:
+                         evaluate: Callable[[], dict] | None = None, eval_every: int = 0,
+                         chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> None:
     """Fit `model` in place for `steps` AdamW steps on the gold answers of `problems`.
 
     `log` receives {"step", "sft_loss"} every step, plus `evaluate()`'s metrics every `eval_every` steps and
-    after the last step (at step = steps)."""
+    after the last step (at step = steps). `chunk_tokens`: as in :func:`supervised_loss`."""
     if steps < 0 or batch_size < 1 or not lr > 0:
         raise ValueError(f"warm start needs steps >= 0, batch_size >= 1, lr > 0; got {steps}, {batch_size}, {lr}")
     if not problems:
@@ -90,7 +92,7 @@ def supervised_warmstart(model, tokenizer, template, problems: list, *, steps: i
         idx = np.random.default_rng([seed, t, 7]).choice(len(problems), size=batch_size,
                                                          replace=len(problems) < batch_size)
         ids, mask, labels = supervised_batch(tokenizer, template, [problems[i] for i in idx], device)
-        loss = supervised_loss(model, ids, mask, labels)
+        loss = supervised_loss(model, ids, mask, labels, chunk_tokens=chunk_tokens)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -105,12 +105,13 @@ def group_layout(logp: Tensor, scores: Tensor, token_mask: Tensor | None = None,
 
 
 def check_bool(name: str, mask: Tensor) -> None:
-    """Masks must be bool: a float mask of 0.5 (or 2) would be neither a selection nor a documented weight."""
+    """Masks must be bool: a float mask of 0.5 (or 2) would be neither a selection nor a documented weight. A wrong
+    dtype is a TypeError, as for ids (:func:`is_integer_tensor`) and complex values."""
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
         got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
         engines = " (TRL's completion_mask, verl's response_mask)" if name == "token_mask" else ""
         hint = f"; a 0/1 mask{engines} converts with .bool()" if isinstance(mask, Tensor) else ""
-        raise ValueError(f"{name} must be a bool tensor (True = valid), got {got}{hint}")
+        raise TypeError(f"{name} must be a bool tensor (True = valid), got {got}{hint}")
 
 
 def check_token_mask(token_mask: Tensor | None, logp: Tensor, like: str = "logp") -> None:

@@ -125,8 +125,8 @@ def dual_clip(surrogate: Tensor, adv: Tensor, c: float | None) -> Tensor:
 def _clip_fraction(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float, valid: Tensor | None) -> Tensor:
     active = ((ratio > 1.0 + eps_high) & (adv > 0)) | ((ratio < 1.0 - eps_low) & (adv < 0))
     if valid is None:
-        return active.float().mean()
-    return (active & valid).float().sum() / valid.float().sum().clamp_min(1.0)
+        return active.to(ratio.dtype).mean()
+    return (active & valid).to(ratio.dtype).sum() / valid.to(ratio.dtype).sum().clamp_min(1.0)
 
 
 @with_convention("ppo", per_token_only=("loss_agg",))
@@ -275,7 +275,7 @@ def grpo_loss(
     with torch.no_grad():
         metrics = {
             "clip_frac": _clip_fraction(ratio, adv_b.expand_as(ratio), clip_eps, hi, tm),
-            "frac_zero_var": (~informative).float().mean(),
+            "frac_zero_var": (~informative).to(loss.dtype).mean(),
             "adv_abs_mean": adv.abs()[candidates].mean(),
         }
         if kl is not None:
@@ -436,7 +436,7 @@ def cispo_loss(
     ratio = importance_ratio(lp.detach(), old, tm, log_ratio_clip)
     w = ratio.clamp(ratio_min, ratio_max)
     loss = aggregate(-w * adv * lp, loss_agg, token_mask=tm, per_token=True)
-    return LossOutput(loss, {"clip_frac": ((ratio > ratio_max) | (ratio < ratio_min))[tm].float().mean()})
+    return LossOutput(loss, {"clip_frac": ((ratio > ratio_max) | (ratio < ratio_min))[tm].to(ratio.dtype).mean()})
 
 
 # ----------------------------------------------------------------------------- objectives verl has (docs/conventions.md)
@@ -503,7 +503,8 @@ def clip_cov_loss(
     per = torch.where(corr == 0, torch.zeros_like(ratio), -clipped_surrogate(ratio, a, clip_eps, hi))
     loss = aggregate(per, loss_agg, token_mask=tm, per_token=True)
     with torch.no_grad():
-        metrics = {"cov_clip_frac": (corr == 0)[tm].float().mean(), "clip_frac": (pg2 > pg1)[tm].float().mean()}
+        metrics = {"cov_clip_frac": (corr == 0)[tm].to(ratio.dtype).mean(),
+                   "clip_frac": (pg2 > pg1)[tm].to(ratio.dtype).mean()}
     return LossOutput(loss, metrics)
 
 
@@ -546,7 +547,7 @@ def kl_cov_loss(
         penalised = penalised.reshape(lp.shape)
     per = torch.where(penalised, per + ppo_kl_coef * delta.abs(), per)
     loss = aggregate(per, loss_agg, token_mask=tm, per_token=True)
-    return LossOutput(loss, {"kl_cov_frac": penalised[tm].float().mean(), "abs_kl": delta.detach().abs()[tm].mean()})
+    return LossOutput(loss, {"kl_cov_frac": penalised[tm].to(per.dtype).mean(), "abs_kl": delta.detach().abs()[tm].mean()})
 
 
 @with_convention("verl_only")
@@ -590,5 +591,5 @@ def gmpo_loss(
     loss = torch.where(valid, per, torch.zeros_like(per)).sum() / valid.sum().clamp_min(1)
     with torch.no_grad():
         was_clipped = (delta != delta.clamp(-clip_eps, hi)) & tm
-        metrics = {"clip_frac": was_clipped.float().sum() / tm.sum().clamp_min(1), "ratio_mean": ratio[valid].mean()}
+        metrics = {"clip_frac": was_clipped.to(ratio.dtype).sum() / tm.sum().clamp_min(1), "ratio_mean": ratio[valid].mean()}
     return LossOutput(loss, metrics)

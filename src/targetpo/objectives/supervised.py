@@ -23,4 +23,4 @@ def ce_loss(logits: Tensor, labels: Tensor) -> LossOutput:
                          f"[{int(labels.min())}, {int(labels.max())}]")
     logp = torch.log_softmax(lg, dim=-1)
     nll = -torch.gather(logp, -1, labels.long().unsqueeze(-1)).squeeze(-1)
-    return LossOutput(nll.mean(), {"accuracy": (lg.argmax(-1) == labels).float().mean()})
+    return LossOutput(nll.mean(), {"accuracy": (lg.argmax(-1) == labels).to(logp.dtype).mean()})

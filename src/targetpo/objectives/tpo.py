@@ -179,7 +179,8 @@ def _kl_to_old(log_old: Tensor, u: Tensor, eta: Tensor, mask: Tensor | None) -> 
 @checked(shapes=("log_old", "u", "mask"))
 def adaptive_eta(log_old: Tensor, u: Tensor, kl_budget: float, mask: Tensor | None = None) -> Tensor:
     r"""Per group, the temperature η at which KL(q_η ‖ p_old) = `kl_budget` (the dual of REPS/MPO's
-    KL-constrained improvement step, max_q E_q[u] s.t. KL(q ‖ p_old) ≤ ε), as a detached [..., 1] tensor.
+    KL-constrained improvement step, max_q E_q[u] s.t. KL(q ‖ p_old) ≤ ε), as a detached [..., 1] float64 tensor
+    whatever the inputs' dtype (the bisection's precision; cast it to divide u in another dtype).
 
     Bisection on log η over :data:`ADAPTIVE_ETA_BRACKET` in float64 with :data:`ADAPTIVE_ETA_STEPS` halvings,
     vectorised over groups and deterministic. Where no η in the bracket reaches the budget it returns the
@@ -349,7 +350,7 @@ def _tpo_from_group_logp(logp: Tensor, target: Target, mask: Tensor | None, proj
         metrics = {
             "target_entropy": -q_log_q.mean(),
             "kl_q_p": (ce + q_log_q).mean(),  # KL(q ‖ p_θ) = CE(q, p_θ) − H(q)
-            "frac_zero_var": zero_var.float().mean(),
+            "frac_zero_var": zero_var.to(q.dtype).mean(),
             "target_max": q.amax(dim=-1).mean(),
             "policy_max": p.amax(dim=-1).mean(),
         }
@@ -442,7 +443,8 @@ def tpo_token_loss(
     r"""Token-level TPO (the paper's TPO_token, docs/method.md §7): each prefix state is a group of K candidate next tokens.
 
     Args:
-      token_logp: [..., V] log-probs (or logits) of the next token at each state, from one forward pass.
+      token_logp: [..., V] log-probs (or logits) of the next token at each state, from one forward pass; −inf is
+        allowed at tokens that are no candidate (a top-k or top-p masked vocabulary), never at a candidate.
       candidates: [..., K] int64 candidate token ids drawn at rollout time (i.i.d., duplicates kept as separate
         candidates, as in the paper's code).
       old_logp: [..., K] rollout-time log-probs of the candidates.
@@ -451,10 +453,10 @@ def tpo_token_loss(
     The options (eta, mask, anchor, projection, alpha, kl_budget, std_floor, std_shrink, is_clip) are
     :func:`tpo_loss`'s.
     """
-    tl = as_float("token_logp", token_logp)
+    tl = as_float("token_logp", token_logp, inf_ok=True)  # NaN refused; ±inf checked below, with the candidates
     if not is_integer_tensor(candidates):
         got = candidates.dtype if isinstance(candidates, torch.Tensor) else type(candidates).__name__
-        raise ValueError(f"candidates must be an integer tensor of token ids, got {got}")
+        raise TypeError(f"candidates must be an integer tensor of token ids, got {got}")
     if candidates.shape[:-1] != tl.shape[:-1]:
         raise ValueError(
             f"candidates has shape {tuple(candidates.shape)} but token_logp has {tuple(tl.shape)}; "
@@ -465,9 +467,25 @@ def tpo_token_loss(
     if candidates.numel() and (candidates.min() < 0 or candidates.max() >= v):
         raise ValueError(f"candidates must lie in [0, {v}) (vocab size of token_logp); got range "
                          f"[{int(candidates.min())}, {int(candidates.max())}]")
+    if not torch.isfinite(tl.detach().sum()):
+        _check_masked_vocabulary(tl.detach(), candidates.long())
     cand_logp = torch.gather(torch.log_softmax(tl, dim=-1), -1, candidates.long())
     return tpo_loss(cand_logp, old_logp, scores, eta=eta, mask=mask, anchor=anchor, projection=projection, alpha=alpha,
                     kl_budget=kl_budget, std_floor=std_floor, std_shrink=std_shrink, is_clip=is_clip)
+
+
+def _check_masked_vocabulary(tl: Tensor, candidates: Tensor) -> None:
+    """−inf marks tokens the sampler could not draw: harmless where no candidate is (exp(−inf) = 0 in the
+    normaliser, a zero gradient), an infinite loss at a candidate; +inf has no distribution at all."""
+    if (tl == math.inf).any():
+        raise ValueError(f"token_logp contains {int((tl == math.inf).sum())} +inf value(s) (shape {tuple(tl.shape)}); "
+                         "only −inf is allowed, at tokens that are no candidate")
+    at_candidates = torch.gather(tl, -1, candidates) == -math.inf
+    if at_candidates.any():
+        where = [tuple(i) for i in at_candidates.nonzero()[:3].tolist()]
+        raise ValueError(f"token_logp is −inf at {int(at_candidates.sum())} candidate token(s) (first at candidate "
+                         f"index {where}): a drawn candidate needs a finite log-prob; −inf is allowed only at tokens "
+                         "that are no candidate")
 
 
 SeqReduce = Literal["sum", "mean"]
