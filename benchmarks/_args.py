@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from targetpo.runs.config import OneLineParser
 
-class Parser(argparse.ArgumentParser):
-    """argparse with a one-line error, as `targetpo` itself (src/targetpo/cli.py): the message and where the usage
-    is, not the usage itself; exit status 2."""
+
+class Parser(OneLineParser):
+    """The CLI's one-line errors (targetpo.runs.config.OneLineParser), with the description printed as written."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(*args, **kwargs)
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
 
 
 def int_at_least(minimum: int):

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from targetpo.runs.config import OneLineParser
+
 
 def relapses(errors: np.ndarray, solved: float = 0.01, relapse: float = 0.05, gap: int = 10
              ) -> list[tuple[int, float]] | None:
@@ -48,13 +50,6 @@ def summary(values: np.ndarray, solved: float, relapse: float, gap: int) -> str:
             + f"; final error per seed {np.round(final, 4).tolist()}")
 
 
-class _Parser(argparse.ArgumentParser):
-    """One-line errors, as the targetpo CLI's."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
-
-
 def _level(text: str) -> float:
     """An error level: a number in [0, 1]."""
     value = float(text)
@@ -71,7 +66,7 @@ def _episodes(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("source", help="a run folder (run.json + metrics.jsonl) or an .npz of [seeds, episodes] curves")
     ap.add_argument("--metric", default="error", help="the run metric to read (run folders only)")
     ap.add_argument("--solved", type=_level, default=0.01, help="error level in [0, 1] a seed must reach first")

@@ -22,7 +22,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from targetpo.experiments import EXPERIMENTS, SUITES, in_suite, load, suite_of
-from targetpo.runs.config import config_class, field_lines, first_repeat, make_config, override_key
+from targetpo.runs.config import OneLineParser, config_class, field_lines, first_repeat, make_config, override_key
 from targetpo.runs.data import MissingDataError, MissingExtraError, extra_of, needs_extra
 from targetpo.runs.runner import (DATA_LOCATION, add_runner_arguments, available_cores, computes_on,
                                   config_differences, file_in_the_way, folder_listing, is_not_run, mark_not_run,
@@ -450,16 +450,8 @@ def _add_data_flags(p, reproduce: bool = False) -> None:
                    f"--data-dir or ~/.cache/targetpo/DATASET before running; nothing is downloaded otherwise{scope}")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error: the message and where the usage is, not the usage itself (every other
-    refusal of the CLI is one line too)."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(  # every other refusal of the CLI is one line too
         prog="targetpo", description="Target Policy Optimization: run the paper's experiments and report them.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)

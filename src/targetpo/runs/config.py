@@ -19,6 +19,7 @@ and TRL stacks, which pin their own pydantic; one small validator over field met
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import math
@@ -502,3 +503,13 @@ def config_doc(modules: list[ModuleType]) -> str:
         parts += [f"## `{exp.NAME}`", "", f"{exp.TITLE}. Reproduce preset: `{exp.REPRODUCE_PRESET}`.", "",
                   field_table(exp), ""]
     return "\n".join(parts)
+
+
+# ----------------------------------------------------------------------------- command lines
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with a one-line error: the message and where the usage is, not the usage itself; exit status 2.
+    Every command line of the project uses it (the CLI, benchmarks/, tools/), so each refusal reads alike."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
