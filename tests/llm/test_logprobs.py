@@ -256,3 +256,37 @@ def test_the_warm_start_never_holds_the_full_logits_beyond_its_budget(monkeypatc
     ref = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, 40_000), labels[:, 1:].reshape(-1),
                                             ignore_index=-100)
     assert torch.allclose(loss, ref, rtol=1e-5) and torch.equal(small, ref)
+
+
+def test_the_full_logits_fallback_takes_its_fp32_log_softmax_a_chunk_at_a_time():
+    """A model whose head cannot be split off (soft-capped logits) took its [N, C, V] logits whole to fp32, and once
+    more for a temperature: at a 256k vocabulary, 3× the bf16 logits on top of them. Now only the model's own
+    logits are whole; the fp32 work runs `chunk_tokens` tokens at a time, with the numbers of the whole path."""
+    model = _vocab_model(dtype=torch.bfloat16)
+    model.config.final_logit_softcapping = 30.0  # Qwen2 ignores it; it only sends the log-probs to the fallback
+    assert lm_head_parts(model) is None
+    g = torch.Generator().manual_seed(3)
+    pi, ci = torch.randint(0, 40_000, (3, 4), generator=g), torch.randint(0, 40_000, (3, 5), generator=g)
+    pm, cm = torch.ones(3, 4, dtype=torch.bool), torch.ones(3, 5, dtype=torch.bool)
+    ref = token_logprobs(model, pi, pm, ci, cm, 0.7, chunk_tokens=0)
+    (ref_grad,) = torch.autograd.grad(ref.sum(), [model.lm_head.weight])
+
+    class Fp32Vocab(torch.overrides.TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.rows = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.dim() and t.shape[-1] == 40_000:
+                    self.rows.append(t.numel() // 40_000)
+            return out
+
+    seen = Fp32Vocab()
+    with seen, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback's warning, once per class
+        lp = token_logprobs(model, pi, pm, ci, cm, 0.7, chunk_tokens=4)
+        (grad,) = torch.autograd.grad(lp.sum(), [model.lm_head.weight])
+    assert seen.rows and max(seen.rows) <= 4, seen.rows
+    assert torch.equal(lp, ref) and torch.equal(grad, ref_grad)

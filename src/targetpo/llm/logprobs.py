@@ -188,18 +188,40 @@ _warned: set[str] = set()
 
 
 def full_logits_token_logprobs(model, ids: Tensor, mask: Tensor, pos: Tensor, p: int, completion_ids: Tensor,
-                               temperature: float) -> Tensor:
-    """The reference path: the model's own [N, C, V] logits in fp32 (what :func:`token_logprobs` computes in
-    chunks; kept for models whose head cannot be split off and to test the chunked path against)."""
+                               temperature: float, chunk_tokens: int = 0) -> Tensor:
+    """The model's own logits of the completion, [N, C, V] in the model's dtype: the path of models whose head
+    cannot be split off, and the reference the chunked path is tested against. ``chunk_tokens=0`` takes their
+    log-softmax in fp32 at once; otherwise `chunk_tokens` tokens at a time, recomputed in backward, so the fp32
+    copy (twice the size of bf16 logits, and a third copy for a temperature) never exists whole."""
     keep = {}
     if "logits_to_keep" in inspect.signature(_unwrap(model).forward).parameters:
         keep = {"logits_to_keep": ids.shape[1] - p + 1}  # not the prompt's columns (all but the last one's)
     out = model(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False, **keep)
-    logits = out.logits[:, -(ids.shape[1] - p + 1):-1].float()  # the logits that predict each completion token
+    logits = out.logits[:, -(ids.shape[1] - p + 1):-1]  # the logits that predict each completion token
+    if not chunk_tokens:
+        return _logits_logprob(logits, completion_ids, temperature)
+    n, c = completion_ids.shape
+    rows, cols = max(1, chunk_tokens // max(c, 1)), min(c, chunk_tokens)
+    return torch.cat([torch.cat([_checkpointed(_logits_logprob, logits[i:i + rows, j:j + cols],
+                                               completion_ids[i:i + rows, j:j + cols], temperature)
+                                 for j in range(0, c, cols)], dim=1)
+                      for i in range(0, n, rows)], dim=0)
+
+
+def _logits_logprob(logits: Tensor, targets: Tensor, temperature: float) -> Tensor:
+    lg = logits.float()
     if temperature != 1.0:
-        logits = logits / temperature
-    chosen = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
-    return chosen - torch.logsumexp(logits, dim=-1)
+        lg = lg / temperature
+    return lg.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(lg, dim=-1)
+
+
+def _checkpointed(fn, logits: Tensor, *args) -> Tensor:
+    """fn(logits, *args), keeping only `logits` (a view of the model's) for backward, which recomputes fn."""
+    if not (torch.is_grad_enabled() and logits.requires_grad):
+        return fn(logits, *args)
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(fn, logits, *args, use_reentrant=False)
 
 
 def chunked_model_token_logprobs(model, ids: Tensor, mask: Tensor, pos: Tensor, p: int, completion_ids: Tensor,
@@ -213,7 +235,7 @@ def chunked_model_token_logprobs(model, ids: Tensor, mask: Tensor, pos: Tensor, 
             warnings.warn(f"{name}: its logits are not lm_head(hidden states) alone (soft-capping or scaling) or "
                           f"it has no get_decoder(); computing log-probs from the full logits (more memory)",
                           stacklevel=3)
-        return full_logits_token_logprobs(model, ids, mask, pos, p, completion_ids, temperature)
+        return full_logits_token_logprobs(model, ids, mask, pos, p, completion_ids, temperature, chunk_tokens)
     backbone, head = parts
     hidden = backbone(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False)[0]
     h = hidden[:, p - 1:-1]  # the hidden states that predict each completion token
