@@ -290,3 +290,7 @@ def test_the_full_logits_fallback_takes_its_fp32_log_softmax_a_chunk_at_a_time()
         (grad,) = torch.autograd.grad(lp.sum(), [model.lm_head.weight])
     assert seen.rows and max(seen.rows) <= 4, seen.rows
     assert torch.equal(lp, ref) and torch.equal(grad, ref_grad)
+    empty = torch.zeros(3, 0, dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert token_logprobs(model, pi, pm, empty, empty.bool(), chunk_tokens=4).shape == (3, 0)

@@ -198,9 +198,9 @@ def full_logits_token_logprobs(model, ids: Tensor, mask: Tensor, pos: Tensor, p:
         keep = {"logits_to_keep": ids.shape[1] - p + 1}  # not the prompt's columns (all but the last one's)
     out = model(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False, **keep)
     logits = out.logits[:, -(ids.shape[1] - p + 1):-1]  # the logits that predict each completion token
-    if not chunk_tokens:
-        return _logits_logprob(logits, completion_ids, temperature)
     n, c = completion_ids.shape
+    if not chunk_tokens or not n * c:
+        return _logits_logprob(logits, completion_ids, temperature)
     rows, cols = max(1, chunk_tokens // max(c, 1)), min(c, chunk_tokens)
     return torch.cat([torch.cat([_checkpointed(_logits_logprob, logits[i:i + rows, j:j + cols],
                                                completion_ids[i:i + rows, j:j + cols], temperature)
