@@ -1,10 +1,13 @@
 """Peak memory of per-token log-probs + backward on a Qwen3-shaped model with the real 151,936-token vocabulary.
 
-Three paths on the same randomly initialised model (no weights are downloaded) and the same batch:
+Four paths on the same randomly initialised model (no weights are downloaded) and the same batch:
 
 - ``chunked``: :func:`targetpo.llm.rollout.token_logprobs` (the LM head in chunks of ``--chunk`` tokens,
   recomputed in backward; the full-vocabulary logits never exist);
 - ``full``: the same function with ``chunk_tokens=0`` (the model's own [N, C, V] logits, upcast to fp32);
+- ``fallback``: the path of a model whose head cannot be split off (soft-capped logits; here the config's
+  ``final_logit_softcapping``, which Qwen3 ignores, only routes it there): the model's own logits, their fp32
+  log-softmax ``--chunk`` tokens at a time;
 - ``selective``: the model's logits, sliced to the completion, divided by the temperature, then
   ``trl.trainer.utils.selective_log_softmax``: the log-probs of TRL's GRPOTrainer before its fused LM head (TRL
   1.16 computes them through ``add_fused_lm_head``, a chunked head of its own, which this does not measure).
@@ -33,7 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from _args import Parser, comma_choices, positive_int  # noqa: E402  (benchmarks/ is on sys.path as a script)
 
-PATHS = ("chunked", "full", "selective")
+PATHS = ("chunked", "full", "fallback", "selective")
 HEADING = "## LLM log-probs: peak memory of log-probs + backward"
 
 
@@ -85,7 +88,9 @@ def one_path(args) -> dict:
     else:
         from targetpo.llm.rollout import token_logprobs
 
-        chunk = args.chunk if args.path == "chunked" else 0
+        chunk = 0 if args.path == "full" else args.chunk
+        if args.path == "fallback":
+            model.config.final_logit_softcapping = 30.0
         logp = token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
                               chunk_tokens=chunk)
     logp.float().mean().backward()
@@ -147,8 +152,8 @@ def main() -> None:
                     "(the library's default, DEFAULT_CHUNK_TOKENS)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="model dtype")
     ap.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
-    ap.add_argument("--paths", default="chunked,full,selective", type=comma_choices(PATHS),
-                    help="which paths to measure, comma-separated (default chunked,full,selective)")
+    ap.add_argument("--paths", default=",".join(PATHS), type=comma_choices(PATHS),
+                    help=f"which paths to measure, comma-separated (default {','.join(PATHS)})")
     ap.add_argument("--estimate", action="store_true", help="print (and with --write record) the paper preset's "
                     "estimated GPU memory instead of measuring")
     ap.add_argument("--paper-prompt", type=positive_int, default=256, help="prompt tokens assumed for the estimate")
@@ -207,7 +212,8 @@ def main() -> None:
                    f"what the process held before (model + batch). Command: `{cmd.strip()}`.\n\n"
                    f"| path | peak above baseline (GB) | seconds |\n|---|---|---|\n{rows}\n\n{ratios}\n\n"
                    "`chunked` is targetpo's log-probs (`token_logprobs`), `full` the same with `chunk_tokens=0` (the "
-                   "model's own logits), `selective` the full logits + TRL's `selective_log_softmax`, the log-probs "
+                   "model's own logits), `fallback` the path of a head that cannot be split off (soft-capped logits: "
+                   "the model's own logits, their fp32 log-softmax a chunk at a time), `selective` the full logits + TRL's `selective_log_softmax`, the log-probs "
                    "of TRL's GRPOTrainer before its fused LM head (TRL 1.16 runs a chunked head of its own, not "
                    "measured here).\n")
         replace_section(args.write, HEADING, section)
