@@ -130,7 +130,10 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_run_resumes(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "targetpo", "run", "tabular-multi", "--out", str(out), *SMOKE, "steps=20000",
            "--threads", "1"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    # A shell without job control starts background jobs with SIGINT ignored, and the child would inherit that
+    # (`pytest … &` in a script): Ctrl-C's default, which is what the test is about, is restored for the child.
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while time.time() < deadline and not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size):
         time.sleep(0.2)
