@@ -163,3 +163,32 @@ def test_friction_smoke(tmp_path, mnist_dir):
     shows = text.split("What this run shows", 1)[1]
     assert "TPO − DG" in shows and "(not judged: the preset is too short to decide)" in shows
     assert not any(w in shows for w in ("TPO lower", "TPO higher", "no detectable difference"))
+
+
+def test_identical_paired_seeds_show_no_detectable_difference():
+    """a − b = (0, 0, 0): mean 0 and half-width 0; the interval [0, 0] includes 0."""
+    assert RP.paired(np.array([0.1, 0.2, 0.3]), np.array([0.1, 0.2, 0.3])) == (0.0, 0.0, "no detectable difference")
+
+
+def test_staleness_lowest_error_passes_a_gap_known_exactly(tmp_path):
+    """TPO 2–4 % against DG 10–12 % per seed at every delay: TPO − DG = −8 points in each seed, an interval of zero
+    width below 0, so "TPO has the lowest final error at every delay" passes."""
+    import dataclasses
+
+    from targetpo.runs.config import make_config
+
+    run = tmp_path / "st"
+    run.mkdir()
+    cfg = make_config(load("mnist-staleness"), "cpu", overrides=["seeds=3", "methods=tpo,dg", "delays=0,1000"])
+    (run / "run.json").write_text(json.dumps({"experiment": "mnist-staleness", "preset": "cpu", "status": "complete",
+                                              "config": dataclasses.asdict(cfg)}))
+    with open(run / "metrics.jsonl", "w") as f:
+        for step in range(0, cfg.steps + 1, cfg.eval_every):
+            rec = {"unit": "stale", "step": step}
+            for d in (0, 1000):
+                rec[f"tpo.error.D{d}"], rec[f"dg.error.D{d}"] = [0.02, 0.03, 0.04], [0.10, 0.11, 0.12]
+            f.write(json.dumps(rec) + "\n")
+        f.write(json.dumps({"unit": "stale", "event": "done"}) + "\n")
+    cells = [line.split("|")[2].strip() for line in write_report(run).read_text().splitlines()
+             if line.startswith("| TPO has the lowest final error")]
+    assert len(cells) == 1 and cells[0].startswith("**PASS**"), cells

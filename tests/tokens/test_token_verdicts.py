@@ -7,9 +7,16 @@ from pathlib import Path
 
 import numpy as np
 
+import pytest
+
+from targetpo import paper
 from targetpo.experiments import load
 from targetpo.report import write_report
 from targetpo.runs.config import make_config
+from targetpo.runs.stats import Curve, Verdict, mean_se
+from targetpo.tokens.common import fastest_verdict, lead_iv, tail_mean, tail_values
+from targetpo.tokens.dg_epochs import _paper_pct
+from targetpo.tokens.terminal import _grpo_final_bound
 
 
 def fake_run(path: Path, name: str, overrides: list[str], curves: dict[str, np.ndarray]) -> Path:
@@ -142,3 +149,73 @@ def test_a_short_runs_scale_class_does_not_stand_against_a_longer_run_that_fails
     assert len(lines) == 2 and all("**FAIL** (does not reproduce)" in line for line in lines), lines
     short = next(line for line in lines if "the same claim also FAILs in the larger run `long`" in line)
     assert "scale or data" not in short.lower()
+
+
+# ----------------------------------------------------------------------------- claims at their edges
+
+
+def _curve(values: np.ndarray) -> Curve:
+    return Curve(np.arange(len(values)), *mean_se(values), values)
+
+
+@pytest.mark.parametrize("episodes, expected", [(20, 18.5), (17, 15.5)])  # tails of round(0.1·n) = 2 episodes
+def test_the_tail_is_the_last_tenth_of_the_episodes(episodes, expected):
+    c = _curve(np.repeat(np.arange(float(episodes))[:, None], 3, axis=1))  # value = episode index
+    assert tail_values(c).tolist() == [expected] * 3 and tail_mean(c)[0] == expected
+
+
+def test_a_tie_is_not_strictly_first():
+    """Both methods cross at episode 5 in every seed: the lead is 0, so "TPO reaches it first" fails."""
+    c = {m: _curve(crossing(10, [5, 5, 5])) for m in ("tpo", "dg")}
+    assert tuple(lead_iv(c["dg"], c["tpo"])[:3]) == (0.0, 0.0, 0.0)
+    assert fastest_verdict(c, "tpo")[0] is Verdict.FAIL
+
+
+def test_a_method_that_never_crosses_counts_one_episode_past_the_run():
+    """TPO crosses at the last episode (9), DG never (counted as 10): a lead of 1 in every seed."""
+    c = {"tpo": _curve(crossing(10, [9, 9, 9])), "dg": _curve(np.full((10, 3), 0.5))}
+    assert tuple(lead_iv(c["dg"], c["tpo"])[:3]) == (1.0, 1.0, 1.0)
+    assert fastest_verdict(c, "tpo")[0] is Verdict.PASS
+
+
+def test_lowest_final_error_allows_a_tie(tmp_path):
+    """TPO and GRPO both end at error 0 in every seed: "TPO ends with the lowest error" (ties allowed) passes."""
+    v = np.where(np.arange(50)[:, None] < 20, 0.5, 0.0) * np.ones((1, 3))
+    run = fake_run(tmp_path / "tt", "token-terminal", ["seeds=3", "episodes=50", "methods=tpo,grpo"],
+                   {"h6/tpo": v, "h6/grpo": v})
+    text = write_report(run).read_text()
+    cells = [line.split("|")[2].strip() for line in text.splitlines()
+             if line.startswith("| TPO ends with the lowest error")]
+    assert cells == ["**PASS**", "**PASS**"], cells
+
+
+def test_group_pg_worst_counts_a_tie(tmp_path):
+    """Group PG equal to TPO in every seed: the gap is 0 ≥ −1 point, so "Group PG is the worst" passes."""
+    v = np.where(np.arange(50)[:, None] < 20, 0.5, 0.1) * np.ones((1, 3))
+    run = fake_run(tmp_path / "ta", "token-ablations", ["seeds=3", "episodes=50", "methods=tpo,group_pg"],
+                   {"h5/tpo": v, "h5/group_pg": v})
+    assert row(write_report(run).read_text(), "Group PG is the worst").split("|")[2].strip() == "**PASS**"
+
+
+def test_one_configuration_of_two_is_no_majority(tmp_path):
+    """4-epoch DG clearly worse on terminal (that part passes) and clearly better on bag/copy (fails): 1 of 2 is
+    not "most configurations"."""
+    rng = np.random.default_rng(0)
+    levels = {"terminal/ep1": 0.3, "terminal/ep4": 0.6, "bag/copy/ep1": 0.6, "bag/copy/ep4": 0.3}
+    curves = {u: level + 0.01 * rng.standard_normal((50, 3)) for u, level in levels.items()}
+    run = fake_run(tmp_path / "dg", "dg-epochs", ["seeds=3", "terminal_episodes=50", "variant_episodes=50",
+                                                  "variant_seeds=3", "variants=bag/copy"], curves)
+    line = next(line for line in write_report(run).read_text().splitlines()
+                if "ends worse than 1-epoch DG in most configurations" in line)
+    assert line.split("|")[2].strip().startswith("**FAIL**"), line
+
+
+def test_the_papers_numbers_are_read_under_their_keys():
+    (reward, task), (one, four) = next(iter(paper.DG_EPOCHS_VARIANTS_PCT.values.items()))
+    assert (_paper_pct(f"{reward}/{task}", 1), _paper_pct(f"{reward}/{task}", 4)) == (one, four)
+    assert _paper_pct("terminal", 4) == 100 * paper.DG_EPOCHS_TERMINAL.values["dg_4ep"]
+    ref = paper.TABLE3_FINAL_ERROR_PCT.values
+    for match in ("prompts", "interactions"):
+        for h, v in zip(ref["H"], ref[match]["grpo"]):  # a length of the table is its own bound, where it has one
+            if v is not None:
+                assert _grpo_final_bound(h, match) == (h, v)
