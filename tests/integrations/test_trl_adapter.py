@@ -298,3 +298,13 @@ def test_kl_to_a_model_built_in_memory_is_refused_naming_the_fixes(tmp_path):
     trainer = TargetPOTrainer(model=model, reward_funcs=digit_reward, args=args,
                               train_dataset=PROMPTS, processing_class=tokenizer)
     assert trainer.ref_model is not None
+
+
+def test_train_and_eval_group_sizes_are_read_from_their_own_settings():
+    """num_generations is K in training, num_generations_eval in evaluation; the tests elsewhere set them equal."""
+    import types
+
+    from targetpo.integrations.trl import TargetPOTrainer
+
+    ns = types.SimpleNamespace(num_generations=4, num_generations_eval=2)
+    assert (TargetPOTrainer._group_size(ns, "train"), TargetPOTrainer._group_size(ns, "eval")) == (4, 2)

@@ -261,3 +261,32 @@ def test_verls_worker_loss_ppo_loss_runs_tpo_end_to_end():
                             token_mask=resp_mask.bool().view(2, k, t))
     torch.testing.assert_close(loss, ref.loss)
     assert {"actor/pg_loss", "actor/tpo_kl_q_p", "actor/tpo_target_entropy"} <= set(metrics)
+
+
+# ----------------------------------------------------------------------------- edges a mutation audit found open
+
+def test_a_group_split_into_two_blocks_is_refused():
+    """uids a a b b a a: group a's rows are not contiguous, so its two blocks would be standardized as two groups."""
+    from targetpo.integrations.verl_plugin import compute_tpo_advantage
+
+    r = torch.tensor([[1.0], [0.0], [1.0], [0.0], [0.0], [0.0]])
+    with pytest.raises(ValueError):
+        compute_tpo_advantage(r, torch.ones(6, 1), index=np.array(list("aabbaa")))
+
+
+def test_bf16_token_rewards_are_summed_in_fp32():
+    """Token rewards summing to 257 and 256 are different scores (z = +1, −1); rounded to bf16 they tie at 256."""
+    from targetpo.integrations.verl_plugin import compute_tpo_advantage
+
+    r = torch.zeros(2, 3, dtype=torch.bfloat16)
+    r[0] = torch.tensor([256.0, 1.0, 0.0])
+    r[1, 0] = 256.0
+    adv = compute_tpo_advantage(r, torch.ones(2, 3), index=np.array(["a", "a"]))[0]
+    assert adv[:, 0].float().tolist() == pytest.approx([1.0, -1.0])
+
+
+def test_a_gsm8k_response_without_an_answer_block_scores_zero():
+    from targetpo.integrations.verl_rewards import compute_score
+
+    assert compute_score("openai/gsm8k", "so the answer is 72", "72") == 0.0
+    assert compute_score("openai/gsm8k", "so <answer>72</answer>", "72") == 1.0
