@@ -21,3 +21,21 @@ def arithmetic_parts():
         return (build_char_tokenizer(), task, *train_and_heldout(task, train, heldout, seed=0))
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_trainer():
+    """A factory: an RLVRTrainer on a tiny character Qwen2 (hidden 32, 2 heads, 1 KV head, MLP 64) over `parts`
+    (from arithmetic_parts), with TrainerConfig fields `kw` over k = 4, lr = 1e-2."""
+    def make(parts, *, num_layers: int, seed: int, **kw):
+        from targetpo.llm.models import build_tiny_model
+        from targetpo.llm.templates import Template
+        from targetpo.llm.trainer import RLVRTrainer, TrainerConfig
+
+        tok, task, train, held = parts
+        model = build_tiny_model(tok, hidden_size=32, num_layers=num_layers, num_heads=2, num_kv_heads=1,
+                                 intermediate_size=64, seed=seed)
+        return RLVRTrainer(model, tok, task, Template("plain"), train, held,
+                           TrainerConfig(**{"k": 4, "lr": 1e-2, **kw}))
+
+    return make

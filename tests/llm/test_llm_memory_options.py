@@ -12,10 +12,8 @@ pytestmark = pytest.mark.llm
 pytest.importorskip("transformers", reason="needs the llm extra: pip install -e '.[llm]'")
 pytest.importorskip("reasoning_gym", reason="needs the llm extra: pip install -e '.[llm]'")
 
-from targetpo.llm.models import build_tiny_model  # noqa: E402
 from targetpo.llm.rollout import token_micro_batches  # noqa: E402
-from targetpo.llm.templates import Template  # noqa: E402
-from targetpo.llm.trainer import RLVRTrainer, TrainerConfig  # noqa: E402
+from targetpo.llm.trainer import TrainerConfig  # noqa: E402
 
 K, B = 4, 4
 
@@ -25,12 +23,10 @@ def trainer_parts(arithmetic_parts):  # mixed lengths: 2–3 terms of 1–3 digi
     return arithmetic_parts(max_terms=3, min_digits=1, max_digits=3, heldout=4)
 
 
-def make(parts, **kw):
-    tok, task, train, held = parts
-    model = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64,
-                             seed=5)
-    cfg = TrainerConfig(**{"k": K, "batch_prompts": B, "max_new_tokens": 8, "lr": 1e-2, **kw})
-    return RLVRTrainer(model, tok, task, Template("plain"), train, held, cfg)
+@pytest.fixture(scope="module")
+def make(tiny_trainer):
+    return lambda parts, **kw: tiny_trainer(parts, num_layers=2, seed=5, **{"batch_prompts": B, "max_new_tokens": 8,
+                                                                            **kw})
 
 
 def update_grads(tr, batch) -> torch.Tensor:
@@ -42,7 +38,7 @@ def update_grads(tr, batch) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("objective", ["tpo", "dapo"])
-def test_token_budget_micro_batches_and_checkpointing_give_the_same_gradient(trainer_parts, objective):
+def test_token_budget_micro_batches_and_checkpointing_give_the_same_gradient(make, trainer_parts, objective):
     base = make(trainer_parts, objective=objective)
     batch, _ = base.rollout(0)
     r = torch.rand(batch.rewards.shape, generator=torch.Generator().manual_seed(1))
@@ -57,7 +53,7 @@ def test_token_budget_micro_batches_and_checkpointing_give_the_same_gradient(tra
         torch.testing.assert_close(update_grads(other, batch), ref, rtol=1e-4, atol=1e-6, msg=str(kw))
 
 
-def test_token_micro_batches_hold_whole_groups_within_the_budget(trainer_parts):
+def test_token_micro_batches_hold_whole_groups_within_the_budget(make, trainer_parts):
     tr = make(trainer_parts)
     batch, _ = tr.rollout(0)
     order = torch.tensor([3, 1, 0, 2])
@@ -75,7 +71,7 @@ def test_token_micro_batches_hold_whole_groups_within_the_budget(trainer_parts):
         token_micro_batches(batch.prompt_mask, batch.completion_mask, K, 0)
 
 
-def test_trimmed_rollout_drops_only_unused_padding(trainer_parts):
+def test_trimmed_rollout_drops_only_unused_padding(make, trainer_parts):
     tr = make(trainer_parts)
     batch, _ = tr.rollout(0)
     sub = batch.rows(torch.arange(K)).trimmed()
@@ -83,7 +79,7 @@ def test_trimmed_rollout_drops_only_unused_padding(trainer_parts):
     assert int(sub.completion_mask.sum()) == int(batch.rows(torch.arange(K)).completion_mask.sum())
 
 
-def test_the_lm_head_chunk_is_a_setting_and_changes_only_memory(trainer_parts, monkeypatch):
+def test_the_lm_head_chunk_is_a_setting_and_changes_only_memory(make, trainer_parts, monkeypatch):
     """chunk_tokens was fixed at 512 inside the trainer: a user could not shrink the [chunk, V] buffer nor take the
     full logits. It now reaches every log-prob pass (rollout and update), which gives the same gradient."""
     import targetpo.llm.rollout as rollout
@@ -116,7 +112,7 @@ def test_memory_options_are_validated():
         TrainerConfig(micro_batch_tokens=-1).validate()
 
 
-def test_gradient_checkpointing_recomputes_the_decoder_layers(trainer_parts, monkeypatch):
+def test_gradient_checkpointing_recomputes_the_decoder_layers(make, trainer_parts, monkeypatch):
     tr = make(trainer_parts, gradient_checkpointing=True)
     batch, _ = tr.rollout(0)
     from transformers.modeling_layers import GradientCheckpointingLayer
@@ -132,7 +128,7 @@ def test_gradient_checkpointing_recomputes_the_decoder_layers(trainer_parts, mon
     assert not any(m.training for m in tr.model.modules())  # eval mode (no dropout) restored after the update
 
 
-def test_a_step_whose_groups_all_have_equal_rewards_is_reported(trainer_parts, caplog, monkeypatch):
+def test_a_step_whose_groups_all_have_equal_rewards_is_reported(make, trainer_parts, caplog, monkeypatch):
     tr = make(trainer_parts)
     monkeypatch.setattr(tr, "score", lambda problems, texts, k: torch.zeros(len(texts)))  # every completion fails
     with caplog.at_level("WARNING", logger="targetpo.llm.trainer"):

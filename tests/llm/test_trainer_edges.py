@@ -18,8 +18,7 @@ pytest.importorskip("reasoning_gym", reason="needs the llm extra: pip install -e
 
 from targetpo.llm.models import build_tiny_model  # noqa: E402
 from targetpo.llm.rollout import Rollout, token_logprobs, token_micro_batches  # noqa: E402
-from targetpo.llm.templates import Template  # noqa: E402
-from targetpo.llm.trainer import RLVRTrainer, TrainerConfig, evaluate_greedy, kl_penalty  # noqa: E402
+from targetpo.llm.trainer import RLVRTrainer, evaluate_greedy, kl_penalty  # noqa: E402
 
 K, B = 4, 3
 
@@ -29,12 +28,10 @@ def parts(arithmetic_parts):
     return arithmetic_parts(max_terms=2, min_digits=2, max_digits=2, heldout=6)
 
 
-def make(parts, **kw):
-    tok, task, train, held = parts
-    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
-                             seed=0)
-    cfg = TrainerConfig(**{"k": K, "batch_prompts": B, "max_new_tokens": 4, "lr": 1e-2, **kw})
-    return RLVRTrainer(model, tok, task, Template("plain"), train, held, cfg)
+@pytest.fixture(scope="module")
+def make(tiny_trainer):
+    return lambda parts, **kw: tiny_trainer(parts, num_layers=1, seed=0, **{"batch_prompts": B, "max_new_tokens": 4,
+                                                                            **kw})
 
 
 def random_rewards(batch, seed=0):
@@ -53,14 +50,14 @@ def test_kl_penalty_is_k3_of_the_policy_to_the_reference_over_valid_tokens():
     torch.testing.assert_close(lp.grad[0], torch.tensor([*((1 - np.exp(-d)) / 2), 0.0, 0.0], dtype=torch.float32))
 
 
-def test_each_update_starts_from_zero_gradients(parts):
+def test_each_update_starts_from_zero_gradients(parts, make):
     """Two updates on one batch at a negligible learning rate see the same gradient (stale ones would double it)."""
     tr = make(parts, lr=1e-12, max_grad_norm=0.0)
     b = random_rewards(tr.rollout(0)[0])
     assert tr.update(b, 0)["grad_norm"] == pytest.approx(tr.update(b, 0)["grad_norm"], rel=1e-4)
 
 
-def test_the_rollouts_log_probs_are_the_sampling_temperatures(parts):
+def test_the_rollouts_log_probs_are_the_sampling_temperatures(parts, make):
     """old_logp is log π at the sampling temperature (0.7 here), so the first update's ratio is exactly 1."""
     tr = make(parts, temperature=0.7)
     b = tr.rollout(0)[0]
@@ -71,7 +68,7 @@ def test_the_rollouts_log_probs_are_the_sampling_temperatures(parts):
     assert float((at_one - ref).abs().max()) > 1e-2
 
 
-def test_a_later_update_anchors_on_the_rollouts_log_probs_not_the_current_ones(parts):
+def test_a_later_update_anchors_on_the_rollouts_log_probs_not_the_current_ones(parts, make):
     """After one AdamW step p_θ ≠ p_old; the gradient on each group's sequence log-scores is (p_θ − q)/B with
     q ∝ p_old·exp(u) from the rollout's old_logp (docs/method.md §2), not from the current policy."""
     import targetpo.llm.trainer as trainer
@@ -109,7 +106,7 @@ def test_a_later_update_anchors_on_the_rollouts_log_probs_not_the_current_ones(p
     np.testing.assert_allclose(seen[0].grad.double().numpy(), expected, atol=1e-6)
 
 
-def test_a_resumed_trainer_continues_with_its_optimizer_state(parts, tmp_path):
+def test_a_resumed_trainer_continues_with_its_optimizer_state(parts, make, tmp_path):
     """Two updates straight through equal one update, a checkpoint, a fresh trainer loading it, and one update: with
     AdamW's moments lost, the second step would differ."""
     def weights(resume: bool) -> torch.Tensor:
@@ -125,7 +122,7 @@ def test_a_resumed_trainer_continues_with_its_optimizer_state(parts, tmp_path):
     torch.testing.assert_close(weights(True), weights(False), rtol=0, atol=0)
 
 
-def test_held_out_accuracy_counts_only_a_reward_of_one(parts):
+def test_held_out_accuracy_counts_only_a_reward_of_one(parts, make):
     tr = make(parts)
     half = types.SimpleNamespace(score=lambda problem, answer: 0.5)  # partial credit for every answer
     out = evaluate_greedy(tr.model, parts[0], half, tr.template, parts[3][:2], max_new_tokens=2)
@@ -139,7 +136,7 @@ def test_each_completion_is_scored_against_its_own_problem():
     assert RLVRTrainer.score(fake, ["x", "y"], ["x", "x", "y", "y"], 2).tolist() == [1.0, 1.0, 1.0, 1.0]
 
 
-def test_per_step_objective_metrics_average_over_mini_batches(parts):
+def test_per_step_objective_metrics_average_over_mini_batches(parts, make):
     """All rewards equal: every group is zero-variance, so frac_zero_var is 1 whether the step takes one mini-batch
     or two, and the target entropy is the same (a sum over mini-batches would double both)."""
     out = {}
