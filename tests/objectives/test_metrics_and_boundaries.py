@@ -102,3 +102,12 @@ def test_group_pg_divides_u_by_eta():
     """u = (−1, 1) and log π = (0, −1): L = −Σ (u/η)·log π = 1/η, so 0.5 at η = 2."""
     out = obj.group_pg_loss(torch.tensor([[0.0, -1.0]]), torch.tensor([[0.0, 1.0]]), eta=2.0)
     assert float(out.loss) == pytest.approx(0.5)
+
+
+def test_every_objective_reads_a_tie_of_large_scores_as_zero_variance():
+    """Eight copies of 1000.7 have σ ≈ 6e-5 (rounding, above ε): zero_variance_groups and GRPO counted the group
+    as zero-variance, TPO's frac_zero_var did not (its own σ ≤ ε test). One rule now decides it for all."""
+    s = torch.full((1, 8), 1000.7)
+    assert bool(obj.zero_variance_groups(s).all())
+    assert float(obj.grpo_loss(torch.zeros(1, 8), torch.zeros(1, 8), s).metrics["frac_zero_var"]) == 1.0
+    assert float(obj.tpo_loss(torch.zeros(1, 8), torch.zeros(1, 8), s).metrics["frac_zero_var"]) == 1.0

@@ -45,14 +45,17 @@ def _masked_moments(s: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Ten
     return mean, var.sqrt(), n, None
 
 
-def _all_equal(s: Tensor, mask: Tensor | None) -> Tensor:
-    """Bool [..., 1]: groups whose valid scores are all the same number. Their population std is rounding (the
-    mean of K copies of 0.7 is one ulp off, so σ ≈ 6e-8, and ≈ 6e-5 for 1000.7), which a threshold on σ alone
-    reads as spread once the scores are large or ε = 0."""
+def _zero_variance(s: Tensor, mask: Tensor | None, std: Tensor, eps: float) -> Tensor:
+    """Bool [..., 1]: groups without signal, the one rule of standardize_scores, group_advantages,
+    zero_variance_groups and TPO's frac_zero_var: population std ≤ eps, or valid scores all the same number. The
+    std of equal scores is rounding (the mean of K copies of 0.7 is one ulp off, so σ ≈ 6e-8, and ≈ 6e-5 for
+    1000.7), which a threshold on σ alone reads as spread once the scores are large or ε = 0."""
     if mask is None:
-        return s.amax(dim=-1, keepdim=True) == s.amin(dim=-1, keepdim=True)
-    hi = s.masked_fill(~mask, float("-inf")).amax(dim=-1, keepdim=True)
-    return hi == s.masked_fill(~mask, float("inf")).amin(dim=-1, keepdim=True)
+        equal = s.amax(dim=-1, keepdim=True) == s.amin(dim=-1, keepdim=True)
+    else:
+        equal = s.masked_fill(~mask, float("-inf")).amax(dim=-1, keepdim=True) == \
+            s.masked_fill(~mask, float("inf")).amin(dim=-1, keepdim=True)
+    return (std <= eps) | equal
 
 
 def _centred(s: Tensor, mean: Tensor, divisor: Tensor, scale: Tensor | None) -> Tensor:
@@ -101,17 +104,18 @@ def standardize_scores(scores: Tensor, mask: Tensor | None = None, *, eps: float
     s = as_float("scores", scores)
     check_group_size("scores", s, minimum=1)
     mask = as_mask("mask", mask, s)
-    return standardized_with_std(s, mask, eps=eps, std_floor=std_floor, std_shrink=std_shrink)[0]
+    return standardized_and_zero_variance(s, mask, eps=eps, std_floor=std_floor, std_shrink=std_shrink)[0]
 
 
-def standardized_with_std(s: Tensor, mask: Tensor | None, *, eps: float = ZERO_VARIANCE_STD, std_floor: float = 0.0,
-                          std_shrink: float = 0.0) -> tuple[Tensor, Tensor]:
-    """:func:`standardize_scores` on checked float scores, with each group's population std [..., 1] beside u:
-    the std, not u, says whether a group has zero variance (docs/method.md §7)."""
+def standardized_and_zero_variance(s: Tensor, mask: Tensor | None, *, eps: float = ZERO_VARIANCE_STD,
+                                   std_floor: float = 0.0, std_shrink: float = 0.0) -> tuple[Tensor, Tensor]:
+    """:func:`standardize_scores` on checked float scores, with each group's zero-variance flag [..., 1] beside u:
+    the scores, not u, say whether a group has zero variance (docs/method.md §7)."""
     mean, std, _, scale = _masked_moments(s, mask)
     # All-equal scores take the fallback whatever σ's rounding (docs/method.md §1): with ε = 0, or scores ~1000,
     # σ > ε there and every u came out ±1.
-    spread = (std > eps) & ~_all_equal(s, mask)
+    flat = _zero_variance(s, mask, std, eps)
+    spread = ~flat
     # With a floor or shrinkage the ε fallback stays: one below ε would otherwise give a near-tie (σ ≤ 1e-6,
     # counted as zero-variance) its full z-scores, the opposite of what the options are for.
     divisor = (std if std_floor == 0 and std_shrink == 0 else
@@ -119,7 +123,7 @@ def standardized_with_std(s: Tensor, mask: Tensor | None, *, eps: float = ZERO_V
     if eps == 0:  # a tie's σ may be exactly 0; its u is the fallback's, so divide by 1 there, not 0
         divisor = torch.where(spread, divisor, torch.ones_like(divisor))
     u = torch.where(spread, _centred(s, mean, divisor, scale), s - mean)
-    return (u if mask is None else u.masked_fill(~mask, 0.0)), std
+    return (u if mask is None else u.masked_fill(~mask, 0.0)), flat
 
 
 @checked
@@ -152,7 +156,7 @@ def group_advantages(scores: Tensor, mask: Tensor | None = None, *, eps: float =
     # A zero-variance group (population std ≤ ZERO_VARIANCE_STD, as zero_variance_groups and TPO decide it) gets
     # A = 0 exactly. Without this, K equal scores that float32 cannot hold (0.6, 0.7, a partial-credit 3/5) have a
     # mean one ulp off each, so s − s̄ and σ are both ~6e-8 and (s − s̄)/(σ + ε) ≈ ±0.86 for the whole group.
-    flat = (std <= ZERO_VARIANCE_STD) | _all_equal(s, mask)
+    flat = _zero_variance(s, mask, std, ZERO_VARIANCE_STD)
     if std_ddof == 1:
         # Bessel's correction; a singleton's variance is undefined and taken as 0 (its centred score is 0 anyway).
         std = torch.where(n > 1, std * (n / (n - 1).clamp_min(1.0)).sqrt(), torch.zeros_like(std))
@@ -193,7 +197,7 @@ def zero_variance_groups(scores: Tensor, mask: Tensor | None = None, *, eps: flo
     s = as_float("scores", scores)
     mask = as_mask("mask", mask, s)
     _, std, _, _ = _masked_moments(s, mask)
-    return ((std <= eps) | _all_equal(s, mask)).squeeze(-1)
+    return _zero_variance(s, mask, std, eps).squeeze(-1)
 
 
 def expected_baseline(probs: Tensor) -> Tensor:

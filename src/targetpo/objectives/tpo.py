@@ -39,7 +39,7 @@ from targetpo.objectives._checks import (
     ALPHA_MIN, LossOutput, as_float, as_mask, as_token_mask, check_group_size, check_same_shape,
     checked, group_layout, is_integer_tensor,
 )
-from targetpo.objectives.scores import ZERO_VARIANCE_STD, standardized_with_std
+from targetpo.objectives.scores import standardized_and_zero_variance
 
 _NEG = -1e30  # log-weight of a masked candidate: exp() underflows to exactly 0 without producing NaN
 
@@ -86,7 +86,7 @@ class Target(NamedTuple):
     log_q: Tensor
     u: Tensor
     eta: Tensor | float
-    zero_var: Tensor  # bool [...]: the group's population std is ≤ ZERO_VARIANCE_STD (docs/method.md §7)
+    zero_var: Tensor  # bool [...]: as zero_variance_groups decides it (docs/method.md §7)
 
 
 def _valid_sum(x: Tensor, mask: Tensor | None) -> Tensor:
@@ -308,7 +308,7 @@ def _target(old_logp, scores, eta, mask, anchor, kl_budget=None, std_floor=0.0, 
     check_same_shape(old_logp=old, scores=s)
     check_group_size("scores", s, minimum=2)
     mask = as_mask("mask", mask, s)
-    u, std = standardized_with_std(s, mask, std_floor=std_floor, std_shrink=std_shrink)
+    u, zero_var = standardized_and_zero_variance(s, mask, std_floor=std_floor, std_shrink=std_shrink)
     dtype = torch.promote_types(old.dtype, u.dtype)
     log_old = _masked_log_softmax(old.detach().to(dtype), mask) if anchor else None
     if eta == "adaptive":
@@ -325,7 +325,7 @@ def _target(old_logp, scores, eta, mask, anchor, kl_budget=None, std_floor=0.0, 
     if anchor:
         logits = logits + log_old
     log_q = _masked_log_softmax(logits, mask).detach()
-    return Target(log_q.exp(), log_q, u, eta, std.squeeze(-1) <= ZERO_VARIANCE_STD)
+    return Target(log_q.exp(), log_q, u, eta, zero_var.squeeze(-1))
 
 
 def _tpo_from_group_logp(logp: Tensor, target: Target, mask: Tensor | None, projection: str = "forward_kl",

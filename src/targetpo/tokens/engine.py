@@ -32,8 +32,8 @@ Metrics (per seed, measured on the episode's training rollout *before* the updat
   token level: a candidate with reward > 0, so under sequential reward only at states before the behaviour's
   first mistake); single-sample: fraction of exact-match rollouts.
 - ``all_fail`` — 1 − frac_success (the paper's Fig. 11 "all-fail fraction"; docs/differences.md §7).
-- ``frac_zero_var`` — grouped only: fraction of groups whose scores have population std ≤ 1e-6 (all-fail *and*
-  all-success groups).
+- ``frac_zero_var`` — grouped only: fraction of groups whose scores have population std ≤ 1e-6 or are all equal
+  (``zero_variance_groups``: all-fail *and* all-success groups).
 - ``weight_winners`` / ``weight_losers`` — the update weight on successful / failed samples, pooled over the
   batch (NaN when there are none): TPO q_i; GRPO |A_i|; Group PG |u_i|/η; PPO and REINFORCE mean_t |A|; DG
   mean_t |gate·A| (first epoch).
