@@ -189,3 +189,12 @@ def test_tpo_group_loss_names_the_trainers_arguments(change, message):
     with pytest.raises(TypeError, match="rewards must be a torch.Tensor, got list"):
         tpo_group_loss(**(args | {"rewards": [0.0] * 8, "group_size": 4, "per_token_logps": -torch.rand(8, 4),
                                   "old_per_token_logps": -torch.rand(8, 4), "completion_mask": torch.ones(8, 4)}))
+
+
+def test_sequence_logp_checks_its_token_mask_as_every_objective_does():
+    """Its own copy of the check read the shape first: a list raised AttributeError ('list' object has no
+    attribute 'shape'); and it named log-probs it was not given."""
+    with pytest.raises(TypeError, match="token_mask must be a bool tensor .*got list"):
+        obj.sequence_logp(torch.zeros(2, 3), [[True] * 3] * 2)
+    with pytest.raises(ValueError, match=r"token_mask has shape \(2, 4\) but token_logp has shape \(2, 3\)"):
+        obj.sequence_logp(torch.zeros(2, 3), torch.ones(2, 4, dtype=torch.bool))

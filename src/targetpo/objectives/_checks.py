@@ -151,22 +151,20 @@ def as_mask(name: str, mask: Tensor | None, like: Tensor, *, require_nonempty_gr
     return mask
 
 
-def as_token_mask(name: str, token_mask: Tensor | None, like: Tensor, candidates: Tensor | None = None) -> Tensor:
-    """Validate a per-token mask [..., T]; every sequence must keep at least one token, but those whose candidate
-    the (checked) candidate mask `candidates` [...] leaves out: a failed generation may hold no token at all."""
+def as_token_mask(token_mask: Tensor | None, like: Tensor, candidates: Tensor | None = None, *,
+                  like_name: str = "logp") -> Tensor:
+    """:func:`check_token_mask` against `like` (the argument named `like_name`), and every sequence must keep at least one token, but those whose candidate the
+    (checked) candidate mask `candidates` [...] leaves out: a failed generation may hold no token at all."""
     if token_mask is None:
         return torch.ones_like(like, dtype=torch.bool)
-    if token_mask.shape != like.shape:
-        raise ValueError(f"{name} has shape {tuple(token_mask.shape)} but the per-token log-probs (logp) have shape "
-                         f"{tuple(like.shape)}; they must match")
-    check_bool(name, token_mask)
+    check_token_mask(token_mask, like, like_name)
     empty = ~token_mask.any(dim=-1)
     if candidates is not None:
         empty = empty & candidates
     if empty.any():
         raise ValueError(
-            f"{name} leaves {int(empty.sum())} sequence(s) with no valid token (shape {tuple(token_mask.shape)}, first "
-            f"at index {empty.nonzero()[0].tolist()}); mask such a candidate out with mask= (False there)"
+            f"token_mask leaves {int(empty.sum())} sequence(s) with no valid token (shape {tuple(token_mask.shape)}, "
+            f"first at index {empty.nonzero()[0].tolist()}); mask such a candidate out with mask= (False there)"
         )
     return token_mask
 

@@ -246,7 +246,7 @@ def grpo_loss(
     if mask_zero_var:
         valid = valid & informative.unsqueeze(-1)
     if per_token:
-        tm = as_token_mask("token_mask", token_mask, lp, mask) & valid.unsqueeze(-1)
+        tm = as_token_mask(token_mask, lp, mask) & valid.unsqueeze(-1)
         adv_b = adv.unsqueeze(-1).expand_as(lp)  # a view: the same values per token, no silent broadcast
     else:
         tm, adv_b = valid, adv
@@ -321,7 +321,7 @@ def _per_token_inputs(logp, old_logp, scores, token_mask, mask, adv_eps, std_ddo
     check_group_size("scores", s)
     group_layout(lp, s, token_mask, candidate=False)
     mask = as_mask("mask", mask, s)
-    tm = as_token_mask("token_mask", token_mask, lp, mask)
+    tm = as_token_mask(token_mask, lp, mask)
     if mask is not None:
         tm = tm & mask.unsqueeze(-1)
     return lp, old, tm, group_advantages(s, mask, eps=adv_eps, std_ddof=std_ddof, singleton=singleton)

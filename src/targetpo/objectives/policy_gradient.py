@@ -105,7 +105,7 @@ def rloo_loss(
     adv = rloo_advantages(s, mask)
     if per_token:
         mask = as_mask("mask", mask, s)
-        tm = as_token_mask("token_mask", token_mask, lp, mask)
+        tm = as_token_mask(token_mask, lp, mask)
         if mask is not None:
             tm = tm & mask.unsqueeze(-1)
         return LossOutput(aggregate(-adv.unsqueeze(-1) * lp, loss_agg, token_mask=tm, per_token=True), {})

@@ -499,7 +499,7 @@ def sequence_logp(token_logp: Tensor, token_mask: Tensor | None = None, reduce: 
     tl = as_float("token_logp", token_logp)
     if mask is not None:
         mask = as_mask("mask", mask, tl[..., 0], require_nonempty_groups=False)
-    tm = as_token_mask("token_mask", token_mask, tl, mask)
+    tm = as_token_mask(token_mask, tl, mask, like_name="token_logp")
     total = torch.where(tm, tl, torch.zeros_like(tl)).sum(dim=-1)
     if reduce == "sum":
         return total
