@@ -21,6 +21,7 @@ import weakref
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 DEFAULT_CHUNK_TOKENS = 512  # one [512, 151,936] fp32 buffer = 0.3 GB, next to a 1.7B model's 3.4 GB of bf16 weights
 
@@ -201,7 +202,7 @@ def full_logits_token_logprobs(model, ids: Tensor, mask: Tensor, pos: Tensor, p:
     n, c = completion_ids.shape
     if not chunk_tokens or not n * c:
         return _logits_logprob(logits, completion_ids, temperature)
-    rows, cols = max(1, chunk_tokens // max(c, 1)), min(c, chunk_tokens)
+    rows, cols = max(1, chunk_tokens // c), min(c, chunk_tokens)  # whole rows, or one row in column chunks
     return torch.cat([torch.cat([_checkpointed(_logits_logprob, logits[i:i + rows, j:j + cols],
                                                completion_ids[i:i + rows, j:j + cols], temperature)
                                  for j in range(0, c, cols)], dim=1)
@@ -219,8 +220,6 @@ def _checkpointed(fn, logits: Tensor, *args) -> Tensor:
     """fn(logits, *args), keeping only `logits` (a view of the model's) for backward, which recomputes fn."""
     if not (torch.is_grad_enabled() and logits.requires_grad):
         return fn(logits, *args)
-    from torch.utils.checkpoint import checkpoint
-
     return checkpoint(fn, logits, *args, use_reentrant=False)
 
 

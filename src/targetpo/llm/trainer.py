@@ -55,6 +55,7 @@ from targetpo import objectives as obj
 from targetpo.objectives.groups import check_whole_groups
 from targetpo.objectives.scores import zero_variance_groups
 from targetpo.llm.logprobs import DEFAULT_CHUNK_TOKENS
+from targetpo.llm.warmstart import FULL_LOGITS_MAX_BYTES
 from targetpo.llm.rollout import (
     SAMPLERS,
     Rollout,
@@ -118,8 +119,8 @@ class TrainerConfig(Validated):
                                          "~1 more forward; dropout stays off)")
     chunk_tokens: int = param(DEFAULT_CHUNK_TOKENS, "log-probs put this many tokens at a time through the LM head, "
                               "recomputed in backward, so one [chunk, vocabulary] fp32 buffer exists at a time "
-                              "(targetpo.llm.logprobs; the warm start too, once its logits pass 64 MiB); 0 = the "
-                              "model's full logits", ge=0)
+                              f"(targetpo.llm.logprobs; the warm start too, once its logits pass "
+                              f"{FULL_LOGITS_MAX_BYTES // 2**20} MiB); 0 = the model's full logits", ge=0)
     # Upper bounds where a larger value can only overflow the weights (AdamW on lr·wd ≥ 1 flips their sign).
     lr: float = param(1e-5, "RL AdamW learning rate", gt=0, le=1)
     weight_decay: float = param(0.0, "AdamW weight decay", ge=0, le=100)
