@@ -68,7 +68,7 @@ def test_the_rollouts_log_probs_are_the_sampling_temperatures(parts, make):
     assert float((at_one - ref).abs().max()) > 1e-2
 
 
-def test_a_later_update_anchors_on_the_rollouts_log_probs_not_the_current_ones(parts, make):
+def test_a_later_update_anchors_on_the_rollouts_log_probs_not_the_current_ones(parts, make, monkeypatch):
     """After one AdamW step p_θ ≠ p_old; the gradient on each group's sequence log-scores is (p_θ − q)/B with
     q ∝ p_old·exp(u) from the rollout's old_logp (docs/method.md §2), not from the current policy."""
     import targetpo.llm.trainer as trainer
@@ -84,13 +84,9 @@ def test_a_later_update_anchors_on_the_rollouts_log_probs_not_the_current_ones(p
         seen.append(out)
         return out
 
-    mp = pytest.MonkeyPatch()
-    mp.setattr(trainer, "token_logprobs", keep)
-    try:
-        loss, _ = trainer.micro_batch_loss(tr.model, tr.cfg, b)
-        loss.backward()
-    finally:
-        mp.undo()
+    monkeypatch.setattr(trainer, "token_logprobs", keep)
+    loss, _ = trainer.micro_batch_loss(tr.model, tr.cfg, b)
+    loss.backward()
     mask = b.completion_mask.double().numpy()
     seq = (seen[0].detach().double().numpy() * mask).sum(-1).reshape(B, K)
     seq_old = (b.old_logp.double().numpy() * mask).sum(-1).reshape(B, K)
