@@ -1,0 +1,72 @@
+"""The arithmetic of the authors' `transformer --smoke` configuration against this machine's float32 GEMM peak
+(BENCHMARKS.md, "Where the rest of the time goes").
+
+Counts the matrix-multiply FLOPs of one run of the configuration (2 seeds × 50 episodes, H = 10, V = 2, B = 100,
+K = 8; ppo, dg, tpo_token, grpo_token) with torch's FLOP counter, which sees every GEMM the engine dispatches
+(forward, backward, sampling), and times a large square float32 GEMM at `--threads`: the count divided by that
+peak is the time the configuration would take if its GEMMs ran at the machine's best rate and everything else
+(GELU, LayerNorm, softmax, gathers, the optimizer, Python) took no time at all.
+
+    python benchmarks/token_flops.py --threads 2
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
+from torch.utils.flop_counter import FlopCounterMode
+
+from targetpo.tokens import engine as te
+
+METHODS = ("dg", "grpo_token", "tpo_token", "ppo")
+
+
+def smoke_flops() -> dict[str, dict[str, int]]:
+    """{method: {op: FLOPs}} of one run of the smoke configuration (deterministic: the engine's distinct rows,
+    and so its GEMM shapes, depend on the seeds only)."""
+    cfg = te.TrialConfig(task="reverse_copy", reward="bag", length=10, vocab=2, batch=100, k=8, episodes=50)
+    out = {}
+    for m in METHODS:
+        counter = FlopCounterMode(display=False)
+        with counter:
+            te.run_trial(cfg, m, [0, 1])
+        out[m] = {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
+    return out
+
+
+def gemm_peak(n: int, repeats: int) -> float:
+    """Median FLOP/s of an [n, n] × [n, n] float32 matmul (after warm-up)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / statistics.median(times)
+
+
+def main():
+    ap = Parser(description=__doc__)
+    ap.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
+    ap.add_argument("--size", type=positive_int, default=2048, help="side of the square GEMM timed for the peak")
+    ap.add_argument("--repeats", type=positive_int, default=7, help="timed GEMMs (median reported)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    flops = smoke_flops()
+    peak = gemm_peak(args.size, args.repeats)
+    total = sum(sum(ops.values()) for ops in flops.values())
+    print(f"torch {torch.__version__}, {args.threads} threads")
+    print("| method | GEMM GFLOP (2 seeds × 50 episodes) |\n|---|---|")
+    for m, ops in flops.items():
+        print(f"| {m} | {sum(ops.values()) / 1e9:.1f} |")
+    print(f"total {total / 1e12:.3f} TFLOP; [{args.size}, {args.size}] float32 GEMM peak {peak / 1e9:.0f} GFLOP/s "
+          f"(median of {args.repeats}); the configuration's GEMMs at that peak: {total / peak:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
