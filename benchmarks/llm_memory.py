@@ -213,7 +213,8 @@ def main() -> None:
                    f"| path | peak above baseline (GB) | seconds |\n|---|---|---|\n{rows}\n\n{ratios}\n\n"
                    "`chunked` is targetpo's log-probs (`token_logprobs`), `full` the same with `chunk_tokens=0` (the "
                    "model's own logits), `fallback` the path of a head that cannot be split off (soft-capped logits: "
-                   "the model's own logits, their fp32 log-softmax a chunk at a time), `selective` the full logits + TRL's `selective_log_softmax`, the log-probs "
+                   "the model's own logits, their fp32 log-softmax a chunk at a time), `selective` the full logits + "
+                   "TRL's `selective_log_softmax`, the log-probs "
                    "of TRL's GRPOTrainer before its fused LM head (TRL 1.16 runs a chunked head of its own, not "
                    "measured here).\n")
         replace_section(args.write, HEADING, section)

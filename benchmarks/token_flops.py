@@ -17,22 +17,20 @@ import time
 
 import torch
 from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
+from tokens import SMOKE, TOKEN_METHODS  # the configuration benchmarks/tokens.py times
 from torch.utils.flop_counter import FlopCounterMode
 
 from targetpo.tokens import engine as te
-
-METHODS = ("dg", "grpo_token", "tpo_token", "ppo")
 
 
 def smoke_flops() -> dict[str, dict[str, int]]:
     """{method: {op: FLOPs}} of one run of the smoke configuration (deterministic: the engine's distinct rows,
     and so its GEMM shapes, depend on the seeds only)."""
-    cfg = te.TrialConfig(task="reverse_copy", reward="bag", length=10, vocab=2, batch=100, k=8, episodes=50)
     out = {}
-    for m in METHODS:
+    for m in TOKEN_METHODS[::-1]:  # the order tokens.py runs them in
         counter = FlopCounterMode(display=False)
         with counter:
-            te.run_trial(cfg, m, [0, 1])
+            te.run_trial(SMOKE, m, [0, 1])
         out[m] = {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
     return out
 

@@ -44,6 +44,8 @@ from targetpo.tokens import tasks
 SECTION = "## Token experiments: engine speed"
 TOKEN_METHODS = ("tpo_token", "grpo_token", "ppo", "dg")
 SEQUENCE_METHODS = ("tpo", "grpo", "ppo@interactions")
+# The authors' `transformer --smoke` preset (2 seeds × 50 episodes of TOKEN_METHODS); _SMOKE_CHILD repeats it as text.
+SMOKE = te.TrialConfig(task="reverse_copy", reward="bag", length=10, vocab=2, batch=100, k=8, episodes=50)
 JAX_SMOKE_S = (169, 173)  # the authors' code, quiet 2-core machine, 3 runs (BENCHMARKS.md, docs/experiments.md §Compute)
 
 
@@ -71,13 +73,12 @@ def per_seed_costs(seeds: int, episodes: int) -> dict[str, float]:
 def authors_smoke(repeats: int) -> tuple[float, list[float], dict[str, float]]:
     """Median wall seconds of `repeats` runs of the configuration (and all of them), and the 2-seed mean error
     at episode 50 of each method (the same in every run: the engine is deterministic)."""
-    cfg = te.TrialConfig(task="reverse_copy", reward="bag", length=10, vocab=2, batch=100, k=8, episodes=50)
     walls, runs = [], []
     for _ in range(repeats):
         finals = {}
         t0 = time.perf_counter()
         for m in TOKEN_METHODS[::-1]:
-            finals[m] = float(te.run_trial(cfg, m, [0, 1])["error"][-1].mean())
+            finals[m] = float(te.run_trial(SMOKE, m, [0, 1])["error"][-1].mean())
         walls.append(time.perf_counter() - t0)
         runs.append(finals)
     if any(r != runs[0] for r in runs):

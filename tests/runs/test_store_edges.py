@@ -4,6 +4,7 @@ refusals and what a refused or partial resume leaves behind, and the placeholder
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -98,16 +99,8 @@ def done_run(tmp_path_factory) -> Path:
                           progress=False, quiet=True)
 
 
-def _copy(run: Path, dst: Path) -> Path:
-    dst.mkdir()
-    for f in run.iterdir():
-        if f.is_file():
-            (dst / f.name).write_bytes(f.read_bytes())
-    return dst
-
-
 def test_a_resume_asking_for_another_seed_count_is_refused(done_run, tmp_path, capsys):
-    out = _copy(done_run, tmp_path / "run")
+    out = shutil.copytree(done_run, tmp_path / "run")
     before = {f.name: f.read_bytes() for f in out.iterdir()}
     assert main(["run", "tabular-single", "--out", str(out), "--resume", "--seeds", "3", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -119,7 +112,7 @@ def test_a_resume_asking_for_another_seed_count_is_refused(done_run, tmp_path, c
 
 
 def test_a_resume_after_a_kill_inside_the_first_unit_is_recorded_as_resumed(done_run, tmp_path):
-    out = _copy(done_run, tmp_path / "run")
+    out = shutil.copytree(done_run, tmp_path / "run")
     lines = (out / "metrics.jsonl").read_text().splitlines()
     first = json.loads(lines[0])["unit"]
     kept = [ln for ln in lines if json.loads(ln)["unit"] == first and "event" not in json.loads(ln)][:3]
@@ -133,7 +126,7 @@ def test_a_resume_after_a_kill_inside_the_first_unit_is_recorded_as_resumed(done
 
 
 def test_mark_not_run_never_replaces_a_real_run(done_run, tmp_path):
-    out = _copy(done_run, tmp_path / "run")
+    out = shutil.copytree(done_run, tmp_path / "run")
     before = {f.name: f.read_bytes() for f in out.iterdir()}
     mark_not_run(out, load("tabular-single"), "cpu", "its data is missing")
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before
@@ -165,7 +158,7 @@ def mnist_run(tmp_path_factory, mnist_dir) -> Path:
 
 def test_a_forced_resume_checks_the_data_before_touching_the_run(mnist_run, tmp_path, capsys):
     """--resume --force replays units, so it needs the data: without it the run folder must stay as it was."""
-    out = _copy(mnist_run, tmp_path / "run")
+    out = shutil.copytree(mnist_run, tmp_path / "run")
     meta = json.loads((out / "run.json").read_text())
     meta["config"]["data_dir"] = str(tmp_path / "gone")
     (out / "run.json").write_text(json.dumps(meta))
@@ -182,7 +175,7 @@ def test_a_resume_naming_the_data_another_way_is_the_same_run(mnist_run, tmp_pat
     """The stored run read --data-dir D; a resume rebuilt from the preset (data_dir unset) that finds the same
     files through $TARGETPO_MNIST_DIR asks for the same run: where the data lies is not part of the config
     compared, its fingerprint is."""
-    out = _copy(mnist_run, tmp_path / "run")
+    out = shutil.copytree(mnist_run, tmp_path / "run")
     seeds = json.loads((out / "run.json").read_text())["config"]["seeds"]
     monkeypatch.setenv("TARGETPO_MNIST_DIR", str(mnist_dir))
     capsys.readouterr()

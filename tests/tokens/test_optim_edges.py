@@ -9,14 +9,8 @@ import torch
 from targetpo import objectives as obj
 from targetpo.optim import MuonAdamW, TorchMuonAdamW, make_optimizer, newton_schulz
 from targetpo.tabular import bandit, single
-from targetpo.tokens import transformer as tfm
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def _tiny_model():
-    spec = tfm.TransformerSpec(vocab=4, max_len=6, d_model=8, heads=2, layers=1, ffn_mult=2)
-    return tfm.param_info(spec), tfm.init_params(spec, [0, 1])
 
 
 def _grads(params, seed):
@@ -24,8 +18,8 @@ def _grads(params, seed):
     return {k: torch.randn(v.shape, generator=g) for k, v in params.items()}
 
 
-def test_torch_option_adamw_follows_adam_with_beta2_0_999_over_several_steps():
-    info, params = _tiny_model()
+def test_torch_option_adamw_follows_adam_with_beta2_0_999_over_several_steps(tiny_model):
+    info, params = tiny_model
     opt = TorchMuonAdamW(params, info, 1e-2)
     p = params["ln_f.bias"].clone().double()
     m, v = torch.zeros_like(p), torch.zeros_like(p)
@@ -45,8 +39,8 @@ def _nesterov_directions(g1, g2, momentum):
     return g2 + momentum * (b - g2)
 
 
-def test_torch_option_muon_uses_nesterov_momentum_0_95():
-    info, params = _tiny_model()
+def test_torch_option_muon_uses_nesterov_momentum_0_95(tiny_model):
+    info, params = tiny_model
     opt = TorchMuonAdamW(params, info, 1e-3)
     g1, g2 = _grads(params, 1), _grads(params, 2)
     opt.step(params, g1)
@@ -62,8 +56,8 @@ def test_torch_option_muon_uses_nesterov_momentum_0_95():
     assert cos(0.95) > 0.999 and cos(0.95) - cos(0.8) > 1e-3, (cos(0.95), cos(0.8))
 
 
-def test_make_optimizer_passes_the_full_step_norm_to_muon():
-    info, params = _tiny_model()
+def test_make_optimizer_passes_the_full_step_norm_to_muon(tiny_model):
+    info, params = tiny_model
     tiny = {k: 1e-6 * v for k, v in _grads(params, 1).items()}
     steps = {}
     for tau in (0.0, 1.0):
@@ -76,8 +70,8 @@ def test_make_optimizer_passes_the_full_step_norm_to_muon():
 
 
 @pytest.mark.parametrize("kind", ["optax", "torch"])
-def test_names_must_agree_both_ways(kind):
-    info, params = _tiny_model()
+def test_names_must_agree_both_ways(kind, tiny_model):
+    info, params = tiny_model
     with pytest.raises(ValueError, match=r"disagree on names: \['extra'\]"):
         make_optimizer(kind, params | {"extra": torch.zeros(2, 3)}, info, 1e-3)
     opt = make_optimizer(kind, params, info, 1e-3)

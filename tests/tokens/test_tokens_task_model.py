@@ -297,16 +297,11 @@ def test_torch_muon_option_first_step_equals_orthogonalised_gradient():
     assert torch.allclose(d_ln, -1e-3 * grads["ln_f.bias"].sign(), atol=1e-6)
 
 
-def _tiny_model():
-    spec = tfm.TransformerSpec(vocab=4, max_len=6, d_model=8, heads=2, layers=1, ffn_mult=2)
-    return tfm.param_info(spec), tfm.init_params(spec, [0, 1])
-
-
 @pytest.mark.parametrize("kind", ["optax", "torch"])
-def test_optimizers_refuse_bad_parameters_and_gradients_before_moving_their_state(kind):
+def test_optimizers_refuse_bad_parameters_and_gradients_before_moving_their_state(kind, tiny_model):
     """A transposed gradient of the right size was stepped as if it were right; a wrong size failed mid-step
     after the Muon momentum and the step count had moved. Both are now refused up front, naming the tensor."""
-    info, params = _tiny_model()
+    info, params = tiny_model
     opt = make_optimizer(kind, params, info, 1e-3)
     before = {k: v.clone() for k, v in params.items()}
     grads = {k: torch.ones_like(v) for k, v in params.items()}

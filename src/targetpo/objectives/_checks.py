@@ -153,8 +153,9 @@ def as_mask(name: str, mask: Tensor | None, like: Tensor, *, require_nonempty_gr
 
 def as_token_mask(token_mask: Tensor | None, like: Tensor, candidates: Tensor | None = None, *,
                   like_name: str = "logp") -> Tensor:
-    """:func:`check_token_mask` against `like` (the argument named `like_name`), and every sequence must keep at least one token, but those whose candidate the
-    (checked) candidate mask `candidates` [...] leaves out: a failed generation may hold no token at all."""
+    """:func:`check_token_mask` against `like` (the argument named `like_name`); every sequence must keep at least
+    one token, but those whose candidate the (checked) candidate mask `candidates` [...] leaves out: a failed
+    generation may hold no token at all."""
     if token_mask is None:
         return torch.ones_like(like, dtype=torch.bool)
     check_token_mask(token_mask, like, like_name)
