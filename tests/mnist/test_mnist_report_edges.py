@@ -141,3 +141,55 @@ def test_a_numpy_bool_is_a_point_estimate_verdict(tmp_path):
     _, section = _run(tmp_path, {"tpo": [0.5, 0.03], "dg": [0.5, 0.06]})
     section.claim("a claim decided on point estimates", np.bool_(True), "evidence")
     assert section.claims[-1].interval is False and section.claims[-1].verdict is Verdict.PASS
+
+
+# ----------------------------------------------------------------------------- train's records and GRPO's seeds
+
+def _recorder():
+    records = []
+    ctx = SimpleNamespace(log=lambda r: records.append({k: (v.clone() if torch.is_tensor(v) else v)
+                                                        for k, v in r.items()}),
+                          check_finite=lambda *a: None, advance=lambda *a: None)
+    return ctx, records
+
+
+def test_train_logs_the_mean_reward_per_update_and_the_unclamped_test_error():
+    """With a learning rate of 1e-12 the policy stays at its initial weights, so (i) the logged reward of an
+    evaluation is the mean over its `eval_every` updates of the batch-mean reward, whose expectation is
+    mean_n π(y_n | x_n) over the training set (batches are uniform with replacement), and (ii) test labels chosen
+    as (argmax + 1) mod 10 make every greedy answer wrong: an error of exactly 1."""
+    g = torch.Generator().manual_seed(0)
+    cfg = train.Config(seeds=2, steps=40, eval_every=20, batch=100, lr=1e-12, methods=["pg"])
+    params, _ = train.init_policies(cfg, 1)
+    train_x, test_x = torch.rand(300, 784, generator=g), torch.rand(50, 784, generator=g)
+    train_y = torch.randint(0, 10, (300,), generator=g)
+    greedy = train.test_probs(params, test_x, 1).argmax(-1)                    # [S, 1, T]
+    test_y = (greedy[0, 0] + 1) % 10
+    data = _data(train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y)
+    ctx, records = _recorder()
+    train.train(cfg, data, ctx)
+    assert [r["step"] for r in records] == [20, 40] and [r["label"] for r in records] == [0, 20]
+    assert records[-1]["pg.error"][0].item() == 1.0                            # seed 0: every answer wrong
+    expected = train.test_probs(params, train_x, 1)[:, 0].gather(-1, train_y.expand(2, -1).unsqueeze(-1)).mean((1, 2))
+    for r in records:                                                           # 2,000 samples: s.e. ≈ 0.007
+        assert r["pg.reward"].shape == (2,) and ((r["pg.reward"] - expected).abs() < 0.04).all()
+
+
+def test_single_sample_grpo_standardizes_each_seeds_batch_on_its_own():
+    """Seed 0's loss gradient must not depend on seed 1's rewards (each seed's batch is its own group)."""
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 8, 10, generator=g)
+    actions = torch.randint(0, 10, (2, 8), generator=g)
+    labels = actions.clone()
+    labels[0, ::2] = (labels[0, ::2] + 1) % 10                                  # seed 0: half right
+
+    def grad_seed0(labels_seed1):
+        x = logits.clone().requires_grad_(True)
+        lab = torch.stack([labels[0], labels_seed1])
+        bandit.bandit_loss("grpo", x, actions, lab, bandit.log_softmax(x.detach())).backward()
+        return x.grad[0]
+
+    all_right, one_right = actions[1].clone(), (actions[1] + 1) % 10
+    one_right[0] = actions[1, 0]
+    assert torch.allclose(grad_seed0(all_right), grad_seed0(one_right), atol=1e-7)
+    assert grad_seed0(all_right).abs().sum() > 0

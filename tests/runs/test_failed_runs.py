@@ -52,6 +52,11 @@ def test_a_crash_records_failed_and_keeps_its_traceback(tmp_path, monkeypatch):
     with pytest.raises(ZeroDivisionError, match="a bug"):
         run_experiment("tabular-multi", "smoke", out=out, progress=False, quiet=True)
     assert json.loads((out / "run.json").read_text())["status"] == "failed (ZeroDivisionError: a bug)"
+    # The report's headline counts it as failed, not also as incomplete, and its contents line says so.
+    head, contents = write_report(out).read_text().split("## Contents", 1)
+    assert "**1 run failed** (its section says the error and how to resume)" in head
+    assert "incomplete**" not in head
+    assert contents.split("\n")[2].endswith(" — failed")
 
 
 def test_run_json_does_not_list_the_seeds(tmp_path):

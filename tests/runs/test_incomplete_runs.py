@@ -122,6 +122,10 @@ def test_rows_are_marked_by_unit_name_or_the_table_says_which_values_are_partial
     s.table(["variant", "TPO", "GRPO (no KL)"], [["bag", 1, 2]])
     assert "| bag | 1 | 2 |" in s.blocks[-1]
     assert "*Incomplete run: values of `v4/grpo_no_kl` are from episode 7 of 30, not final.*" in s.blocks[-1]
+    # Two units: a row of the finished one is not marked (only a run of one unit marks every row).
+    two = _section(Progress(("tpo",), {"grpo": (3, 10)}, ()), {"steps": 10})
+    two.table(["method", "error"], [["TPO", 1], ["GRPO", 2]])
+    assert "| TPO | 1 |" in two.blocks[-1] and "| GRPO *(partial: `grpo` at step 3 of 10)* | 2 |" in two.blocks[-1]
     # A run of one unit: every row comes from it.
     single = _section(Progress((), {"train": (3, 10)}, ()), {"steps": 10})
     single.table(["method", "error"], [["CE (oracle)", 1], ["TPO", 2]])

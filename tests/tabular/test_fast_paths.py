@@ -197,3 +197,20 @@ def test_tabular_multi_float32_follows_float64_down_to_tiny_errors(unit):
     f32, f64 = _final_error(torch.float32, unit), _final_error(torch.float64, unit)
     assert f64 < 1e-8
     assert abs(f32 - f64) <= 0.01 * f64
+
+
+@pytest.mark.parametrize("method", multi.METHODS)
+def test_multi_logs_tiny_errors_to_float32_precision(method):
+    """The logged error is mean Σ_{a≠y} π_a, not 1 − mean π_y: once π_y rounds to 1 in float32 the latter reads 0
+    (or a multiple of 6e-8) where the float64 loop is at 1e-9..1e-12."""
+    cfg = multi.Config(seeds=2, steps=300, lr=1.0)
+    ctx = _Log()
+    multi.run_unit(cfg, method, ctx)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    logits = torch.randn(cfg.seeds, cfg.contexts, cfg.actions, generator=gen, dtype=torch.float32).double()
+    for _ in range(cfg.steps):
+        logits, _ = _plain_step(logits, method, cfg.lr, cfg.eta)
+    p = torch.softmax(logits, -1)
+    err = p[..., 1:].sum(-1).mean(-1)  # Σ_{a≠y} π_a in float64 (y = 0 in the plain loop)
+    assert (err < 1e-7).all(), err
+    assert torch.allclose(ctx.records[-1]["error"].double(), err, rtol=0.02, atol=0), (ctx.records[-1]["error"], err)
