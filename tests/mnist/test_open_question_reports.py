@@ -254,8 +254,8 @@ def test_replay_tpo_is_advantage_uses_the_behaviour_baseline():
 
 def test_replay_tpo_is_keeps_the_actors_advantage_when_the_learner_is_certain_of_another_class():
     """The actor (μ uniform) picked the right class a, so A = 1 − Σμ² = 0.9 > 0; the learner is certain of
-    another class j (Σπ² = 1 in float32, π_a ≈ e^-30). The advantage is the actor's, not 1 − Σπ² = 0, so at a small η the
-    target moves to a and the loss is about −log π_a ≈ 30 per image."""
+    another class j (Σπ² = 1 in float32, π_a ≈ e^-30). The advantage is the actor's, not 1 − Σπ² = 0, so at a
+    small η the target moves to a and the loss is about −log π_a ≈ 30 per image."""
     s, b, c = 2, 4, 10
     actions = torch.arange(s * b).view(s, b) % c
     wrong = (actions + 1) % c
