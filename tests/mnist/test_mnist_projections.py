@@ -8,8 +8,9 @@ import pytest
 
 from targetpo.experiments import load, run_experiment
 from targetpo.mnist import projections as MP
-from targetpo.report import write_report
+from targetpo.report import Section, write_report
 from targetpo.runs.config import make_config
+from targetpo.runs.store import Run
 
 
 def _records(run_dir):
@@ -57,22 +58,34 @@ def test_mnist_projections_smoke_and_forward_kl_is_mnist_tpo(tmp_path, mnist_dir
     assert np.isfinite([v for r in recs for k, v in r.items() if k.endswith(".error") for v in v]).all()
 
 
-def _report_text(tmp_path, preset: str) -> str:
-    """The "What the data says" paragraph of a 2-seed run whose reverse-KL differences from TPO are more than
-    2 s.e. from 0 while their 95 % t-interval (t = 12.7 at 2 seeds) includes 0, and whose alpha0.5 differences
-    are clear by either rule."""
-    from targetpo.report import Section
-    from targetpo.runs.store import Run
-
-    errors = {"forward_kl": ([0.30, 0.30], [0.10, 0.10]), "reverse_kl": ([0.40, 0.42], [0.20, 0.22]),
-              "alpha0.5": ([0.40, 0.4001], [0.20, 0.2001])}
+def _projections(tmp_path, errors: dict[str, tuple], preset="cpu"):
+    """A 2-seed mnist-projections run evaluated at steps 20 and 40: errors {setting: (seeds at 20, seeds at 40)}."""
     records = [{"unit": MP.UNIT, "step": step, **{f"{m}.error": v[i] for m, v in errors.items()}}
                for i, step in enumerate((20, 40))]
     cfg = {"methods": list(errors), "threshold": 0.05, "seeds": 2, "steps": 40, "eta": 1.0}
     run = Run(tmp_path, {"preset": preset, "experiment": MP.NAME, "config": cfg}, records)
     section = Section("t", run, tmp_path)
     MP.report(run, section)
+    return run, section
+
+
+def _said(section) -> str:
     return next(b for b in section.blocks if b.startswith("**What the data says.**"))
+
+
+def _row(section, label: str) -> list[str]:
+    table = next(b for b in section.blocks if "| setting |" in b)
+    line = next(ln for ln in table.splitlines() if ln.startswith(f"| {label} |"))
+    return [c.strip() for c in line.split("|")[1:-1]]
+
+
+def _report_text(tmp_path, preset: str) -> str:
+    """The "What the data says" paragraph of a 2-seed run whose reverse-KL differences from TPO are more than
+    2 s.e. from 0 while their 95 % t-interval (t = 12.7 at 2 seeds) includes 0, and whose alpha0.5 differences
+    are clear by either rule."""
+    return _said(_projections(tmp_path, {"forward_kl": ([0.30, 0.30], [0.10, 0.10]),
+                                         "reverse_kl": ([0.40, 0.42], [0.20, 0.22]),
+                                         "alpha0.5": ([0.40, 0.4001], [0.20, 0.2001])}, preset)[1])
 
 
 def test_what_the_data_says_reads_95_percent_t_intervals_and_decides_nothing_on_smoke(tmp_path):
@@ -83,3 +96,42 @@ def test_what_the_data_says_reads_95_percent_t_intervals_and_decides_nothing_on_
     assert alpha.count("a clear difference") == 2
     smoke = _report_text(tmp_path, "smoke")
     assert "clear difference" not in smoke and smoke.count("too short to decide") == 4
+
+
+def test_a_seed_tied_with_tpo_is_not_counted_as_lower(tmp_path):
+    """α = 0.5 ties TPO's mean error in seed 1 (0.30 and 0.10 both) and is lower in seed 2: lower on 1 of 2."""
+    assert MP._seeds_lower(np.array([0.1, 0.2]), np.array([0.1, 0.3])) == 1
+    _, section = _projections(tmp_path, {"forward_kl": ([0.30, 0.30], [0.10, 0.10]),
+                                         "alpha0.5": ([0.30, 0.28], [0.10, 0.08])})
+    assert _row(section, "α = 0.5")[4].endswith("(1/2)")
+    assert "lower on 1/2" in _said(section)
+
+
+def test_the_delta_column_is_the_setting_minus_tpo(tmp_path):
+    """Reverse KL's mean errors per seed are 0.30 and 0.32 against TPO's 0.20 and 0.20: Δ = +11 points."""
+    _, section = _projections(tmp_path, {"forward_kl": ([0.30, 0.30], [0.10, 0.10]),
+                                         "reverse_kl": ([0.40, 0.42], [0.20, 0.22])})
+    assert _row(section, "forward KL (TPO)")[4] == "–"
+    assert _row(section, "reverse KL")[4].startswith("11.00 [") and _row(section, "reverse KL")[4].endswith("(0/2)")
+
+
+def test_the_final_difference_is_read_at_the_last_evaluation(tmp_path):
+    """At step 40 reverse KL is 0.20 and 0.22 against TPO's 0.10: +11 points (at step 20 it was +21)."""
+    _, section = _projections(tmp_path, {"forward_kl": ([0.30, 0.30], [0.10, 0.10]),
+                                         "reverse_kl": ([0.50, 0.52], [0.20, 0.22])})
+    said = _said(section)
+    assert "final test error 11.00 [" in said and "21.00" not in said
+    assert "mean over all evaluations 16.00 [" in said  # per seed (0.35 − 0.20, 0.37 − 0.20)
+
+
+def test_the_5_percent_crossing_names_tpos_own_step(tmp_path):
+    _, section = _projections(tmp_path, {"forward_kl": ([0.04, 0.04], [0.03, 0.03]),
+                                         "reverse_kl": ([0.10, 0.10], [0.04, 0.04])})
+    assert "reverse KL reaches 5 % at update 40 (TPO: 20)" in _said(section)
+    assert [_row(section, label)[3] for label in ("forward KL (TPO)", "reverse KL")] == ["20", "40"]
+
+
+def test_the_summary_shows_the_last_evaluations_error(tmp_path):
+    run, _ = _projections(tmp_path, {"forward_kl": ([0.30, 0.30], [0.10, 0.10]),
+                                     "reverse_kl": ([0.40, 0.42], [0.20, 0.22])})
+    assert MP.summary(run) == "final test error: forward KL (TPO) 10.0 %, reverse KL 21.0 %"

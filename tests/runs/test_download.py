@@ -1,5 +1,6 @@
 """Explicit downloads against a local HTTP server on 127.0.0.1 serving files the test creates (never the
-network): checksums, resume with HTTP Range, a server that ignores Range, and the `targetpo data` command."""
+network): checksums (of a file already in place, in either case), resume with HTTP Range, a server that ignores
+Range, a 416 answer with nothing to resume, a body shorter than announced, and the `targetpo data` command."""
 
 from __future__ import annotations
 
@@ -23,11 +24,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     cut_after: int | None = None  # send this many bytes of the answer, then close the connection
     chunked = False               # answer with Transfer-Encoding: chunked (no Content-Length)
     stall_s = 0.0                 # wait this long after the headers before the body
+    status: int | None = None     # answer every request with this error status
 
     def do_GET(self):  # noqa: N802 (http.server's name)
         body = self.files.get(self.path.rsplit("/", 1)[-1])
-        if body is None:
-            self.send_error(404)
+        if self.status is not None or body is None:
+            self.send_error(self.status or 404)
             return
         rng = self.headers.get("Range")
         self.seen_ranges.append(rng)
@@ -55,7 +57,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def server():
     handler = type("H", (_Handler,), {"files": {}, "seen_ranges": [], "honour_range": True, "cut_after": None,
-                                      "chunked": False, "stall_s": 0.0})
+                                      "chunked": False, "stall_s": 0.0, "status": None})
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
@@ -119,6 +121,44 @@ def test_a_transfer_cut_short_keeps_its_bytes_and_resumes(server, tmp_path, chun
     handler.cut_after, handler.chunked = None, False
     assert download(remote, tmp_path, progress=False).read_bytes() == body
     assert handler.seen_ranges[-1] == "bytes=30000-"
+
+
+def test_a_file_in_place_with_the_wrong_checksum_is_refused(tmp_path):
+    body = b"the published bytes"
+    (tmp_path / "x.bin").write_bytes(body)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "x.bin").write_bytes(b"something else")
+    with pytest.raises(ValueError, match="exists but its SHA256 is not the published"):
+        download(Remote((tmp_path / "x.bin").as_uri(), _sha(body), "x.bin"), dest, progress=False)
+    assert (dest / "x.bin").read_bytes() == b"something else"  # left for the user to move away
+
+
+def test_an_upper_case_checksum_matches(tmp_path):
+    body = b"hex digits in either case"
+    (tmp_path / "x.bin").write_bytes(body)
+    remote = Remote((tmp_path / "x.bin").as_uri(), "sha256:" + _sha(body).split(":")[1].upper(), "x.bin")
+    assert download(remote, tmp_path / "dest", progress=False).read_bytes() == body
+
+
+def test_http_416_without_a_partial_file_is_an_error(server, tmp_path):
+    """416 (range not satisfiable) means "already complete" only when a partial file was there to resume."""
+    handler, url = server
+    handler.status = 416
+    with pytest.raises(OSError, match="HTTP 416"):
+        download(Remote(f"{url}/x.bin", _sha(b"x"), "x.bin"), tmp_path, progress=False)
+    assert not (tmp_path / "x.bin").exists()
+
+
+def test_a_body_one_byte_short_keeps_the_partial_file(server, tmp_path):
+    """The server announces 101 bytes and sends 100: the transfer stopped early, so the 100 bytes stay in the
+    .part file for the next run to resume."""
+    handler, url = server
+    full = bytes(range(101))
+    handler.files["x.bin"], handler.cut_after = full, 100
+    with pytest.raises(OSError, match="the transfer stopped at 100 of 101 bytes"):
+        download(Remote(f"{url}/x.bin", _sha(full), "x.bin"), tmp_path, progress=False)
+    assert (tmp_path / "x.bin.part").read_bytes() == full[:100]
 
 
 def test_a_server_that_stalls_is_named_in_one_line(server, tmp_path):

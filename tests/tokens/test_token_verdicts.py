@@ -22,14 +22,20 @@ from targetpo.tokens.terminal import _grpo_final_bound
 
 def fake_run(path: Path, name: str, overrides: list[str], curves: dict[str, np.ndarray]) -> Path:
     """A complete cpu-preset run of `name` whose unit `u` logged `curves[u]` ([steps, seeds]) as its error."""
+    return fake_metrics_run(path, name, overrides, {u: {"error": v} for u, v in curves.items()})
+
+
+def fake_metrics_run(path: Path, name: str, overrides: list[str], units: dict[str, dict[str, np.ndarray]]) -> Path:
+    """A complete cpu-preset run of `name` whose unit `u` logged `units[u][metric]` ([steps, seeds]) per metric."""
     path.mkdir(parents=True)
     cfg = make_config(load(name), "cpu", overrides=overrides)
     (path / "run.json").write_text(json.dumps({"experiment": name, "preset": "cpu", "status": "complete",
                                                "config": dataclasses.asdict(cfg)}))
     with open(path / "metrics.jsonl", "w") as f:
-        for unit, values in curves.items():
-            for step, row in enumerate(values):
-                f.write(json.dumps({"unit": unit, "step": step, "error": row.tolist()}) + "\n")
+        for unit, metrics in units.items():
+            for step in range(len(next(iter(metrics.values())))):
+                f.write(json.dumps({"unit": unit, "step": step, **{k: v[step].tolist() for k, v in metrics.items()}})
+                        + "\n")
             f.write(json.dumps({"unit": unit, "event": "done"}) + "\n")
     return path
 
@@ -223,21 +229,6 @@ def test_the_papers_numbers_are_read_under_their_keys():
 
 
 # ----------------------------------------------------------------------------- report helpers and claims at their edges
-
-
-def fake_metrics_run(path: Path, name: str, overrides: list[str], units: dict[str, dict[str, np.ndarray]]) -> Path:
-    """fake_run with several metrics per unit: units {unit: {metric: [steps, seeds]}}."""
-    path.mkdir(parents=True)
-    cfg = make_config(load(name), "cpu", overrides=overrides)
-    (path / "run.json").write_text(json.dumps({"experiment": name, "preset": "cpu", "status": "complete",
-                                               "config": dataclasses.asdict(cfg)}))
-    with open(path / "metrics.jsonl", "w") as f:
-        for unit, metrics in units.items():
-            for step in range(len(next(iter(metrics.values())))):
-                f.write(json.dumps({"unit": unit, "step": step, **{k: v[step].tolist() for k, v in metrics.items()}})
-                        + "\n")
-            f.write(json.dumps({"unit": unit, "event": "done"}) + "\n")
-    return path
 
 
 def test_the_final_error_is_the_last_episodes_unsmoothed():

@@ -1,6 +1,6 @@
-"""mnist-mechanism and mnist-projections at their edges: the concentration bins and their per-seed statistics, the
-checkpoint a report reads and the configs that can reach it, and both reports on hand-made runs whose cells and
-verdicts follow from the claim texts; and the MLP bank's refusal of a network without a hidden layer."""
+"""mnist-mechanism at its edges: the concentration bins and their per-seed statistics, the checkpoint a report
+reads and the configs that can reach it, and the report on hand-made runs whose cells and verdicts follow from the
+claim texts; and the MLP bank's refusal of a network without a hidden layer."""
 
 import math
 
@@ -11,7 +11,6 @@ import torch
 from targetpo import paper
 from targetpo.experiments import load
 from targetpo.mnist import mechanism as MM
-from targetpo.mnist import projections as MP
 from targetpo.mnist.mlp import init_bank
 from targetpo.report import Section, Verdict
 from targetpo.runs.config import make_config
@@ -158,68 +157,6 @@ def test_each_bin_row_shows_the_papers_value_for_that_bin(tmp_path):
     ref = paper.MNIST_MECHANISM_SURPLUS.values
     assert [r[2] for r in rows] == [fmt(x) for x in ref["tpo"]] == ["0", "0.007", "0.021", "0.073"]
     assert [r[5] for r in rows] == [fmt(x) for x in ref["dg"]] == ["0", "-0.001", "-0.003", "-0.005"]
-
-
-# ----------------------------------------------------------------------------- projections report
-
-def _projections(tmp_path, errors: dict[str, tuple], preset="cpu"):
-    """A 2-seed mnist-projections run evaluated at steps 20 and 40: errors {setting: (seeds at 20, seeds at 40)}."""
-    records = [{"unit": MP.UNIT, "step": step, **{f"{m}.error": v[i] for m, v in errors.items()}}
-               for i, step in enumerate((20, 40))]
-    cfg = {"methods": list(errors), "threshold": 0.05, "seeds": 2, "steps": 40, "eta": 1.0}
-    run = Run(tmp_path, {"preset": preset, "experiment": MP.NAME, "config": cfg}, records)
-    section = Section("t", run, tmp_path)
-    MP.report(run, section)
-    return run, section
-
-
-def _said(section) -> str:
-    return next(b for b in section.blocks if b.startswith("**What the data says.**"))
-
-
-def _row(section, label: str) -> list[str]:
-    table = next(b for b in section.blocks if "| setting |" in b)
-    line = next(ln for ln in table.splitlines() if ln.startswith(f"| {label} |"))
-    return [c.strip() for c in line.split("|")[1:-1]]
-
-
-def test_a_seed_tied_with_tpo_is_not_counted_as_lower(tmp_path):
-    """α = 0.5 ties TPO's mean error in seed 1 (0.30 and 0.10 both) and is lower in seed 2: lower on 1 of 2."""
-    assert MP._seeds_lower(np.array([0.1, 0.2]), np.array([0.1, 0.3])) == 1
-    _, section = _projections(tmp_path, {"forward_kl": ([0.30, 0.30], [0.10, 0.10]),
-                                         "alpha0.5": ([0.30, 0.28], [0.10, 0.08])})
-    assert _row(section, "α = 0.5")[4].endswith("(1/2)")
-    assert "lower on 1/2" in _said(section)
-
-
-def test_the_delta_column_is_the_setting_minus_tpo(tmp_path):
-    """Reverse KL's mean errors per seed are 0.30 and 0.32 against TPO's 0.20 and 0.20: Δ = +11 points."""
-    _, section = _projections(tmp_path, {"forward_kl": ([0.30, 0.30], [0.10, 0.10]),
-                                         "reverse_kl": ([0.40, 0.42], [0.20, 0.22])})
-    assert _row(section, "forward KL (TPO)")[4] == "–"
-    assert _row(section, "reverse KL")[4].startswith("11.00 [") and _row(section, "reverse KL")[4].endswith("(0/2)")
-
-
-def test_the_final_difference_is_read_at_the_last_evaluation(tmp_path):
-    """At step 40 reverse KL is 0.20 and 0.22 against TPO's 0.10: +11 points (at step 20 it was +21)."""
-    _, section = _projections(tmp_path, {"forward_kl": ([0.30, 0.30], [0.10, 0.10]),
-                                         "reverse_kl": ([0.50, 0.52], [0.20, 0.22])})
-    said = _said(section)
-    assert "final test error 11.00 [" in said and "21.00" not in said
-    assert "mean over all evaluations 16.00 [" in said  # per seed (0.35 − 0.20, 0.37 − 0.20)
-
-
-def test_the_5_percent_crossing_names_tpos_own_step(tmp_path):
-    _, section = _projections(tmp_path, {"forward_kl": ([0.04, 0.04], [0.03, 0.03]),
-                                         "reverse_kl": ([0.10, 0.10], [0.04, 0.04])})
-    assert "reverse KL reaches 5 % at update 40 (TPO: 20)" in _said(section)
-    assert [_row(section, label)[3] for label in ("forward KL (TPO)", "reverse KL")] == ["20", "40"]
-
-
-def test_the_summary_shows_the_last_evaluations_error(tmp_path):
-    run, _ = _projections(tmp_path, {"forward_kl": ([0.30, 0.30], [0.10, 0.10]),
-                                     "reverse_kl": ([0.40, 0.42], [0.20, 0.22])})
-    assert MP.summary(run) == "final test error: forward KL (TPO) 10.0 %, reverse KL 21.0 %"
 
 
 # ----------------------------------------------------------------------------- MLP bank
