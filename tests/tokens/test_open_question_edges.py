@@ -61,28 +61,7 @@ class _Tables:
         self.tables.append((head, rows, caption))
 
 
-class _Capture:
-    def __init__(self, monkeypatch, module):
-        self.calls = []
-        monkeypatch.setattr(module, "run_trial", lambda cfg, method, seeds, *a, **k: self.calls.append(
-            (cfg, method, list(seeds))))
-
-
-class _Ctx:
-    device = torch.device("cpu")
-
-    def log(self, record):
-        pass
-
-    def advance(self, n=1):
-        pass
-
-    def check_finite(self, step, values):
-        pass
-
-
 # ----------------------------------------------------------------------------- per-seed helpers
-
 
 def test_a_seed_crosses_only_strictly_below_the_threshold():
     """Exactly at the threshold is not below it: [1, .5, .4] first falls below .5 at episode 2."""
@@ -125,7 +104,6 @@ def test_a_paired_interval_uses_only_seeds_where_both_are_finite():
 
 
 # ----------------------------------------------------------------------------- comparison table and finding
-
 
 def test_the_table_shows_the_tail_and_area_and_a_lower_setting_has_a_negative_delta():
     """Setting a: error 0.5 for 9 episodes and 0.1 in the 10th (the tail, 1 episode), mean 0.46; the reference
@@ -170,7 +148,6 @@ def test_a_finding_reports_the_final_error_difference_from_the_tail():
 
 # ----------------------------------------------------------------------------- low-variance groups (§E15)
 
-
 def test_low_variance_settings_set_the_noise_and_the_option_they_name():
     cfg = {"noise": 0.01, "floor": 0.1, "shrink": 0.2}
     assert lv.setting_options(cfg, "clean") == {}
@@ -204,14 +181,13 @@ def test_low_variance_report_compares_with_the_noisy_setting_and_averages_all_fa
 
 # ----------------------------------------------------------------------------- partial credit (§E16)
 
-
-def test_partial_credit_settings_reach_the_engine(monkeypatch):
+def test_partial_credit_settings_reach_the_engine(capture, unit_ctx):
     exp = load("token-partial-credit")
-    cap = _Capture(monkeypatch, tr)
+    cap = capture(tr)
     cfg = make_config(exp, "smoke")
     for setting, reward, zero in (("binary", "terminal", False), ("partial", "partial", False),
                                   ("partial+zero", "partial", True)):
-        exp.run_unit(cfg, f"tpo/{setting}", _Ctx())
+        exp.run_unit(cfg, f"tpo/{setting}", unit_ctx)
         trial, method, _ = cap.calls[-1]
         assert (method, trial.reward, trial.zero_all_fail) == ("tpo", reward, zero), setting
 
@@ -231,7 +207,6 @@ def test_partial_credit_report_compares_with_binary_and_with_zeroed_groups(tmp_p
 
 
 # ----------------------------------------------------------------------------- projections (§E14)
-
 
 def test_a_bad_projection_setting_is_named_as_the_settings_item():
     with pytest.raises(ValueError, match="settings item 'alpha2'"):
@@ -257,7 +232,6 @@ def test_a_smoke_projections_report_judges_no_difference(tmp_path):
 
 
 # ----------------------------------------------------------------------------- task rewards
-
 
 def test_token_rewards_refuse_answers_and_targets_of_different_lengths():
     with pytest.raises(ValueError, match=r"actions \(2, 4\) and target \(1,\) differ in length H"):

@@ -91,65 +91,45 @@ def test_dg_epochs_smoke(tmp_path):
 
 # ----------------------------------------------------------------------------- what each unit asks the engine
 
-class _Capture:
-    def __init__(self, monkeypatch, module):
-        self.calls = []
-        monkeypatch.setattr(module, "run_trial", lambda cfg, method, seeds, *a, **k: self.calls.append(
-            (cfg, method, list(seeds))))
-
-
-class _Ctx:
-    device = torch.device("cpu")
-
-    def log(self, record):
-        pass
-
-    def advance(self, n=1):
-        pass
-
-    def check_finite(self, step, values):
-        pass
-
-
-def test_variants_interaction_matching_is_a_noop_with_token_methods(monkeypatch):
+def test_variants_interaction_matching_is_a_noop_with_token_methods(capture, unit_ctx):
     exp = load("token-variants")
-    cap = _Capture(monkeypatch, tr)
+    cap = capture(tr)
     cfg = make_config(exp, "smoke", overrides=["match=interactions"])
-    exp.run_unit(cfg, "bag/copy/dg", _Ctx())
+    exp.run_unit(cfg, "bag/copy/dg", unit_ctx)
     assert cap.calls[-1][0].match == "prompts"
     cfg = make_config(exp, "smoke", overrides=["match=interactions", "methods=dg,tpo"])
-    exp.run_unit(cfg, "sequential/flip/dg", _Ctx())
+    exp.run_unit(cfg, "sequential/flip/dg", unit_ctx)
     trial, method, seeds = cap.calls[-1]
     assert (trial.match, trial.task, trial.reward, method, seeds) == ("interactions", "flip", "sequential", "dg",
                                                                       [0, 1])
 
 
-def test_named_variants_and_sweep_units_reach_the_engine(monkeypatch):
-    cap = _Capture(monkeypatch, tr)
+def test_named_variants_and_sweep_units_reach_the_engine(capture, unit_ctx):
+    cap = capture(tr)
     diag = load("token-diagnostics")
-    diag.run_unit(make_config(diag, "smoke"), "tpo_1ep", _Ctx())
+    diag.run_unit(make_config(diag, "smoke"), "tpo_1ep", unit_ctx)
     assert (cap.calls[-1][0].epochs, cap.calls[-1][1]) == (1, "tpo")
-    diag.run_unit(make_config(diag, "smoke"), "tpo", _Ctx())
+    diag.run_unit(make_config(diag, "smoke"), "tpo", unit_ctx)
     assert (cap.calls[-1][0].epochs, cap.calls[-1][1]) == (4, "tpo")
     sweeps = load("token-sweeps")
-    sweeps.run_unit(make_config(sweeps, "smoke"), "k16/ep8/grpo_masked", _Ctx())
+    sweeps.run_unit(make_config(sweeps, "smoke"), "k16/ep8/grpo_masked", unit_ctx)
     assert (cap.calls[-1][0].k, cap.calls[-1][0].epochs, cap.calls[-1][1]) == (16, 8, "grpo_masked")
     temp = load("token-temperature")
-    temp.run_unit(make_config(temp, "smoke", overrides=["level=sequence"]), "eta0.25", _Ctx())
+    temp.run_unit(make_config(temp, "smoke", overrides=["level=sequence"]), "eta0.25", unit_ctx)
     assert (cap.calls[-1][0].tpo_eta, cap.calls[-1][1]) == (0.25, "tpo")
-    temp.run_unit(make_config(temp, "smoke"), "eta4", _Ctx())
+    temp.run_unit(make_config(temp, "smoke"), "eta4", unit_ctx)
     assert (cap.calls[-1][0].tpo_eta, cap.calls[-1][1]) == (4.0, "tpo_token")
 
 
-def test_dg_epochs_units_set_dg_epochs_and_seeds(monkeypatch):
+def test_dg_epochs_units_set_dg_epochs_and_seeds(capture, unit_ctx):
     exp = load("dg-epochs")
-    cap = _Capture(monkeypatch, exp)
+    cap = capture(exp)
     cfg = make_config(exp, "paper")
-    exp.run_unit(cfg, "terminal/ep4", _Ctx())
+    exp.run_unit(cfg, "terminal/ep4", unit_ctx)
     trial, method, seeds = cap.calls[-1]
     assert (method, trial.dg_epochs, trial.reward, trial.length, trial.batch, trial.episodes, len(seeds)) == \
         ("dg", 4, "terminal", 5, 256, 2000, 20)
-    exp.run_unit(cfg, "sequential/reverse_copy/ep1", _Ctx())
+    exp.run_unit(cfg, "sequential/reverse_copy/ep1", unit_ctx)
     trial, method, seeds = cap.calls[-1]
     assert (trial.dg_epochs, trial.task, trial.length, trial.batch, trial.episodes, seeds) == \
         (1, "reverse_copy", 10, 100, 1000, list(range(10)))
