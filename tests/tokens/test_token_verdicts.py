@@ -101,15 +101,15 @@ def test_the_paper_s_own_table2_ratio_passes_the_bag_speed_claim(tmp_path):
     "2–6×". A run reproducing 1.9× there was a FAIL against a flat 2×."""
     late = crossing(300, [290, 290, 290])
     out = fake_run(tmp_path / "tv", "token-variants", ["seeds=3", "episodes=300", "variants=bag/flip"],
-                   {"bag/flip/tpo_token": crossing(300, [50, 50, 50]), "bag/flip/grpo_token": crossing(300, [95, 95, 95]),
-                    "bag/flip/dg": late, "bag/flip/ppo": late})
+                   {"bag/flip/tpo_token": crossing(300, [50, 50, 50]),
+                    "bag/flip/grpo_token": crossing(300, [95, 95, 95]), "bag/flip/dg": late, "bag/flip/ppo": late})
     line = row(write_report(out).read_text(), "Under bag reward TPO_token is ≥ 2× faster")
     assert "**PASS**" in line and "needs ≥ 1.86×" in line, line
 
 
 def test_the_paper_s_own_epoch_sweep_does_not_fail_the_epoch_claims(tmp_path):
-    """The paper's epoch sweep (K = 32, H = 8): TPO 0.02 / 2.0 / 0.05 / 2.2 / 2.0 %, GRPO 4.3 / 37.6 / 6.3 / 3.3 / 1.1 %.
-    "TPO ends below GRPO at every epoch count" failed on GRPO's 1.1 % at 16 epochs, a claim the paper does not
+    """The paper's epoch sweep (K = 32, H = 8): TPO 0.02 / 2.0 / 0.05 / 2.2 / 2.0 %, GRPO 4.3 / 37.6 / 6.3 / 3.3 /
+    1.1 %. "TPO ends below GRPO at every epoch count" failed on GRPO's 1.1 % at 16 epochs, a claim the paper does not
     make; its claim, TPO below 2.3 % everywhere, passes."""
     rng = np.random.default_rng(0)
     levels = {"tpo": (0.0002, 0.02, 0.0005, 0.022, 0.02), "grpo": (0.043, 0.376, 0.063, 0.033, 0.011)}
