@@ -145,15 +145,7 @@ def test_a_numpy_bool_is_a_point_estimate_verdict(tmp_path):
 
 # ----------------------------------------------------------------------------- train's records and GRPO's seeds
 
-def _recorder():
-    records = []
-    ctx = SimpleNamespace(log=lambda r: records.append({k: (v.clone() if torch.is_tensor(v) else v)
-                                                        for k, v in r.items()}),
-                          check_finite=lambda *a: None, advance=lambda *a: None)
-    return ctx, records
-
-
-def test_train_logs_the_mean_reward_per_update_and_the_unclamped_test_error():
+def test_train_logs_the_mean_reward_per_update_and_the_unclamped_test_error(logged):
     """With a learning rate of 1e-12 the policy stays at its initial weights, so (i) the logged reward of an
     evaluation is the mean over its `eval_every` updates of the batch-mean reward, whose expectation is
     mean_n π(y_n | x_n) over the training set (batches are uniform with replacement), and (ii) test labels chosen
@@ -166,8 +158,8 @@ def test_train_logs_the_mean_reward_per_update_and_the_unclamped_test_error():
     greedy = train.test_probs(params, test_x, 1).argmax(-1)                    # [S, 1, T]
     test_y = (greedy[0, 0] + 1) % 10
     data = _data(train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y)
-    ctx, records = _recorder()
-    train.train(cfg, data, ctx)
+    train.train(cfg, data, logged)
+    records = logged.records
     assert [r["step"] for r in records] == [20, 40] and [r["label"] for r in records] == [0, 20]
     assert records[-1]["pg.error"][0].item() == 1.0                            # seed 0: every answer wrong
     expected = train.test_probs(params, train_x, 1)[:, 0].gather(-1, train_y.expand(2, -1).unsqueeze(-1)).mean((1, 2))

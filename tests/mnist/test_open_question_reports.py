@@ -6,7 +6,6 @@ steps-to-threshold and importance-corrected TPO pieces against their definitions
 import math
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -38,16 +37,12 @@ def _blank_digits(n_train=500, n_test=50, labels=range(10)) -> mnist_data.MnistD
                                 directory=Path("/blank"))
 
 
-def _train(module, cfg, monkeypatch, data=None) -> list[dict]:
+def _train(module, cfg, monkeypatch, logged, data=None) -> list[dict]:
     """Run `module`'s training unit on `data` (blank digits by default); the logged evaluation records."""
     data = data if data is not None else _blank_digits()
     monkeypatch.setattr(module, "load_data", lambda cfg, ctx: data)
-    records = []
-    ctx = SimpleNamespace(log=lambda r: records.append({k: (v.clone() if torch.is_tensor(v) else v)
-                                                        for k, v in r.items()}),
-                          check_finite=lambda *a: None, advance=lambda *a: None)
-    module.run_unit(cfg, module.UNIT, ctx)
-    return records
+    module.run_unit(cfg, module.UNIT, logged)
+    return logged.records
 
 
 def _staleness_report(tmp_path, final: dict, **config):
@@ -168,7 +163,7 @@ def test_staleness_runs_stored_without_baseline_or_anchor_used_the_behaviour_pol
 
 # ----------------------------------------------------------------------------- staleness: training
 
-def test_staleness_ppo_trains_with_the_configured_clip_range(monkeypatch):
+def test_staleness_ppo_trains_with_the_configured_clip_range(monkeypatch, logged):
     real, seen = ST.bandit_loss, []
 
     def spy(method, *args, **kwargs):
@@ -178,24 +173,24 @@ def test_staleness_ppo_trains_with_the_configured_clip_range(monkeypatch):
     monkeypatch.setattr(ST, "bandit_loss", spy)
     cfg = replace(ST.PRESETS["smoke"], seeds=1, steps=2, eval_every=1, batch=4, delays=(0, 1), methods=("ppo",),
                   clip_eps=0.05)
-    records = _train(ST, cfg, monkeypatch)
+    records = _train(ST, cfg, monkeypatch, logged)
     assert [r["step"] for r in records] == [1, 2]
     assert seen == [("ppo", 0.05)] * 2
 
 
 # ----------------------------------------------------------------------------- replay
 
-def test_replay_reward_is_the_mean_over_the_batches_the_actors_acted(monkeypatch):
+def test_replay_reward_is_the_mean_over_the_batches_the_actors_acted(monkeypatch, logged):
     """A uniform policy earns 0.1 per image in expectation. With R=4 the actors act only at updates 1, 5, 9, 13,
     17 of the first 20, and the logged reward is the mean over those 5 batches (2,500 images a seed: s.e. 0.006)."""
     cfg = RP.Config(seeds=2, steps=20, eval_every=20, batch=500, lr=1e-12, replays=(1, 4), methods=("tpo",))
-    (rec,) = _train(RP, cfg, monkeypatch)
+    (rec,) = _train(RP, cfg, monkeypatch, logged)
     for r in (1, 4):
         reward = rec[f"tpo.reward.R{r}"]
         assert reward.shape == (2,) and ((reward - 0.1).abs() < 0.03).all(), (r, reward)
 
 
-def test_replay_truncation_share_covers_only_the_last_eval_every_updates(monkeypatch):
+def test_replay_truncation_share_covers_only_the_last_eval_every_updates(monkeypatch, logged):
     """Every ratio truncated in updates 1–20, none in 21–40: the evaluation at 40 reports 0 %."""
     real, calls = RP.tpo_is_loss, []
 
@@ -206,7 +201,7 @@ def test_replay_truncation_share_covers_only_the_last_eval_every_updates(monkeyp
 
     monkeypatch.setattr(RP, "tpo_is_loss", scripted)
     cfg = RP.Config(seeds=1, steps=40, eval_every=20, batch=8, replays=(1,), methods=("tpo_is",), is_clips=(1.0,))
-    records = _train(RP, cfg, monkeypatch)
+    records = _train(RP, cfg, monkeypatch, logged)
     assert len(calls) == 40
     assert [(r["step"], r["tpo_is1.truncated.R1"]) for r in records] == [(20, 1.0), (40, 0.0)]
 
@@ -275,17 +270,17 @@ def _friction_cfg(**changes):
     return FR.Config(**(base | changes))
 
 
-def test_friction_rare_discovery_starts_with_the_decoy_bias(monkeypatch):
+def test_friction_rare_discovery_starts_with_the_decoy_bias(monkeypatch, logged):
     """Blank images and labels 1–9: the untrained policy is softmax(β·e_0), so a correct sample has probability
     1/(e^6 + 9) = 0.0025 at β = 6 (0.034 at β = 3), against 0.1 in the clean condition."""
     data = _blank_digits(labels=range(1, 10))
-    (rec,) = _train(FR, _friction_cfg(rare_biases=(6.0,)), monkeypatch, data)
+    (rec,) = _train(FR, _friction_cfg(rare_biases=(6.0,)), monkeypatch, logged, data)
     correct = 1 / (math.exp(6) + 9)
     assert (rec["tpo.reward.rare6"] < 4 * correct).all(), rec["tpo.reward.rare6"]  # 2,000 images a seed
     assert ((rec["tpo.reward.clean"] - 0.1).abs() < 0.03).all(), rec["tpo.reward.clean"]
 
 
-def test_friction_uniform_actor_acts_the_configured_share_of_images(monkeypatch):
+def test_friction_uniform_actor_acts_the_configured_share_of_images(monkeypatch, logged):
     broken = []
     real = FR.actor_probs
 
@@ -294,15 +289,15 @@ def test_friction_uniform_actor_acts_the_configured_share_of_images(monkeypatch)
         return real(probs, mask, other)
 
     monkeypatch.setattr(FR, "actor_probs", spy)
-    _train(FR, _friction_cfg(uniform_actor_fractions=(0.25,)), monkeypatch)
+    _train(FR, _friction_cfg(uniform_actor_fractions=(0.25,)), monkeypatch, logged)
     assert len(broken) == 20
     assert abs(np.mean(broken) - 0.25) < 0.03  # 4,000 draws: s.e. 0.007
 
 
-def test_friction_logs_the_true_reward_before_corruption(monkeypatch):
+def test_friction_logs_the_true_reward_before_corruption(monkeypatch, logged):
     """Every reward flipped (f = 1): the learner sees 1 − r, but the logged reward is still 1{a = y}, about 0.1 for
     the uniform policy, and the same as the clean condition's (same actions, same noise)."""
-    (rec,) = _train(FR, _friction_cfg(flip_fractions=(1.0,)), monkeypatch)
+    (rec,) = _train(FR, _friction_cfg(flip_fractions=(1.0,)), monkeypatch, logged)
     flip, clean = rec["tpo.reward.flip1"], rec["tpo.reward.clean"]
     assert ((flip - 0.1).abs() < 0.03).all(), flip
     torch.testing.assert_close(flip, clean)

@@ -2,10 +2,6 @@
 hand-made curves (strict crossings, medians, tails, NaN rows, signs), what each setting asks the engine, the
 reference setting and wording of each report, and the shape checks of the task rewards."""
 
-import dataclasses
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -30,23 +26,6 @@ def crossing(steps: int, at: int, seeds: int = 3, before: float = 0.5, after: fl
     """Every seed: error `before` until step `at`, then `after`."""
     return np.where(np.arange(steps)[:, None] < at, before, after) * np.ones((1, seeds))
 
-
-def fake_run(path: Path, name: str, overrides: list[str], curves: dict, preset: str = "cpu") -> Path:
-    """A complete run of `name` whose unit `u` logged `curves[u]` ([steps, seeds]) as its error, or each metric of
-    `curves[u]` when that is a {metric: [steps, seeds]} dict."""
-    path.mkdir(parents=True)
-    cfg = make_config(load(name), preset, overrides=overrides)
-    (path / "run.json").write_text(json.dumps({"experiment": name, "preset": preset, "status": "complete",
-                                               "config": dataclasses.asdict(cfg)}))
-    with open(path / "metrics.jsonl", "w") as f:
-        for unit, metrics in curves.items():
-            metrics = metrics if isinstance(metrics, dict) else {"error": metrics}
-            steps = len(next(iter(metrics.values())))
-            for step in range(steps):
-                f.write(json.dumps({"unit": unit, "step": step} | {k: v[step].tolist() for k, v in metrics.items()})
-                        + "\n")
-            f.write(json.dumps({"unit": unit, "event": "done"}) + "\n")
-    return path
 
 
 def findings(text: str) -> str:
@@ -163,7 +142,7 @@ def test_low_variance_checks_every_setting():
         make_config(load("token-low-variance"), "smoke", overrides=["settings=noise,clean", "zero_all_fail=true"])
 
 
-def test_low_variance_report_compares_with_the_noisy_setting_and_averages_all_fail_rates_per_seed(tmp_path):
+def test_low_variance_report_compares_with_the_noisy_setting_and_averages_all_fail_rates_per_seed(tmp_path, fake_run):
     """The Δ column is against the noisy setting. The all-fail cell is the t-interval of each seed's mean over
     episodes: seeds at 20, 30 and 40 % give 30 ± t(0.975, 2)·10/√3 = 30 ± 24.8, i.e. [5.2, 54.8]."""
     fail = np.full((20, 3), 1.0) * np.array([0.2, 0.3, 0.4])
@@ -192,7 +171,7 @@ def test_partial_credit_settings_reach_the_engine(capture, unit_ctx):
         assert (method, trial.reward, trial.zero_all_fail) == ("tpo", reward, zero), setting
 
 
-def test_partial_credit_report_compares_with_binary_and_with_zeroed_groups(tmp_path):
+def test_partial_credit_report_compares_with_binary_and_with_zeroed_groups(tmp_path, fake_run):
     out = fake_run(tmp_path / "pc", "token-partial-credit", ["seeds=3", "episodes=20", "methods=tpo"],
                    {"tpo/binary": crossing(20, 12), "tpo/partial": crossing(20, 6),
                     "tpo/partial+zero": crossing(20, 9)})
@@ -213,7 +192,7 @@ def test_a_bad_projection_setting_is_named_as_the_settings_item():
         make_config(load("token-projections"), "smoke", overrides=["settings=forward_kl,alpha2"])
 
 
-def test_projections_report_compares_with_forward_kl_wherever_it_is_listed(tmp_path):
+def test_projections_report_compares_with_forward_kl_wherever_it_is_listed(tmp_path, fake_run):
     out = fake_run(tmp_path / "pr", "token-projections", ["seeds=3", "episodes=20", "settings=reverse_kl,forward_kl"],
                    {"reverse_kl": crossing(20, 8), "forward_kl": crossing(20, 6)})
     text = write_report(out).read_text()
@@ -222,7 +201,7 @@ def test_projections_report_compares_with_forward_kl_wherever_it_is_listed(tmp_p
     assert "reverse KL reaches 5% error 2 episodes later than forward KL (TPO) (8 vs 6)" in findings(text)
 
 
-def test_a_smoke_projections_report_judges_no_difference(tmp_path):
+def test_a_smoke_projections_report_judges_no_difference(tmp_path, fake_run):
     """Seeds alike and 10 points apart: the interval excludes 0, yet a smoke run is too short to call it clear."""
     out = fake_run(tmp_path / "ps", "token-projections", ["seeds=3", "settings=forward_kl,reverse_kl"],
                    {"forward_kl": np.full((3, 3), 0.4), "reverse_kl": np.full((3, 3), 0.5)}, preset="smoke")

@@ -3,7 +3,6 @@ larger in the lengths the experiment uses, and a one-seed run decides nothing (d
 report's claims at their edges (which way a gap is taken, the bounds and tie allowances the claims state, when
 there is too little data to decide) and the configurations each experiment accepts."""
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -24,24 +23,6 @@ from targetpo.tokens.dg_epochs import _paper_pct
 from targetpo.tokens.terminal import _grpo_final_bound
 
 
-def fake_run(path: Path, name: str, overrides: list[str], curves: dict[str, np.ndarray]) -> Path:
-    """A complete cpu-preset run of `name` whose unit `u` logged `curves[u]` ([steps, seeds]) as its error."""
-    return fake_metrics_run(path, name, overrides, {u: {"error": v} for u, v in curves.items()})
-
-
-def fake_metrics_run(path: Path, name: str, overrides: list[str], units: dict[str, dict[str, np.ndarray]]) -> Path:
-    """A complete cpu-preset run of `name` whose unit `u` logged `units[u][metric]` ([steps, seeds]) per metric."""
-    path.mkdir(parents=True)
-    cfg = make_config(load(name), "cpu", overrides=overrides)
-    (path / "run.json").write_text(json.dumps({"experiment": name, "preset": "cpu", "status": "complete",
-                                               "config": dataclasses.asdict(cfg)}))
-    with open(path / "metrics.jsonl", "w") as f:
-        for unit, metrics in units.items():
-            for step in range(len(next(iter(metrics.values())))):
-                f.write(json.dumps({"unit": unit, "step": step, **{k: v[step].tolist() for k, v in metrics.items()}})
-                        + "\n")
-            f.write(json.dumps({"unit": unit, "event": "done"}) + "\n")
-    return path
 
 
 def crossing(steps: int, at: list[int]) -> np.ndarray:
@@ -53,7 +34,7 @@ def row(text: str, claim: str) -> str:
     return next(line for line in text.splitlines() if line.startswith(f"| {claim}"))
 
 
-def test_a_fail_is_not_classed_seed_noise_by_a_part_that_passed(tmp_path):
+def test_a_fail_is_not_classed_seed_noise_by_a_part_that_passed(tmp_path, fake_run):
     """V=2 fails (205–215 episodes vs 2 × 58); V=4 passes and its interval covers the paper's 74. The FAIL was
     classed "seed noise" from V=4."""
     flat = np.full((300, 4), 0.5)
@@ -64,7 +45,7 @@ def test_a_fail_is_not_classed_seed_noise_by_a_part_that_passed(tmp_path):
     assert "**FAIL** (does not reproduce)" in line and "seed noise" not in line.lower(), line
 
 
-def test_a_one_seed_run_does_not_fail_the_bag_speed_claim(tmp_path):
+def test_a_one_seed_run_does_not_fail_the_bag_speed_claim(tmp_path, fake_run):
     """TPO_token's single seed never reaching 1 % while PPO's does was a FAIL from one point estimate."""
     never, ppo = np.full((100, 1), 0.3), crossing(100, [60])
     out = fake_run(tmp_path / "tv", "token-variants", ["seeds=1", "episodes=100", "variants=bag/copy"],
@@ -74,7 +55,7 @@ def test_a_one_seed_run_does_not_fail_the_bag_speed_claim(tmp_path):
     assert "| inconclusive |" in line and "never vs 60" in line, line
 
 
-def test_a_run_with_fewer_episodes_is_not_the_larger_run(tmp_path):
+def test_a_run_with_fewer_episodes_is_not_the_larger_run(tmp_path, fake_run):
     """dg-epochs fixes `episodes` (1000) and trains terminal_episodes / variant_episodes: a 10-episode run with one
     more seed counted as larger than a 400 + 300-episode one, and its PASS reclassed the big run's FAILs."""
     rng = np.random.default_rng(0)
@@ -96,7 +77,7 @@ def test_a_run_with_fewer_episodes_is_not_the_larger_run(tmp_path):
     assert "400 + 300 episodes" in text or "does not reproduce" in line
 
 
-def test_the_paper_s_own_table2_ratio_passes_the_bag_speed_claim(tmp_path):
+def test_the_paper_s_own_table2_ratio_passes_the_bag_speed_claim(tmp_path, fake_run):
     """bag/flip: the paper's Table 2 has TPO_token 56 vs GRPO_token 104 episodes (1.86×), which its text calls
     "2–6×". A run reproducing 1.9× there was a FAIL against a flat 2×."""
     late = crossing(300, [290, 290, 290])
@@ -107,7 +88,7 @@ def test_the_paper_s_own_table2_ratio_passes_the_bag_speed_claim(tmp_path):
     assert "**PASS**" in line and "needs ≥ 1.86×" in line, line
 
 
-def test_the_paper_s_own_epoch_sweep_does_not_fail_the_epoch_claims(tmp_path):
+def test_the_paper_s_own_epoch_sweep_does_not_fail_the_epoch_claims(tmp_path, fake_run):
     """The paper's epoch sweep (K = 32, H = 8): TPO 0.02 / 2.0 / 0.05 / 2.2 / 2.0 %, GRPO 4.3 / 37.6 / 6.3 / 3.3 /
     1.1 %. "TPO ends below GRPO at every epoch count" failed on GRPO's 1.1 % at 16 epochs, a claim the paper does not
     make; its claim, TPO below 2.3 % everywhere, passes."""
@@ -127,7 +108,7 @@ def test_the_paper_s_own_epoch_sweep_does_not_fail_the_epoch_claims(tmp_path):
     assert "| n/a |" in line and "undecided" in line, line
 
 
-def _kl_claim(tmp_path, name, episodes, grpo_level, seeds=3):
+def _kl_claim(fake_run, tmp_path, name, episodes, grpo_level, seeds=3):
     """GRPO without its KL clearly better at the end of the run; GRPO with it at `grpo_level` per seed."""
     rng = np.random.default_rng(1)
     grpo = np.array(grpo_level)[None, :] + 0.01 * rng.random((episodes, seeds))
@@ -137,24 +118,24 @@ def _kl_claim(tmp_path, name, episodes, grpo_level, seeds=3):
     return row(write_report(out).read_text(), "Removing GRPO's KL term makes it worse")
 
 
-def test_a_short_run_whose_grpo_has_not_converged_fails_the_kl_claim_as_scale(tmp_path):
+def test_a_short_run_whose_grpo_has_not_converged_fails_the_kl_claim_as_scale(tmp_path, fake_run):
     """At the cpu preset's 200 episodes GRPO with its KL is still near the uniform policy's error, far above where
     the paper's GRPO ends at 2000 episodes on a harder task (14.5% at H = 7): the FAIL is the run's length, and
     was classed "does not reproduce" (2000 episodes reverse it: docs/experiments.md §E6)."""
-    line = _kl_claim(tmp_path, "short", 200, [0.97, 0.6, 0.95])
+    line = _kl_claim(fake_run, tmp_path, "short", 200, [0.97, 0.6, 0.95])
     assert "**FAIL** (scale or data)" in line, line
     assert "is wholly above the paper's final GRPO error at H = 7 (14.5%): 200 episodes, not the paper's 2000" in line
     # GRPO already at the paper's level: the short run's FAIL is not explained by its length
-    assert "**FAIL** (does not reproduce)" in _kl_claim(tmp_path, "converged", 200, [0.05, 0.1, 0.08])
+    assert "**FAIL** (does not reproduce)" in _kl_claim(fake_run, tmp_path, "converged", 200, [0.05, 0.1, 0.08])
     # a run of the paper's length is not excused
-    assert "**FAIL** (does not reproduce)" in _kl_claim(tmp_path, "long", 2000, [0.97, 0.6, 0.95])
+    assert "**FAIL** (does not reproduce)" in _kl_claim(fake_run, tmp_path, "long", 2000, [0.97, 0.6, 0.95])
 
 
-def test_a_short_runs_scale_class_does_not_stand_against_a_longer_run_that_fails_too(tmp_path):
+def test_a_short_runs_scale_class_does_not_stand_against_a_longer_run_that_fails_too(tmp_path, fake_run):
     """With a 2000-episode run in the same report failing the KL claim as well, the 200-episode run kept "scale or
     data: ... GRPO has not yet ended where the claim compares it", which the longer run contradicts."""
-    _kl_claim(tmp_path / "runs", "short", 200, [0.97, 0.6, 0.95])
-    _kl_claim(tmp_path / "runs", "long", 2000, [0.97, 0.6, 0.95])
+    _kl_claim(fake_run, tmp_path / "runs", "short", 200, [0.97, 0.6, 0.95])
+    _kl_claim(fake_run, tmp_path / "runs", "long", 2000, [0.97, 0.6, 0.95])
     text = write_report(tmp_path / "runs").read_text()
     lines = [line for line in text.splitlines() if line.startswith("| Removing GRPO's KL term makes it worse")]
     assert len(lines) == 2 and all("**FAIL** (does not reproduce)" in line for line in lines), lines
@@ -189,7 +170,7 @@ def test_a_method_that_never_crosses_counts_one_episode_past_the_run():
     assert fastest_verdict(c, "tpo")[0] is Verdict.PASS
 
 
-def test_lowest_final_error_allows_a_tie(tmp_path):
+def test_lowest_final_error_allows_a_tie(tmp_path, fake_run):
     """TPO and GRPO both end at error 0 in every seed: "TPO ends with the lowest error" (ties allowed) passes."""
     v = np.where(np.arange(50)[:, None] < 20, 0.5, 0.0) * np.ones((1, 3))
     run = fake_run(tmp_path / "tt", "token-terminal", ["seeds=3", "episodes=50", "methods=tpo,grpo"],
@@ -200,7 +181,7 @@ def test_lowest_final_error_allows_a_tie(tmp_path):
     assert cells == ["**PASS**", "**PASS**"], cells
 
 
-def test_group_pg_worst_counts_a_tie(tmp_path):
+def test_group_pg_worst_counts_a_tie(tmp_path, fake_run):
     """Group PG equal to TPO in every seed: the gap is 0 ≥ −1 point, so "Group PG is the worst" passes."""
     v = np.where(np.arange(50)[:, None] < 20, 0.5, 0.1) * np.ones((1, 3))
     run = fake_run(tmp_path / "ta", "token-ablations", ["seeds=3", "episodes=50", "methods=tpo,group_pg"],
@@ -208,7 +189,7 @@ def test_group_pg_worst_counts_a_tie(tmp_path):
     assert row(write_report(run).read_text(), "Group PG is the worst").split("|")[2].strip() == "**PASS**"
 
 
-def test_one_configuration_of_two_is_no_majority(tmp_path):
+def test_one_configuration_of_two_is_no_majority(tmp_path, fake_run):
     """4-epoch DG clearly worse on terminal (that part passes) and clearly better on bag/copy (fails): 1 of 2 is
     not "most configurations"."""
     rng = np.random.default_rng(0)
@@ -242,7 +223,7 @@ def test_the_final_error_is_the_last_episodes_unsmoothed():
     assert final(c)[0] == pytest.approx(0.2) and final_iv(c).estimate == pytest.approx(0.2)
 
 
-def test_the_preset_note_is_shown_for_every_preset_but_paper(tmp_path):
+def test_the_preset_note_is_shown_for_every_preset_but_paper(tmp_path, fake_run):
     flat = np.full((20, 3), 0.5)
     out = fake_run(tmp_path / "td", "token-dense", ["seeds=3", "episodes=20", "vocabs=2", "methods=dg,tpo_token"],
                    {"v2/dg": flat, "v2/tpo_token": flat})
@@ -252,7 +233,7 @@ def test_the_preset_note_is_shown_for_every_preset_but_paper(tmp_path):
     assert "Preset `paper`" not in write_report(out).read_text()
 
 
-def test_table1_puts_each_papers_number_under_its_v_and_the_2x_claim_is_strict(tmp_path):
+def test_table1_puts_each_papers_number_under_its_v_and_the_2x_claim_is_strict(tmp_path, fake_run):
     """TPO_token crosses V=2 at 130–136 episodes: above 2 × 58 = 116, so the 2× claim FAILs (a 3× bound would
     pass it); each V column shows the paper's number for that V (Table 1)."""
     ref = paper.TABLE1_STEPS_TO_1PCT.values
@@ -274,10 +255,10 @@ def test_terminal_reads_matches_only_with_a_single_sample_method():
     assert "matches" in make_config(exp, "smoke", overrides=["methods=tpo,grpo"]).unread()
 
 
-def test_a_kl_fail_whose_grpo_interval_reaches_the_papers_level_is_not_scale(tmp_path):
+def test_a_kl_fail_whose_grpo_interval_reaches_the_papers_level_is_not_scale(tmp_path, fake_run):
     """GRPO's tail interval straddles the paper's 14.5 %: not wholly above it, so the short run's FAIL is not put
     down to its length."""
-    assert "**FAIL** (does not reproduce)" in _kl_claim(tmp_path, "straddles", 200, [0.12, 0.16, 0.20])
+    assert "**FAIL** (does not reproduce)" in _kl_claim(fake_run, tmp_path, "straddles", 200, [0.12, 0.16, 0.20])
 
 
 def test_the_masking_sweep_runs_tpo_and_both_grpos():
@@ -286,7 +267,7 @@ def test_the_masking_sweep_runs_tpo_and_both_grpos():
     assert units_of(exp, cfg) == [f"k{cfg.k}/ep{cfg.epochs}/{m}" for m in ("tpo", "grpo", "grpo_masked")]
 
 
-def test_masked_grpo_ending_worse_passes_the_masking_claim(tmp_path):
+def test_masked_grpo_ending_worse_passes_the_masking_claim(tmp_path, fake_run):
     rng = np.random.default_rng(2)
     exp = load("token-sweeps")
     cfg = make_config(exp, "cpu", overrides=["sweeps=masking", "seeds=3", "episodes=50"])
@@ -298,7 +279,7 @@ def test_masked_grpo_ending_worse_passes_the_masking_claim(tmp_path):
         == "**PASS**"
 
 
-def test_never_reaching_1pct_is_undecided_when_some_seeds_reach_it(tmp_path):
+def test_never_reaching_1pct_is_undecided_when_some_seeds_reach_it(tmp_path, fake_run):
     """PPO crosses 1 % at episode 500 in one seed of three and never in the others: its seed mean never gets there,
     but the bootstrap's low end is finite, so "PPO does not reach 1 % within 1000 episodes" is not a PASS."""
     flat = np.full((1000, 3), 0.5)
@@ -310,7 +291,7 @@ def test_never_reaching_1pct_is_undecided_when_some_seeds_reach_it(tmp_path):
     assert line.split("|")[2].strip() == "inconclusive", line
 
 
-def test_grpo_all_fail_at_2_5x_tpos_passes_the_residual_claim(tmp_path):
+def test_grpo_all_fail_at_2_5x_tpos_passes_the_residual_claim(tmp_path, fake_run):
     """TPO's final all-fail ≈ 0.008 (< 0.01) and GRPO's ≈ 0.02: above 0.01 and above 2× TPO's (the claim's
     bound; 3× would fail it)."""
     rng = np.random.default_rng(3)
@@ -319,7 +300,7 @@ def test_grpo_all_fail_at_2_5x_tpos_passes_the_residual_claim(tmp_path):
     units = {m: {"error": err, "grad_norm": np.ones((n, 3)),
                  "all_fail": lv + 0.0002 * rng.standard_normal((n, 3))}
              for m, lv in (("tpo", 0.008), ("grpo", 0.02))}
-    out = fake_metrics_run(tmp_path / "tdg", "token-diagnostics", ["seeds=3", f"episodes={n}", "methods=tpo,grpo"],
+    out = fake_run(tmp_path / "tdg", "token-diagnostics", ["seeds=3", f"episodes={n}", "methods=tpo,grpo"],
                            units)
     line = row(write_report(out).read_text(), "TPO's all-fail fraction falls to ≈ 0")
     assert line.split("|")[2].strip() == "**PASS**", line
@@ -340,7 +321,7 @@ def verdict(line: str) -> str:
 # ----------------------------------------------------------------------------- DG epochs (App. E, Fig. 17)
 
 
-def _dg_run(path: Path, levels: dict[str, float | list[float]], overrides: tuple[str, ...] = ()) -> Path:
+def _dg_run(fake_run, path: Path, levels: dict[str, float | list[float]], overrides: tuple[str, ...] = ()) -> Path:
     """dg-epochs with 3 seeds × 50 episodes in both parts, variants bag/copy; unit u at error levels[u]."""
     rng = np.random.default_rng(0)
     curves = {u: np.clip(flat(50, lv if isinstance(lv, list) else [lv] * 3) + 0.001 * rng.standard_normal((50, 3)),
@@ -360,23 +341,23 @@ def test_each_part_trains_its_own_number_of_episodes():
     assert steps_of(exp, cfg, "bag/copy/ep1") == 300
 
 
-def test_four_epochs_worse_in_every_configuration_is_most(tmp_path):
+def test_four_epochs_worse_in_every_configuration_is_most(tmp_path, fake_run):
     """4 epochs at 0.6 vs 1 epoch at 0.3 on both the terminal task and bag/copy: 2 of 2 is a majority."""
-    run = _dg_run(tmp_path / "dg", {"terminal/ep1": 0.3, "terminal/ep4": 0.6, "bag/copy/ep1": 0.3,
+    run = _dg_run(fake_run, tmp_path / "dg", {"terminal/ep1": 0.3, "terminal/ep4": 0.6, "bag/copy/ep1": 0.3,
                                     "bag/copy/ep4": 0.6})
     text = write_report(run).read_text()
     assert verdict(row(text, DG_MOST)) == "**PASS**"
     assert verdict(row(text, "On the terminal task 4-epoch DG ends clearly worse")) == "**PASS**"
 
 
-def test_the_claim_compares_the_largest_epoch_count_with_one(tmp_path):
+def test_the_claim_compares_the_largest_epoch_count_with_one(tmp_path, fake_run):
     levels = {f"{w}/ep{e}": lv for w in ("terminal", "bag/copy") for e, lv in ((1, 0.3), (2, 0.4), (4, 0.6))}
-    text = write_report(_dg_run(tmp_path / "dg", levels, ("dg_epoch_counts=1,2,4",))).read_text()
+    text = write_report(_dg_run(fake_run, tmp_path / "dg", levels, ("dg_epoch_counts=1,2,4",))).read_text()
     assert verdict(row(text, "4-epoch DG ends worse than 1-epoch DG in most configurations")) == "**PASS**"
     assert not any(line.startswith("| 2-epoch DG ends worse") for line in text.splitlines())
 
 
-def test_an_undecided_terminal_gap_is_compared_with_the_papers_gap_in_points(tmp_path):
+def test_an_undecided_terminal_gap_is_compared_with_the_papers_gap_in_points(tmp_path, fake_run):
     """Terminal: per-seed gaps −0.3, +0.5, +1.0 (mean 0.4, a wide interval around 0) cover the paper's 48.3 − 2.0
     = +46.3 points, i.e. 0.463 as a fraction; bag/copy: 4 epochs clearly better. 0 clearly worse of 2 fails."""
     curves = {"terminal/ep1": flat(400, [0.5, 0.2, 0.0]), "terminal/ep4": flat(400, [0.2, 0.7, 1.0]),
@@ -401,15 +382,15 @@ def test_the_paper_has_dg_errors_only_for_one_and_four_epochs():
     assert _paper_pct("terminal", 1) == pytest.approx(2.0) and _paper_pct("terminal", 4) == pytest.approx(48.3)
 
 
-def test_without_one_epoch_there_is_nothing_to_compare(tmp_path):
+def test_without_one_epoch_there_is_nothing_to_compare(tmp_path, fake_run):
     levels = {f"{w}/ep{e}": lv for w in ("terminal", "bag/copy") for e, lv in ((2, 0.3), (4, 0.6))}
-    text = write_report(_dg_run(tmp_path / "dg", levels, ("dg_epoch_counts=2,4",))).read_text()
+    text = write_report(_dg_run(fake_run, tmp_path / "dg", levels, ("dg_epoch_counts=2,4",))).read_text()
     line = row(text, DG_MOST)
     assert "| n/a |" in line and "needs dg_epoch_counts with 1" in line, line
 
 
-def test_the_fig17_table_starts_with_the_terminal_task(tmp_path):
-    run = _dg_run(tmp_path / "dg", {"terminal/ep1": 0.3, "terminal/ep4": 0.6, "bag/copy/ep1": 0.3,
+def test_the_fig17_table_starts_with_the_terminal_task(tmp_path, fake_run):
+    run = _dg_run(fake_run, tmp_path / "dg", {"terminal/ep1": 0.3, "terminal/ep4": 0.6, "bag/copy/ep1": 0.3,
                                     "bag/copy/ep4": 0.6})
     lines = write_report(run).read_text().splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("| task | DG 1 ep | DG 4 ep"))
@@ -420,7 +401,8 @@ def test_the_fig17_table_starts_with_the_terminal_task(tmp_path):
 # ----------------------------------------------------------------------------- ablations (§3.7, Fig. 8)
 
 
-def _ablation_report(tmp_path: Path, levels: dict[str, float], lengths: int = 5, episodes: int = 50) -> str:
+def _ablation_report(fake_run, tmp_path: Path, levels: dict[str, float], lengths: int = 5,
+                     episodes: int = 50) -> str:
     """token-ablations at one H, 3 seeds, method m at constant error levels[m]."""
     run = fake_run(tmp_path / "ta", "token-ablations", ["seeds=3", f"episodes={episodes}", f"lengths={lengths}",
                                                         "methods=" + ",".join(levels)],
@@ -428,24 +410,25 @@ def _ablation_report(tmp_path: Path, levels: dict[str, float], lengths: int = 5,
     return write_report(run).read_text()
 
 
-def test_group_pg_clearly_better_than_tpo_by_more_than_the_tie_is_not_the_worst(tmp_path):
+def test_group_pg_clearly_better_than_tpo_by_more_than_the_tie_is_not_the_worst(tmp_path, fake_run):
     """Group PG 1.5 points below TPO: beyond the 1-point tie allowance, so "Group PG is the worst" fails."""
-    line = row(_ablation_report(tmp_path, {"tpo": 0.1, "group_pg": 0.085}), "Group PG is the worst")
+    line = row(_ablation_report(fake_run, tmp_path, {"tpo": 0.1, "group_pg": 0.085}), "Group PG is the worst")
     assert verdict(line).startswith("**FAIL**"), line
 
 
-def test_group_pg_within_the_tie_of_tpo_still_counts_as_worst(tmp_path):
-    line = row(_ablation_report(tmp_path, {"tpo": 0.1, "group_pg": 0.095}), "Group PG is the worst")
+def test_group_pg_within_the_tie_of_tpo_still_counts_as_worst(tmp_path, fake_run):
+    line = row(_ablation_report(fake_run, tmp_path, {"tpo": 0.1, "group_pg": 0.095}), "Group PG is the worst")
     assert verdict(line) == "**PASS**", line
 
 
-def test_tpo_without_the_anchor_ending_worse_passes_the_anchor_claim(tmp_path):
-    line = row(_ablation_report(tmp_path, {"tpo": 0.1, "tpo_no_anchor": 0.5}), "Removing the anchor p_old is harmful")
+def test_tpo_without_the_anchor_ending_worse_passes_the_anchor_claim(tmp_path, fake_run):
+    line = row(_ablation_report(fake_run, tmp_path, {"tpo": 0.1, "tpo_no_anchor": 0.5}),
+               "Removing the anchor p_old is harmful")
     assert verdict(line) == "**PASS**", line
 
 
-def test_tpo_below_grpo_is_the_lowest_with_two_methods(tmp_path):
-    line = row(_ablation_report(tmp_path, {"tpo": 0.1, "grpo": 0.3}), "TPO has the lowest error")
+def test_tpo_below_grpo_is_the_lowest_with_two_methods(tmp_path, fake_run):
+    line = row(_ablation_report(fake_run, tmp_path, {"tpo": 0.1, "grpo": 0.3}), "TPO has the lowest error")
     assert verdict(line) == "**PASS**", line
 
 
@@ -459,13 +442,13 @@ def test_fig8_values_are_read_at_their_own_h():
     assert _fig8("tpo", 5) is None
 
 
-def test_the_papers_fig8_table_is_added_only_without_an_h_in_common(tmp_path):
-    assert "no H in common" not in _ablation_report(tmp_path / "h7", {"tpo": 0.1, "grpo": 0.3}, lengths=7)
-    assert "no H in common" in _ablation_report(tmp_path / "h5", {"tpo": 0.1, "grpo": 0.3}, lengths=5)
+def test_the_papers_fig8_table_is_added_only_without_an_h_in_common(tmp_path, fake_run):
+    assert "no H in common" not in _ablation_report(fake_run, tmp_path / "h7", {"tpo": 0.1, "grpo": 0.3}, lengths=7)
+    assert "no H in common" in _ablation_report(fake_run, tmp_path / "h5", {"tpo": 0.1, "grpo": 0.3}, lengths=5)
 
 
 @pytest.mark.parametrize("episodes, circles", [(300, {}), (2000, {"H = 7": {"tpo": 0.06, "grpo": 0.15}})])
-def test_the_papers_circles_are_drawn_only_at_its_2000_episodes(tmp_path, monkeypatch, episodes, circles):
+def test_the_papers_circles_are_drawn_only_at_its_2000_episodes(tmp_path, monkeypatch, episodes, circles, fake_run):
     seen = []
     real = tr.panels
 
@@ -475,7 +458,7 @@ def test_the_papers_circles_are_drawn_only_at_its_2000_episodes(tmp_path, monkey
         return real(section, grid, name, caption, **kw)
 
     monkeypatch.setattr(tr, "panels", spy)
-    _ablation_report(tmp_path, {"tpo": 0.1, "grpo": 0.3}, lengths=7, episodes=episodes)
+    _ablation_report(fake_run, tmp_path, {"tpo": 0.1, "grpo": 0.3}, lengths=7, episodes=episodes)
     assert len(seen) == 1
     assert {k: {m: pts[0][1] for m, pts in by_m.items()} for k, by_m in seen[0].items()} == circles
 
@@ -488,7 +471,7 @@ WITHIN = "Every η in [0.25, 2] reaches 1% error within 141 episodes"
 SLOWEST = "η = 4 is the slowest to reach 1%"
 
 
-def _temperature_report(tmp_path: Path, at: dict[float, int | None], episodes: int = 150) -> str:
+def _temperature_report(fake_run, tmp_path: Path, at: dict[float, int | None], episodes: int = 150) -> str:
     """token-temperature with 3 seeds; η crosses 1% at episode at[η] in every seed (None: never)."""
     exp = load("token-temperature")
     overrides = ["seeds=3", f"episodes={episodes}", "etas=" + ",".join(f"{eta:g}" for eta in at)]
@@ -503,36 +486,36 @@ def test_the_temperature_units_are_named_by_eta():
     assert units_of(exp, make_config(exp, "cpu")) == ["eta0.25", "eta0.5", "eta1", "eta2", "eta4"]
 
 
-def test_reaching_1pct_after_141_episodes_fails_the_table5_bound(tmp_path):
-    line = row(_temperature_report(tmp_path, {eta: 145 for eta in ETAS}), WITHIN)
+def test_reaching_1pct_after_141_episodes_fails_the_table5_bound(tmp_path, fake_run):
+    line = row(_temperature_report(fake_run, tmp_path, {eta: 145 for eta in ETAS}), WITHIN)
     assert verdict(line).startswith("**FAIL**"), line
 
 
-def test_reaching_1pct_at_episode_141_is_within_141(tmp_path):
+def test_reaching_1pct_at_episode_141_is_within_141(tmp_path, fake_run):
     """The first episode below 1% is 141 (0-based) in every seed: "within 141" allows the tie."""
-    line = row(_temperature_report(tmp_path, {eta: 141 for eta in ETAS}), WITHIN)
+    line = row(_temperature_report(fake_run, tmp_path, {eta: 141 for eta in ETAS}), WITHIN)
     assert verdict(line) == "**PASS**", line
 
 
-def test_eta_2_is_inside_the_range_of_the_bound(tmp_path):
+def test_eta_2_is_inside_the_range_of_the_bound(tmp_path, fake_run):
     """Only η = 2 (the range's upper end) is late: [0.25, 2] includes it, so the claim fails."""
-    line = row(_temperature_report(tmp_path, {0.25: 50, 0.5: 50, 1.0: 50, 2.0: 145, 4.0: 50}), WITHIN)
+    line = row(_temperature_report(fake_run, tmp_path, {0.25: 50, 0.5: 50, 1.0: 50, 2.0: 145, 4.0: 50}), WITHIN)
     assert verdict(line).startswith("**FAIL**"), line
 
 
-def test_a_run_of_141_episodes_cannot_check_the_bound(tmp_path):
-    line = row(_temperature_report(tmp_path, {eta: 50 for eta in ETAS}, episodes=141), WITHIN)
+def test_a_run_of_141_episodes_cannot_check_the_bound(tmp_path, fake_run):
+    line = row(_temperature_report(fake_run, tmp_path, {eta: 50 for eta in ETAS}, episodes=141), WITHIN)
     assert "| n/a |" in line and "more than 141 episodes" in line, line
 
 
-def test_eta_4_slowest_is_undecided_when_another_eta_never_reaches_1pct(tmp_path):
+def test_eta_4_slowest_is_undecided_when_another_eta_never_reaches_1pct(tmp_path, fake_run):
     """η = 4 and η = 0.5 both never get there: which of them is slower is unknown."""
-    line = row(_temperature_report(tmp_path, {0.5: None, 1.0: 60, 4.0: None}), SLOWEST)
+    line = row(_temperature_report(fake_run, tmp_path, {0.5: None, 1.0: 60, 4.0: None}), SLOWEST)
     assert "| n/a |" in line, line
 
 
-def test_eta_4_reaching_1pct_last_is_the_slowest(tmp_path):
-    line = row(_temperature_report(tmp_path, {0.25: 50, 0.5: 50, 1.0: 50, 2.0: 50, 4.0: 130}), SLOWEST)
+def test_eta_4_reaching_1pct_last_is_the_slowest(tmp_path, fake_run):
+    line = row(_temperature_report(fake_run, tmp_path, {0.25: 50, 0.5: 50, 1.0: 50, 2.0: 50, 4.0: 130}), SLOWEST)
     assert verdict(line) == "**PASS**", line
 
 
@@ -543,8 +526,8 @@ def test_a_terminal_reward_needs_sequence_level_tpo():
         make_config(exp, "smoke", overrides=["level=token", "reward=terminal"])
 
 
-def test_the_temperature_preset_note_is_shown_for_every_preset_but_paper(tmp_path):
-    _temperature_report(tmp_path, {eta: 50 for eta in ETAS})
+def test_the_temperature_preset_note_is_shown_for_every_preset_but_paper(tmp_path, fake_run):
+    _temperature_report(fake_run, tmp_path, {eta: 50 for eta in ETAS})
     out = tmp_path / "tt"
     assert "Preset `cpu`: 3 seeds × 150 episodes" in write_report(out).read_text()
     meta = json.loads((out / "run.json").read_text())
