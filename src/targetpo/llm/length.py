@@ -39,7 +39,7 @@ from targetpo.llm.data import Problem, problems_fingerprint, train_and_heldout
 from targetpo.llm.trainer import TrainerConfig
 from targetpo.runs import plots
 from targetpo.runs.config import config, default, param, swept, unused
-from targetpo.runs.stats import Verdict, above, all_of, below, count, fmt, paired_interval
+from targetpo.runs.stats import Verdict, above, all_of, below, count, fmt, mean_se, paired_interval
 
 NAME = "llm-length"
 REQUIRES_EXTRA = "llm"  # transformers, reasoning-gym, math-verify: checked before the run folder is written
@@ -181,7 +181,7 @@ def final_answer(completion: str) -> str | None:
 def expression_terms(expression: str) -> list[int]:
     """reasoning-gym chain_sum's expression "4 - 1 + 7" -> [4, -1, 7]."""
     tokens = expression.split()
-    if len(tokens) % 2 == 0 or not all(t in "+-" for t in tokens[1::2]):
+    if len(tokens) % 2 == 0 or not all(t in ("+", "-") for t in tokens[1::2]):
         raise ValueError(f"expression {expression!r} is not 'n (+|-) n ...'")
     return [int(tokens[0])] + [int(n) if op == "+" else -int(n) for op, n in zip(tokens[1::2], tokens[2::2])]
 
@@ -434,10 +434,12 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
 # ----------------------------------------------------------------------------- report
 
 def _mean_se(per_seed, digits: int = 3) -> str:
+    """Seed mean ± s.e. with the population std, as every report (docs/experiments.md); one seed: the mean."""
     v = np.asarray(per_seed, dtype=float)
     if v.size < 2:
         return f"{v.mean():.{digits}f}"
-    return f"{v.mean():.{digits}f} ± {v.std(ddof=1) / np.sqrt(v.size):.{digits}f}"
+    mean, se = mean_se(v)
+    return f"{mean:.{digits}f} ± {se:.{digits}f}"
 
 
 def finished_series(run, metric: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
