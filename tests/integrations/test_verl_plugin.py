@@ -290,3 +290,93 @@ def test_a_gsm8k_response_without_an_answer_block_scores_zero():
 
     assert compute_score("openai/gsm8k", "so the answer is 72", "72") == 0.0
     assert compute_score("openai/gsm8k", "so <answer>72</answer>", "72") == 1.0
+
+
+def two_groups(t=4):
+    """Two groups of K = 4 with outcome rewards on the last token, all tokens valid; their tpo advantages."""
+    rewards = torch.zeros(8, t)
+    rewards[:, -1] = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 0])
+    mask = torch.ones(8, t)
+    adv, _ = verl_plugin.compute_tpo_advantage(rewards, mask, index=np.repeat(["a", "b"], 4))
+    return adv, mask
+
+
+def tpo_loss(adv, mask, config=None, logp=None, old=None):
+    logp = -torch.ones_like(mask) if logp is None else logp
+    old = -torch.ones_like(mask) if old is None else old
+    return verl_plugin.compute_policy_loss_tpo(old, logp, adv, mask, config=config or actor_config(4))
+
+
+
+# ----------------------------------------------------------------------------- η hand-off (TARGETPO_TPO_ETA)
+
+def test_a_near_miss_of_the_eta_variable_without_tpo_or_eta_in_it_is_refused(monkeypatch):
+    """'A few edits away' also covers a typo that spells neither TPO nor ETA (two swapped letter pairs)."""
+    monkeypatch.setenv("TARGETPO_TOP_EAT", "0.5")
+    with pytest.raises(ValueError, match="TARGETPO_TOP_EAT is not read by targetpo; did you mean TARGETPO_TPO_ETA"):
+        verl_plugin.tpo_eta_from_env()
+
+
+@pytest.mark.parametrize("raw", ["inf", "-inf", "-2.5"])
+def test_a_non_finite_or_negative_exported_eta_is_refused_with_its_value(raw, monkeypatch):
+    """Non-finite and non-positive η are errors, and the message quotes the value that was exported."""
+    monkeypatch.setenv(verl_plugin.ETA_ENV, raw)
+    with pytest.raises(ValueError, match=f"TARGETPO_TPO_ETA='{raw}'"):
+        verl_plugin.tpo_eta_from_env()
+
+
+# ----------------------------------------------------------------------------- the tpo advantage estimator
+
+@pytest.mark.parametrize("index", [
+    list("aaaabbb"),  # 7 group ids for 8 rows
+    list("abcdefgh"),  # K = 1: no group to standardize within
+    list("aabbbbbb"),  # blocks of 2 and 6 rows: not one K
+])
+def test_estimator_refuses_ids_that_are_not_equal_contiguous_groups_of_k_at_least_2(index):
+    """One id per row, and contiguous blocks of one size K >= 2 (the estimator's docstring)."""
+    with pytest.raises(ValueError):
+        verl_plugin.compute_tpo_advantage(torch.ones(8, 3), torch.ones(8, 3), index=np.array(index))
+
+
+# ----------------------------------------------------------------------------- the tpo policy loss
+
+def test_loss_refuses_a_row_whose_advantage_varies_by_a_thousandth_and_names_the_row():
+    """One score per response: row 5's advantage differing by 1e-3 on one token is not constant over its tokens."""
+    adv, mask = two_groups()
+    adv[5, 1] += 1e-3
+    with pytest.raises(ValueError, match="advantages of row 5 vary over its tokens"):
+        tpo_loss(adv, mask)
+
+
+def test_loss_refuses_rollout_n_zero_with_a_value_error():
+    """K = rollout_n = 0 is a refused setting naming rollout_n, not a ZeroDivisionError."""
+    adv, mask = two_groups()
+    with pytest.raises(ValueError, match="rollout_n = 0"):
+        tpo_loss(adv, mask, config=actor_config(0))
+
+
+def test_loss_needs_the_global_batch_size_when_data_parallel():
+    """With dp_size > 1 the share of the global mean cannot be formed without global_batch_size: an error."""
+    adv, mask = two_groups()
+    cfg = actor_config(4)
+    cfg.global_batch_info.update(dp_size=2)
+    with pytest.raises(ValueError, match="global_batch_size is required"):
+        tpo_loss(adv, mask, config=cfg)
+
+
+def test_ppo_kl_metric_is_verls_masked_mean_of_old_minus_new_log_prob():
+    """actor/ppo_kl as verl defines it: the mean over valid response tokens of old_log_prob - log_prob."""
+    adv, _ = two_groups()
+    mask = torch.ones(8, 4)
+    mask[:, 2:] = 0  # half the tokens are padding, where the log-probs below differ wildly
+    old = torch.where(mask.bool(), -1.0, 0.0)
+    logp = torch.where(mask.bool(), -1.5, -5.0)
+    _, metrics = tpo_loss(adv * mask, mask, logp=logp, old=old)
+    assert metrics["actor/ppo_kl"] == pytest.approx(0.5)  # (-1) - (-1.5) on every valid token
+
+
+def test_verify_registration_raises_when_the_estimator_is_not_ours(monkeypatch):
+    """Both registries must resolve `tpo` to this module: another advantage estimator under the name is an error."""
+    monkeypatch.setitem(core_algos.ADV_ESTIMATOR_REGISTRY, "tpo", core_algos.get_adv_estimator_fn("grpo"))
+    with pytest.raises(RuntimeError, match="did not register"):
+        verl_plugin.verify_registration()

@@ -17,6 +17,7 @@ pytest.importorskip("verl", reason="needs the verl extra: pip install -e '.[verl
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from hydra import compose, initialize_config_module  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
 from verl import DataProto  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
@@ -561,3 +562,65 @@ def test_the_tpo_trainer_runs_verls_synchronous_paths(monkeypatch):
     monkeypatch.setenv(verl_trainer.ETA_ENV, "1.0")
     trainer = verl_trainer.register_tpo_trainer()(compose_verl(TPO_LAYOUT))  # builds on the CPU, nothing started
     assert trainer.trainer_mode == "sync" and type(trainer.replay_buffer).__name__ == "ReplayBuffer"
+
+
+# ----------------------------------------------------------------------------- step-0 config checks
+
+@pytest.mark.parametrize("key", ["TPO_eta", "Tpo_eta"])
+def test_a_top_level_tpo_key_in_any_case_is_refused(key):
+    """A stray top-level tpo* key (any case) would be ignored, training with the default η: it is an error."""
+    with pytest.raises(ValueError, match=f"{key} is not a verl or TPO setting"):
+        verl_trainer.tpo_settings(OmegaConf.create({key: 0.5}))
+
+
+@pytest.mark.parametrize("overrides, names", [
+    (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n=1"),  # K >= 2
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"], "ppo_micro_batch_size_per_gpu=2"),  # half a group
+    # 2 nodes x 2 GPUs = 4 data-parallel ranks: 2 prompts per mini-batch cannot be split into whole groups
+    (["trainer.nnodes=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2"], "ppo_mini_batch_size=2 prompts"),
+    (["data.train_batch_size=6"], "data.train_batch_size=6"),  # not a multiple of the mini-batch of 4
+    (["trainer.nnodes=true"], "trainer.nnodes=True"),  # a bool is not an integer count
+    (["algorithm.norm_adv_by_std_in_grpo=0"], "algorithm.norm_adv_by_std_in_grpo=0"),  # anything but True
+])
+def test_more_settings_that_split_a_group_are_refused_by_name(overrides, names):
+    """docs/verl.md §2: each setting that would split a group (or is ignored by TPO) is an error naming it."""
+    with pytest.raises(ValueError, match="TPO cannot run with these verl settings") as err:
+        verl_trainer.check_config(compose_verl(TPO_LAYOUT + overrides))
+    assert names in str(err.value)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"],  # two whole groups of K = 4
+    ["trainer.nnodes=2", "data.train_batch_size=8"],  # 4 ranks, mini-batch of 4 prompts: one group each
+])
+def test_settings_that_keep_groups_whole_are_accepted(overrides):
+    """Micro-batches of any multiple of K, and mini-batches a multiple of nnodes x n_gpus_per_node, pass."""
+    assert verl_trainer.check_config(compose_verl(TPO_LAYOUT + overrides)) == {"eta": 1.0}
+
+
+def test_balance_whole_groups_parses_uids_that_contain_underscores():
+    """Keys are {uid}_{session}_{output index}: a uid with '_' in it is still one uid, output index 0."""
+    keys = [f"prompt_{g}_{s}_0" for s in range(2) for g in range(4)]
+    batch = FakeKVBatch(keys, [5] * 8)
+    verl_trainer.balance_whole_groups(batch, 2, required_multiple=4)
+    uids = [key.rsplit("_", 2)[0] for key in batch.keys]
+    assert all(uids[i] == uids[i + 1] for i in range(0, 8, 2)) and len(set(uids)) == 4
+
+
+def test_whole_group_order_balances_verls_workload_not_the_token_count():
+    """Groups go to ranks by verl's calculate_workload (24576·s + s² per row), not by summed lengths s.
+
+    Group workloads: a (1, 1999): 53_148_002; b (1025, 1025): 52_482_050; c (10, 2000): 53_397_860;
+    d (1200, 1200): 61_862_400. Rank pairs {a,b|c,d} differ by 9_630_208, {a,c|b,d} by 7_798_588 (the best),
+    {a,d|b,c} by 9_130_492. By token count (2000, 2050, 2010, 2400) {a,d|b,c} would be the best (340 vs 360, 440).
+    """
+    uids = list("aabbccdd")
+    parts = verl_trainer.whole_group_order(uids, [1, 1999, 1025, 1025, 10, 2000, 1200, 1200], 2)
+    assert sorted(sorted({uids[i] for i in part}) for part in parts) == [["a", "c"], ["b", "d"]]
+
+
+def test_tpo_sync_trainer_refuses_a_process_without_the_exported_eta(monkeypatch):
+    """Without TARGETPO_TPO_ETA in the trainer's process, construction is a ValueError naming tpo.eta."""
+    monkeypatch.delenv(verl_plugin.ETA_ENV, raising=False)
+    with pytest.raises(ValueError, match="tpo.eta=1.0 but the Ray workers' TARGETPO_TPO_ETA=None"):
+        verl_trainer.register_tpo_trainer()(compose_verl(TPO_LAYOUT))
