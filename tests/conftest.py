@@ -8,6 +8,7 @@ data and every extra, and a test that quietly stopped running there would go unn
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -86,3 +87,21 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def read_section():
+    """Readers of an experiment report's Section: `claim(section, start)` is its one claim whose text starts with
+    `start`; `row(section, label)` the cells after the label of the first table row labelled `label`."""
+
+    def claim(section, start: str):
+        found = [c for c in section.claims if c.text.startswith(start)]
+        assert len(found) == 1, [c.text for c in section.claims]
+        return found[0]
+
+    def row(section, label: str) -> list[str]:
+        text = "\n".join(section.blocks)
+        line = next(line for line in text.splitlines() if line.startswith(f"| {label} |"))
+        return [c.strip() for c in line.split("|")[2:-1]]
+
+    return SimpleNamespace(claim=claim, row=row)

@@ -206,8 +206,11 @@ def _run(tmp_path, records, **cfg_kw):
     return Run(tmp_path, {"experiment": "llm-length", "preset": "cpu", "config": cfg}, records)
 
 
-def _report_run(tmp_path):
-    """tpo_sum and tpo_mean, 3 seeds, 5 steps; the ≥ 200 bucket has 2 + 2 + 1 = 5 groups, all from tpo_sum."""
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """The report section of tpo_sum and tpo_mean, 3 seeds, 5 steps; the ≥ 200 bucket has 2 + 2 + 1 = 5 groups,
+    all from tpo_sum."""
+    tmp_path = tmp_path_factory.mktemp("length-report")
     records = []
     for s in range(3):
         records += _unit_rows(f"tpo_sum@seed{s}", s, 0.30 + 0.01 * JITTER[s], (0, 1) if s < 2 else (0,))
@@ -219,60 +222,41 @@ def _report_run(tmp_path):
     return section
 
 
-def _table_row(section, first_cell):
-    for line in "\n".join(section.blocks).splitlines():
-        cells = [c.strip() for c in line.strip("|").split(" | ")]
-        if cells[0] == first_cell:
-            return cells
-    raise AssertionError(f"no table row {first_cell!r}")
-
-
-def _claim(section, start):
-    found = [c for c in section.claims if c.text.startswith(start)]
-    assert len(found) == 1, [c.text for c in section.claims]
-    return found[0]
-
-
-def test_report_drift_is_last_steps_minus_first_steps(tmp_path):
+def test_report_drift_is_last_steps_minus_first_steps(report, read_section):
     """Completion length 100 at step 0 and 110 at step 4 (n = steps // 5 = 1): the drift column reads +10.0."""
-    row = _table_row(_report_run(tmp_path), "TPO (sum)")
+    row = read_section.row(report, "TPO (sum)")
     assert row[-2] == "100.0 ± 0.0" and row[-1] == "10.0 ± 0.0"
 
 
-def test_report_bucket_means_are_per_seed_means_over_that_seeds_groups(tmp_path):
-    """The <100 bucket's sum ‖p − q‖₁ is 0.6, 0.61, 0.62 per group in seeds 0–2: the row shows their mean 0.610."""
-    row = _table_row(_report_run(tmp_path), "<100")
-    assert row[1] == str(3 * 2 * 2 * STEPS)  # 3 seeds × 2 arms × 2 groups a step
-    assert row[2].startswith("0.610 ± ") and row[3].startswith("1.030 ± ")  # sum; mean: 1.0, 1.03, 1.06
+def test_report_bucket_means_are_per_seed_means_with_the_population_std_error(report, read_section):
+    """The <100 bucket's sum ‖p − q‖₁ is 0.6, 0.61, 0.62 per group in seeds 0–2: the row shows their mean 0.610 ±
+    s.e. = std(ddof=0)/√n (docs/experiments.md) = 0.01·√(2/3)/√3 = 0.0047 (the sample std would give 0.0058); the
+    mean's 1.0, 1.03, 1.06 give 1.030 ± 0.0141 (not 0.0173)."""
+    row = read_section.row(report, "<100")
+    assert row[0] == str(3 * 2 * 2 * STEPS)  # 3 seeds × 2 arms × 2 groups a step
+    assert row[1] == "0.610 ± 0.005" and row[2] == "1.030 ± 0.014"  # sum; mean
 
 
-def test_report_standard_errors_use_the_population_std_over_seeds(tmp_path):
-    """s.e. = std(ddof=0)/√n (docs/experiments.md): 0.6, 0.61, 0.62 give 0.01·√(2/3)/√3 = 0.0047 (the sample std
-    would give 0.0058); 1.0, 1.03, 1.06 give 0.0141 (not 0.0173)."""
-    row = _table_row(_report_run(tmp_path), "<100")
-    assert row[2] == "0.610 ± 0.005" and row[3] == "1.030 ± 0.014"
-
-
-def test_report_judges_a_bucket_with_exactly_min_bucket_groups(tmp_path):
+def test_report_judges_a_bucket_with_exactly_min_bucket_groups(report, read_section):
     """A bucket with 5 groups (= MIN_BUCKET_GROUPS) is in the claims: both buckets are compared."""
-    claim = _claim(_report_run(tmp_path), "At these lengths the sum's")
+    claim = read_section.claim(report, "At these lengths the sum's")
     assert "<100: sum" in claim.evidence and ">=200: sum" in claim.evidence
 
 
-def test_report_half_claim_fails_when_the_sum_is_above_half_the_mean(tmp_path):
+def test_report_half_claim_fails_when_the_sum_is_above_half_the_mean(report, read_section):
     """Under 100 tokens the sum (0.6) is above half the mean (1.0 / 2): "under half ... in every bucket" fails."""
-    assert _claim(_report_run(tmp_path), "At these lengths the sum's").verdict is Verdict.FAIL
+    assert read_section.claim(report, "At these lengths the sum's").verdict is Verdict.FAIL
 
 
-def test_report_shrink_claim_passes_when_the_sum_falls_with_length(tmp_path):
+def test_report_shrink_claim_passes_when_the_sum_falls_with_length(report, read_section):
     """The sum's ‖p − q‖₁ falls from ~0.6 (<100) to ~0.3 (>=200) in every seed: the shrink claim passes."""
-    claim = _claim(_report_run(tmp_path), "With the sum, ‖p − q‖₁ shrinks")
+    claim = read_section.claim(report, "With the sum, ‖p − q‖₁ shrinks")
     assert claim.verdict is Verdict.PASS and "(<100) ->" in claim.evidence
 
 
-def test_report_accuracy_claim_is_at_the_last_step_and_passes_for_the_better_arm(tmp_path):
+def test_report_accuracy_claim_is_at_the_last_step_and_passes_for_the_better_arm(report, read_section):
     """TPO (mean) ends 0.2 above TPO (sum) in every seed (equal at step 0): the claim passes, at step 4."""
-    claim = _claim(_report_run(tmp_path), "TPO (mean) is more accurate")
+    claim = read_section.claim(report, "TPO (mean) is more accurate")
     assert claim.verdict is Verdict.PASS and "at step 4)" in claim.text
 
 

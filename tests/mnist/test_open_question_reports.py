@@ -65,82 +65,69 @@ def _staleness_report(tmp_path, final: dict, **config):
     return run, section
 
 
-def _claim(section, start: str):
-    found = [c for c in section.claims if c.text.startswith(start)]
-    assert len(found) == 1, [c.text for c in section.claims]
-    return found[0]
-
-
-def _row(section, label: str) -> list[str]:
-    """The cells after the label of the first table row that starts with `label`."""
-    text = "\n".join(section.blocks)
-    line = next(line for line in text.splitlines() if line.startswith(f"| {label} |"))
-    return [c.strip() for c in line.split("|")[2:-1]]
-
-
 # ----------------------------------------------------------------------------- staleness: report
 
-def test_staleness_tpo_is_not_robust_when_its_error_grows_by_one_and_a_half_points(tmp_path):
+def test_staleness_tpo_is_not_robust_when_its_error_grows_by_one_and_a_half_points(tmp_path, read_section):
     """2.0 → 3.5 % in every seed is +1.5 points, outside the claim's ±1 point; 2.0 → 2.5 % is inside."""
     _, section = _staleness_report(tmp_path, {"tpo": {0: 0.02, 1000: 0.035}})
-    claim = _claim(section, "TPO is robust to stale actors")
+    claim = read_section.claim(section, "TPO is robust to stale actors")
     assert claim.verdict is Verdict.FAIL and "TPO 2.0 % → 3.5 % (change 1.5 [1.5, 1.5] points)" in claim.evidence
     _, section = _staleness_report(tmp_path, {"tpo": {0: 0.02, 1000: 0.025}})
-    assert _claim(section, "TPO is robust to stale actors").verdict is Verdict.PASS
+    assert read_section.claim(section, "TPO is robust to stale actors").verdict is Verdict.PASS
 
 
-def test_staleness_reinforce_collapse_needs_ten_points(tmp_path):
+def test_staleness_reinforce_collapse_needs_ten_points(tmp_path, read_section):
     """6 → 13 % is +7 points, short of the 10 the claim asks; 6 → 78 % is +72 points, a collapse, and the
     evidence reads the change as D=1000 minus D=0."""
     _, section = _staleness_report(tmp_path, {"reinforce": {0: 0.06, 1000: 0.13}})
-    assert _claim(section, "REINFORCE collapses").verdict is Verdict.FAIL
+    assert read_section.claim(section, "REINFORCE collapses").verdict is Verdict.FAIL
     _, section = _staleness_report(tmp_path, {"reinforce": {0: 0.06, 1000: 0.78}})
-    claim = _claim(section, "REINFORCE collapses")
+    claim = read_section.claim(section, "REINFORCE collapses")
     assert claim.verdict is Verdict.PASS
     assert "REINFORCE 6.0 % → 78.0 % (change 72.0 [72.0, 72.0] points)" in claim.evidence, claim.evidence
 
 
-def test_staleness_importance_weighting_must_beat_reinforce_by_five_points(tmp_path):
+def test_staleness_importance_weighting_must_beat_reinforce_by_five_points(tmp_path, read_section):
     """PG (IS) 2 points below REINFORCE at D=1000 is not "far better" (the claim asks for more than 5)."""
     final = {"reinforce": {0: 0.06, 1000: 0.78}, "pg_is": {0: 0.06, 1000: 0.76}}
     _, section = _staleness_report(tmp_path, final)
-    claim = _claim(section, "importance weighting limits the damage")
+    claim = read_section.claim(section, "importance weighting limits the damage")
     assert claim.verdict is Verdict.FAIL and "PG (IS) − REINFORCE at D=1000: -2.0 [" in claim.evidence
     final["pg_is"][1000] = 0.098
     _, section = _staleness_report(tmp_path, final)
-    assert _claim(section, "importance weighting limits the damage").verdict is Verdict.PASS
+    assert read_section.claim(section, "importance weighting limits the damage").verdict is Verdict.PASS
 
 
-def test_staleness_ppo_stability_allows_two_points_of_drift(tmp_path):
+def test_staleness_ppo_stability_allows_two_points_of_drift(tmp_path, read_section):
     _, section = _staleness_report(tmp_path, {"ppo": {0: 0.063, 1000: 0.078}})  # +1.5 points
-    assert _claim(section, "PPO against the behaviour snapshot stays stable").verdict is Verdict.PASS
+    assert read_section.claim(section, "PPO against the behaviour snapshot stays stable").verdict is Verdict.PASS
     _, section = _staleness_report(tmp_path, {"ppo": {0: 0.063, 1000: 0.088}})  # +2.5 points
-    assert _claim(section, "PPO against the behaviour snapshot stays stable").verdict is Verdict.FAIL
+    assert read_section.claim(section, "PPO against the behaviour snapshot stays stable").verdict is Verdict.FAIL
 
 
-def test_staleness_tpo_half_a_point_above_dg_is_not_the_lowest(tmp_path):
+def test_staleness_tpo_half_a_point_above_dg_is_not_the_lowest(tmp_path, read_section):
     _, section = _staleness_report(tmp_path, {"tpo": {0: 0.02, 1000: 0.030}, "dg": {0: 0.03, 1000: 0.025}})
-    claim = _claim(section, "TPO has the lowest final error at every delay")
+    claim = read_section.claim(section, "TPO has the lowest final error at every delay")
     assert claim.verdict is Verdict.FAIL
     assert claim.candidates and "D=1000 vs DG" in claim.candidates[0].evidence
 
 
-def test_staleness_table_shows_the_slides_value_of_each_delay(tmp_path):
+def test_staleness_table_shows_the_slides_value_of_each_delay(tmp_path, read_section):
     _, section = _staleness_report(tmp_path, {"reinforce": {0: 0.06, 1000: 0.78}, "tpo": {0: 0.02, 1000: 0.02}})
     ref = paper.MNIST_STALENESS.values
     assert ref["reinforce"][ref["delays"].index(1000)] == 78.1 and ref["reinforce"][0] == 6.3
-    d0, d1000 = _row(section, "REINFORCE")
+    d0, d1000 = read_section.row(section, "REINFORCE")
     assert d0.endswith("(6.3)") and d1000.endswith("(78.1)"), (d0, d1000)
-    assert _row(section, "TPO")[1].endswith("(2.3)")
+    assert read_section.row(section, "TPO")[1].endswith("(2.3)")
 
 
-def test_staleness_report_and_summary_read_the_last_evaluation(tmp_path):
+def test_staleness_report_and_summary_read_the_last_evaluation(tmp_path, read_section):
     """The first evaluation has 90 % everywhere; the final one 2 → 3.5 % (seeds 1, 2, 3 % and 2.5, 3.5, 4.5 %)."""
     run, section = _staleness_report(tmp_path, {"tpo": {0: 0.02, 1000: 0.035}})
     f = ST.finals(run)
     assert f["tpo"][0][0] == pytest.approx(0.02) and f["tpo"][1000][0] == pytest.approx(0.035)
     np.testing.assert_allclose(f["tpo"][1000][2], [0.025, 0.035, 0.045])
-    assert [c.split(" ")[0] for c in _row(section, "TPO")] == ["2.0", "3.5"]
+    assert [c.split(" ")[0] for c in read_section.row(section, "TPO")] == ["2.0", "3.5"]
     assert "after 3,000 updates" in "\n".join(section.blocks)
     assert ST.summary(run) == "final error D=0 → D=1000: TPO 2.0 % → 3.5 %"
 
@@ -219,7 +206,7 @@ def test_replay_findings_name_the_method_with_the_lowest_error():
     assert RP.findings(f, [1])[0] == "R=1: lowest final error TPO (10.00 ± 0.00 %)"
 
 
-def test_replay_table_counts_the_batches_acted(tmp_path):
+def test_replay_table_counts_the_batches_acted(tmp_path, read_section):
     """50 updates: R=1 acts 50 batches; R=4 acts at updates 1, 5, …, 49, that is 13."""
     cfg = {"methods": ["tpo"], "is_clips": [1.0], "replays": [1, 4], "seeds": SEEDS, "eval_every": 10}
     records = [{"unit": RP.UNIT, "step": s, "tpo.error.R1": [0.2] * SEEDS, "tpo.error.R4": [0.3] * SEEDS}
@@ -227,7 +214,7 @@ def test_replay_table_counts_the_batches_acted(tmp_path):
     run = Run(tmp_path, {"preset": "cpu", "experiment": RP.NAME, "config": cfg, "status": "complete"}, records)
     section = Section("t", run, tmp_path)
     RP.report(run, section)
-    assert _row(section, "batches acted") == ["50", "13"]
+    assert read_section.row(section, "batches acted") == ["50", "13"]
 
 
 def test_replay_tpo_is_advantage_uses_the_behaviour_baseline():
