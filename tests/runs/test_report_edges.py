@@ -12,7 +12,7 @@ import pytest
 
 import targetpo.report as rep
 from targetpo import paper
-from targetpo.experiments import suite_of
+from targetpo.experiments import run_experiment, suite_of
 from targetpo.report import (REPORT_HEADING, Claim, Section, failure_reason, incomplete_note, is_larger,
                              resolve_failures, write_report)
 from targetpo.runs import plots
@@ -121,19 +121,46 @@ def test_a_missing_file_is_a_file_that_could_not_be_read():
     assert failure_reason(exc) == ("read", str(exc))
 
 
-def test_a_file_whose_first_line_is_not_the_report_heading_is_not_overwritten(tmp_path):
-    """Every report starts with REPORT_HEADING on its first line; a file holding that heading further down is
-    the user's, and -o refuses to replace it."""
-    run = tmp_path / "run"
+def _not_run(root: Path) -> Path:
+    run = root / "run"
     run.mkdir()
     (run / "run.json").write_text(json.dumps({"experiment": "tabular-single", "preset": "smoke", "config": {},
                                               "status": "not run"}))
+    return run
+
+
+def test_a_file_whose_first_line_is_not_the_report_heading_is_not_overwritten(tmp_path):
+    """Every report starts with REPORT_HEADING on its first line; a file holding that heading further down is
+    the user's, and -o refuses to replace it."""
+    run = _not_run(tmp_path)
     notes = tmp_path / "notes.md"
     mine = f"my notes\n{REPORT_HEADING}\n"
     notes.write_text(mine, encoding="utf-8")
     with pytest.raises(ValueError, match="not a targetpo report"):
         write_report(run, notes)
     assert notes.read_text(encoding="utf-8") == mine
+
+
+def test_a_binary_file_at_o_is_refused_as_not_a_report(tmp_path):
+    """A file that is not UTF-8 text (an image, say) is the user's file: refused with the usual message, kept."""
+    run = _not_run(tmp_path)
+    image = tmp_path / "figure.png"
+    data = b"\x89PNG\r\n\x1a\n\xff\xfe\x00\x80"
+    image.write_bytes(data)
+    with pytest.raises(ValueError, match="holds a file that is not a targetpo report"):
+        write_report(run, image)
+    assert image.read_bytes() == data
+
+
+def test_a_refused_o_writes_nothing_into_the_run_folder(tmp_path):
+    """The -o checks come before the sections are built: a refused report leaves no plot behind."""
+    run = run_experiment("tabular-single", "smoke", out=tmp_path / "run", progress=False, quiet=True)
+    before = sorted(p.name for p in run.iterdir())
+    mine = tmp_path / "notes.md"
+    mine.write_text(f"my notes\n{REPORT_HEADING}\n")
+    with pytest.raises(ValueError, match="not a targetpo report"):
+        write_report(run, mine)
+    assert sorted(p.name for p in run.iterdir()) == before
 
 
 # --- suites -------------------------------------------------------------------------------------------------

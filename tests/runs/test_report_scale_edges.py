@@ -1,15 +1,13 @@
 """The report's bookkeeping at its edges: which config fields measure a run's length, how a run's size is ranked,
-which changes from a preset count as overrides, what `-o` refuses before any work, and the headline's tally of
-claims that got no verdict."""
+which changes from a preset count as overrides, and the headline's tally of claims that got no verdict (what `-o`
+refuses is in test_report_edges.py)."""
 
-import json
 from pathlib import Path
 
 import pytest
 
-from targetpo.experiments import load, run_experiment
-from targetpo.report import (REPORT_HEADING, Section, claim_count, is_larger, length_fields, preset_overrides,
-                             run_scale, write_report)
+from targetpo.experiments import load
+from targetpo.report import Section, claim_count, is_larger, length_fields, preset_overrides, run_scale
 from targetpo.runs.config import make_config
 from targetpo.runs.runner import Progress
 from targetpo.runs.stats import Verdict
@@ -91,39 +89,6 @@ def test_a_preset_this_version_does_not_define_has_no_overrides(preset):
     """There is no preset to compare with, so nothing is listed (and nothing raises)."""
     exp = load("tabular-single")
     assert preset_overrides(exp, preset, make_config(exp, "cpu", overrides=["lr=0.05"])) == {}
-
-
-# --- the report's output file -------------------------------------------------------------------------------
-
-
-def _not_run(root: Path) -> Path:
-    run = root / "run"
-    run.mkdir()
-    (run / "run.json").write_text(json.dumps({"experiment": "tabular-single", "preset": "smoke", "config": {},
-                                              "status": "not run"}))
-    return run
-
-
-def test_a_binary_file_at_o_is_refused_as_not_a_report(tmp_path):
-    """A file that is not UTF-8 text (an image, say) is the user's file: refused with the usual message, kept."""
-    run = _not_run(tmp_path)
-    image = tmp_path / "figure.png"
-    data = b"\x89PNG\r\n\x1a\n\xff\xfe\x00\x80"
-    image.write_bytes(data)
-    with pytest.raises(ValueError, match="holds a file that is not a targetpo report"):
-        write_report(run, image)
-    assert image.read_bytes() == data
-
-
-def test_a_refused_o_writes_nothing_into_the_run_folder(tmp_path):
-    """The -o checks come before the sections are built: a refused report leaves no plot behind."""
-    run = run_experiment("tabular-single", "smoke", out=tmp_path / "run", progress=False, quiet=True)
-    before = sorted(p.name for p in run.iterdir())
-    mine = tmp_path / "notes.md"
-    mine.write_text(f"my notes\n{REPORT_HEADING}\n")
-    with pytest.raises(ValueError, match="not a targetpo report"):
-        write_report(run, mine)
-    assert sorted(p.name for p in run.iterdir()) == before
 
 
 # --- the headline's tally -----------------------------------------------------------------------------------
