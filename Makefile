@@ -27,8 +27,10 @@ install: $(VENV)/.installed
 reproduce: $(VENV)/.installed
 	$(VENV)/bin/targetpo reproduce --out $(OUT) --suite $(SUITE) $(if $(JOBS),--jobs $(JOBS),) $(if $(wildcard $(MNIST_DIR)),--data-dir $(MNIST_DIR),)
 
+# -n auto: one pytest worker per core (pytest-xdist); `make test PYTEST_ARGS="-n 0"` runs in one process.
+PYTEST_ARGS ?= -n auto
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/objectives.py --write BENCHMARKS.md
