@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from targetpo.tokens import engine as te
+from targetpo.tokens import rows
 from targetpo.tokens import transformer as tfm
 
 
@@ -26,7 +27,8 @@ def _reference_rollout(params, spec, prompts, streams, candidates, gens):
     s, b, h = prompts.shape
     g, c, v = streams, candidates, spec.vocab
     rep_p, inv_p = te._distinct(te._row_ids(prompts, [v] * h))
-    logp_states, cache = tfm.prefill(params, te._take(prompts, rep_p), spec)
+    distinct = te._take(prompts, rep_p)   # the prompt pass as the engine runs it (its tree: another test)
+    logp_states, cache = tfm.prefill(params, distinct, spec, te._worth_it(rows.prefix_tree(distinct, v)))
     state = inv_p.repeat_interleave(g, dim=1)
     acts, lps, cands, cand_lps = [], [], [], []
     for t in range(h):
@@ -98,3 +100,97 @@ def test_a_reused_answer_plan_gives_identical_log_probs_and_gradients():
         assert torch.equal(ga, gb)
     with pytest.raises(ValueError, match="plan is for actions of shape"):
         te.answer_logp(params, spec, prompts, actions[:, :, :2], plan)
+
+
+# ----------------------------------------------------------------------------- prefix trees
+
+def _prefixes(seqs, roots=None):
+    """{(seed, level): set of distinct (root, prefix) tuples}, counted by hand."""
+    out = {}
+    s, p, t = seqs.shape
+    for i in range(s):
+        for j in range(t):
+            out[i, j] = {((-1 if roots is None else int(roots[i, r])),) + tuple(seqs[i, r, :j + 1].tolist())
+                         for r in range(p)}
+    return out
+
+
+@pytest.mark.parametrize("with_roots", [False, True])
+def test_a_prefix_tree_has_one_node_per_distinct_prefix_and_every_path_spells_its_sequence(with_roots):
+    gen = torch.Generator().manual_seed(4)
+    seqs = torch.randint(0, 2, (2, 9, 4), generator=gen)
+    seqs[1, 5:] = seqs[1, :4]                                            # repeats in one seed only
+    roots = torch.randint(0, 3, (2, 9), generator=gen) if with_roots else None
+    tree = rows.prefix_tree(seqs, 2, roots=roots, n_roots=3)
+    hand = _prefixes(seqs, roots)
+    widths = [max(len(hand[i, j]) for i in range(2)) for j in range(4)]
+    assert tree.nodes == sum(widths)
+    assert tree.position.tolist() == [j for j in range(4) for _ in range(widths[j])]
+    for i in range(2):
+        for r in range(9):
+            nodes = tree.path[i, r]
+            assert tree.token[i, nodes].tolist() == seqs[i, r].tolist()           # the path spells the row
+            assert tree.position[nodes].tolist() == list(range(4))
+            for j in range(4):                                                    # one node per prefix ...
+                same = [q for q in range(9) if seqs[i, q, :j + 1].tolist() == seqs[i, r, :j + 1].tolist()
+                        and (roots is None or roots[i, q] == roots[i, r])]
+                assert {int(tree.path[i, q, j]) for q in same} == {int(nodes[j])}
+        # ... and a node's source is a place that holds it
+        src = tree.source[i]
+        for node in set(tree.path[i].flatten().tolist()):
+            r, j = divmod(int(src[node]), 4)
+            assert int(tree.path[i, r, j]) == node
+
+
+@pytest.mark.parametrize("v, p", [(2, 12), (3, 7)])
+def test_prefill_over_the_prefix_tree_equals_the_row_by_row_pass_with_its_gradients(v, p):
+    spec = tfm.TransformerSpec(vocab=v, max_len=10, heads=2)
+    params = {k: t.double().requires_grad_(True) for k, t in _spec_params(v=v, h=5)[1].items()}
+    prompts = torch.randint(0, v, (2, p, 5), generator=torch.Generator().manual_seed(6))
+    tree = rows.prefix_tree(prompts, v)
+    assert tree.nodes < p * 5                                              # there is something to share
+    ref, ref_kv = tfm.prefill(params, prompts, spec)
+    ours, ours_kv = tfm.prefill(params, prompts, spec, tree)
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-12)
+    for (a, b), (c, d) in zip(ours_kv, ref_kv):
+        torch.testing.assert_close(a, c, rtol=0, atol=1e-12)
+        torch.testing.assert_close(b, d, rtol=0, atol=1e-12)
+    w = torch.randn(ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    wk = [torch.randn(k.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2)) for k, _ in ref_kv]
+
+    def loss(out, kv):
+        return (out * w).sum() + sum((k * c).sum() + (vv * c).sum() for (k, vv), c in zip(kv, wk))
+
+    for a, b in zip(torch.autograd.grad(loss(ours, ours_kv), list(params.values())),
+                    torch.autograd.grad(loss(ref, ref_kv), list(params.values()))):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_extend_over_the_answers_prefix_tree_equals_the_row_by_row_pass_with_its_gradients():
+    """Rows that continue one prompt (equal roots, equal pasts) share their common answer prefixes; rows of other
+    prompts never do, even with equal tokens."""
+    spec = tfm.TransformerSpec(vocab=2, max_len=10, heads=2)
+    params = {k: t.double().requires_grad_(True) for k, t in _spec_params(v=2, h=5)[1].items()}
+    gen = torch.Generator().manual_seed(8)
+    prompts = torch.randint(0, 2, (2, 3, 5), generator=gen)
+    roots = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2], [0, 1, 1, 1, 2, 2, 0, 0]])
+    answers = torch.randint(0, 2, (2, 8, 4), generator=gen)
+    answers[:, 1, :2] = answers[:, 0, :2]                                  # shared prefixes within a prompt ...
+    answers[:, 3] = answers[:, 0]                                          # ... and equal tokens across prompts
+    _, kv = tfm.prefill(params, prompts, spec)
+    past = [(te._take(k, roots), te._take(vv, roots)) for k, vv in kv]
+    tree = rows.prefix_tree(answers, 2, roots=roots, n_roots=3)
+    assert tree.nodes < 8 * 4
+    ref, _ = tfm.extend(params, answers, spec, start=5, past=past)
+    ours, _ = tfm.extend(params, answers, spec, start=5, past=past, tree=tree)
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-12)
+    w = torch.randn(ref.shape, dtype=torch.float64, generator=gen)
+    for a, b in zip(torch.autograd.grad((ours * w).sum(), list(params.values()), retain_graph=True),
+                    torch.autograd.grad((ref * w).sum(), list(params.values()))):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    with pytest.raises(ValueError, match="tree= needs past="):
+        tfm.extend(params, answers, spec, start=5, past=past, tree=tree, keep_kv=True)
+    with pytest.raises(ValueError, match="not these tokens"):
+        tfm.extend(params, 1 - answers, spec, start=5, past=past, tree=tree)
+    with pytest.raises(ValueError, match="not the tokens'"):
+        tfm.prefill(params, prompts, spec, tree)

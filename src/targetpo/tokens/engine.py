@@ -99,7 +99,7 @@ from torch import Tensor
 from targetpo import objectives as obj
 from targetpo.tokens import transformer as tfm
 from targetpo.optim import OPTIMIZERS, make_optimizer
-from targetpo.tokens import tasks
+from targetpo.tokens import rows, tasks
 from targetpo.runs.config import ETA_MIN, config_fields, param, validate
 from targetpo.runs.runner import parse_device
 
@@ -400,16 +400,23 @@ def rollout(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tenso
     i.i.d. next tokens at every state of each stream and following candidate 0.
 
     Streams in the same state (same prompt, same tokens so far) share one model evaluation and one cache
-    entry: the K rollouts of a prompt start from one prompt pass, and a confident policy's streams stay merged.
+    row: the K rollouts of a prompt start from one prompt pass, and a confident policy's streams stay merged.
+    A state keeps its cache row for good: when its streams split, its first next state (the smallest token)
+    stays in the row and each other one is copied to a new row after the rows in use (:func:`split_states`), so
+    a step copies only the new rows' past. The cache grows to the widest seed's row count as it is reached
+    (exactly, so that attention reads it without a copy).
 
     Returns actions [S, B, G, H], their log-probs, and (if candidates > 1) candidates / their log-probs
     [S, B·G, H, C] (G = streams)."""
     s, b, h = prompts.shape
     g, c, dev, v = streams, candidates, prompts.device, spec.vocab
     rep_p, inv_p = _distinct(_row_ids(prompts, [v] * h))
-    logp_states, prompt_kv = tfm.prefill(params, _take(prompts, rep_p), spec)  # one pass per distinct prompt
+    distinct_prompts = _take(prompts, rep_p)                                  # one pass per distinct prompt prefix
+    logp_states, prompt_kv = tfm.prefill(params, distinct_prompts, spec,
+                                         _worth_it(rows.prefix_tree(distinct_prompts, v)))
     cache = tfm.kv_cache(prompt_kv, spec)                                     # one row per distinct state
-    state = inv_p.repeat_interleave(g, dim=1)                                 # [S, B·G] each stream's state
+    state = inv_p.repeat_interleave(g, dim=1)                                 # [S, B·G] each stream's row
+    used = inv_p.amax(dim=1) + 1                                              # [S] rows in use
     acts, lps, cands, cand_lps = [], [], [], []
     for t in range(h):
         logp_t = _take(logp_states, state)                                    # [S, B·G, V]
@@ -421,16 +428,18 @@ def rollout(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tenso
             cands.append(cand)
             cand_lps.append(cand_lp)
         if t + 1 < h:
-            rep, nxt = _distinct(state * v + cand[..., 0])                    # distinct next states
-            parent, token = _take(state, rep), _take(cand[..., 0], rep)       # [S, U]
-            # A seed with fewer states than the widest has padding rows (never read): keep them in place.
-            rows = cache[0][0].shape[1]
-            slot = torch.arange(rep.shape[1], device=dev)
-            parent = torch.where(slot <= nxt.amax(dim=1, keepdim=True), parent, slot.clamp_max(rows - 1))
-            if not _is_identity(parent, rows):                                # a state split: new cache rows
-                cache = [(_take(k, parent), _take(vv, parent)) for k, vv in cache]
-            out = tfm.decode(params, token.unsqueeze(-1), spec, start=h + t, cache=cache)
-            logp_states, state = out[:, :, 0], nxt
+            split = split_states(state, cand[..., 0], used, v)
+            width = split.tokens.shape[1]
+            if width > cache[0][0].shape[1]:                                  # grown exactly: read without a copy
+                cache = [tuple(torch.cat([x, x.new_zeros(s, width - x.shape[1], *x.shape[2:])], dim=1)
+                               for x in kv) for kv in cache]
+            if split.copies is not None:                                      # new rows start as their parent
+                seed, src, dst = split.copies
+                for kv in cache:
+                    for x in kv:
+                        x[seed, dst] = x[seed, src]
+            out = tfm.decode(params, split.tokens.unsqueeze(-1), spec, start=h + t, cache=cache)
+            logp_states, state, used = out[:, :, 0], split.state, split.used
     actions = torch.stack(acts, dim=-1).view(s, b, g, h)
     logp = torch.stack(lps, dim=-1).view(s, b, g, h)
     if c == 1:
@@ -438,40 +447,42 @@ def rollout(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tenso
     return actions, logp, torch.stack(cands, dim=2), torch.stack(cand_lps, dim=2)
 
 
-def _row_ids(x: Tensor, radices: list[int]) -> Tensor:
-    """ids [S, N] (int64) with equal ids ⇔ equal rows within a seed, for rows x [S, N, L] whose column j takes
-    values in [0, radices[j]). A mixed-radix code when it fits in 62 bits, else per-seed `unique(dim=0)`."""
-    if sum(math.log2(max(r, 2)) for r in radices) < 62:
-        w, acc = [], 1
-        for r in radices:
-            w.append(acc)
-            acc *= r
-        return (x * torch.tensor(w, dtype=torch.int64, device=x.device)).sum(dim=-1)
-    return torch.stack([torch.unique(xi, dim=0, return_inverse=True)[1] for xi in x])
+_row_ids, _distinct, _is_identity, _take = rows.row_ids, rows.distinct, rows.is_identity, rows.take
 
 
-def _distinct(ids: Tensor) -> tuple[Tensor, Tensor]:
-    """ids [S, N] → (rep [S, U]: the index of one row per distinct id of each seed, padded with index 0;
-    inverse [S, N]: each row's position in rep). One batched sort for all seeds (a single host sync)."""
-    sorted_ids, order = ids.sort(dim=1)
-    new = torch.ones_like(sorted_ids, dtype=torch.bool)
-    new[:, 1:] = sorted_ids[:, 1:] != sorted_ids[:, :-1]
-    group = new.long().cumsum(dim=1) - 1                                      # distinct index, in sorted order
-    inverse = torch.empty_like(group).scatter_(1, order, group)
-    width = int(group[:, -1].max()) + 1
-    # Any row of a group represents it (they are identical), so the scatter's choice among duplicates is moot.
-    rep = torch.zeros(ids.shape[0], width, dtype=torch.int64, device=ids.device).scatter_(1, group, order)
-    return rep, inverse
+@dataclass(frozen=True)
+class Split:
+    """The next states of a sampling step (:func:`split_states`)."""
+
+    state: Tensor           # [S, M] each stream's cache row after the step
+    used: Tensor            # [S] rows in use after the step
+    tokens: Tensor          # [S, W] the token each row in use feeds next (W = the widest seed's rows; 0 past them)
+    copies: tuple[Tensor, Tensor, Tensor] | None  # (seed, parent row, new row) of each new row, or None
 
 
-def _is_identity(idx: Tensor, n: int) -> bool:
-    """idx [S, M] is arange(n) for every seed (each of n rows maps to itself)."""
-    return idx.shape[1] == n and bool((idx == torch.arange(n, device=idx.device)).all())
-
-
-def _take(x: Tensor, idx: Tensor) -> Tensor:
-    """x [S, N, ...], idx [S, M] → x[s, idx[s]] as [S, M, ...]."""
-    return x[torch.arange(x.shape[0], device=x.device).unsqueeze(1), idx]
+def split_states(state: Tensor, token: Tensor, used: Tensor, vocab: int) -> Split:
+    """Streams in cache rows `state` [S, M] take tokens `token` [S, M] in [0, vocab); `used` [S] rows are in use.
+    The distinct (row, token) pairs are the next states: a row's pair with the smallest token keeps the row,
+    each further pair of it takes the next free row."""
+    s, m = state.shape
+    rep, nxt = _distinct(state * vocab + token)               # pairs sorted by (row, token), so a row's are adjacent
+    parent, tok = _take(state, rep), _take(token, rep)        # [S, U]
+    u = rep.shape[1]
+    valid = torch.arange(u, device=state.device) <= nxt.amax(dim=1, keepdim=True)   # a narrower seed's padding
+    first = torch.ones_like(valid)
+    first[:, 1:] = parent[:, 1:] != parent[:, :-1]
+    extra = valid & ~first                                    # pairs that need a new row
+    row = torch.where(extra, used.unsqueeze(1) + extra.long().cumsum(dim=1) - 1, parent)
+    used_next = used + extra.sum(dim=1)
+    width = int(used_next.max())
+    # Padding pairs write their token to a scratch column past the last row, dropped after.
+    tokens = torch.zeros(s, width + 1, dtype=token.dtype, device=token.device)
+    tokens.scatter_(1, torch.where(valid, row, width), tok)
+    copies = None
+    if bool(extra.any()):
+        seed = torch.arange(s, device=state.device).unsqueeze(1).expand(s, u)
+        copies = (seed[extra], parent[extra], row[extra])
+    return Split(_take(row, nxt), used_next, tokens[:, :width], copies)
 
 
 @dataclass(frozen=True)
@@ -484,6 +495,17 @@ class AnswerPlan:
     row_prompt: Tensor  # [S, U] the distinct prompt of each pair
     inverse: Tensor     # [S, B·G] the distinct pair of each batch row
     shape: tuple[int, int, int, int]  # actions' [S, B, G, H]
+    prompt_tree: rows.PrefixTree | None = None  # the prompts' prefix tree, when sharing prefixes saves enough
+    answer_tree: rows.PrefixTree | None = None  # the answers' prefix tree under their prompts, likewise
+
+
+# A prefix tree replaces a row-by-row pass when it computes at most this share of the positions: below that
+# saving its gathers cost more than the positions it skips (BENCHMARKS.md, "Token engine").
+TREE_MAX_SHARE = 0.9
+
+
+def _worth_it(tree: rows.PrefixTree) -> rows.PrefixTree | None:
+    return tree if tree.nodes <= TREE_MAX_SHARE * tree.path[0].numel() else None
 
 
 def answer_plan(prompts: Tensor, actions: Tensor, vocab: int) -> AnswerPlan:
@@ -493,10 +515,14 @@ def answer_plan(prompts: Tensor, actions: Tensor, vocab: int) -> AnswerPlan:
     rep_p, inv_p = _distinct(_row_ids(prompts, [vocab] * h))                  # distinct prompts
     flat = actions.reshape(s, b * g, h)
     pid = inv_p.repeat_interleave(g, dim=1)                                    # prompt of each (b, g) row
-    rows = torch.cat([pid.unsqueeze(-1), flat], dim=-1)
-    rep_r, inv_r = _distinct(_row_ids(rows, [rep_p.shape[1]] + [vocab] * h))  # distinct (prompt, answer) pairs
-    return AnswerPlan(_take(prompts, rep_p), _take(flat, rep_r)[..., :-1], _take(pid, rep_r), inv_r,
-                      (s, b, g, h))
+    rows_ = torch.cat([pid.unsqueeze(-1), flat], dim=-1)
+    rep_r, inv_r = _distinct(_row_ids(rows_, [rep_p.shape[1]] + [vocab] * h))  # distinct (prompt, answer) pairs
+    distinct_prompts, answers, row_prompt = _take(prompts, rep_p), _take(flat, rep_r)[..., :-1], _take(pid, rep_r)
+    answer_tree = None
+    if h > 1:
+        answer_tree = _worth_it(rows.prefix_tree(answers, vocab, roots=row_prompt, n_roots=rep_p.shape[1]))
+    return AnswerPlan(distinct_prompts, answers, row_prompt, inv_r, (s, b, g, h),
+                      _worth_it(rows.prefix_tree(distinct_prompts, vocab)), answer_tree)
 
 
 def answer_logp(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tensor, actions: Tensor,
@@ -514,11 +540,11 @@ def answer_logp(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: T
         raise ValueError(f"plan is for actions of shape {plan.shape}, got {tuple(actions.shape)}")
     s, b, g, h = actions.shape
     v = spec.vocab
-    logp0, prefix = tfm.prefill(params, plan.prompts, spec)                    # [S, P, V]
+    logp0, prefix = tfm.prefill(params, plan.prompts, spec, plan.prompt_tree)  # [S, P, V]
     first = _take(logp0, plan.row_prompt).unsqueeze(2)                         # [S, U, 1, V]
     if h > 1:
         past = [(_take(k, plan.row_prompt), _take(vv, plan.row_prompt)) for k, vv in prefix]
-        rest, _ = tfm.extend(params, plan.answers, spec, start=h, past=past)
+        rest, _ = tfm.extend(params, plan.answers, spec, start=h, past=past, tree=plan.answer_tree)
         first = torch.cat([first, rest], dim=2)                                 # [S, U, H, V]
     return _take(first, plan.inverse).view(s, b, g, h, v)
 

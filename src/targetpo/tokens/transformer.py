@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from targetpo.optim import ParamInfo
+from targetpo.tokens import rows
 
 # Flax's truncated-normal initialisers divide the std by this (the std of a unit normal truncated at ±2σ), so
 # the *truncated* distribution has the requested variance.
@@ -314,12 +315,47 @@ def forward(params: dict[str, Tensor], tokens: Tensor, spec: TransformerSpec, *,
     return _head(params, x, spec).view(s, n, t - out_from, spec.vocab)
 
 
-def prefill(params: dict[str, Tensor], prompts: Tensor, spec: TransformerSpec) -> tuple[Tensor, list]:
+def prefill(params: dict[str, Tensor], prompts: Tensor, spec: TransformerSpec,
+            tree: rows.PrefixTree | None = None) -> tuple[Tensor, list]:
     """Pass over prompts [S, P, Tp]: returns (log-probs of the token after the prompt [S, P, V], KV cache — a
-    list over layers of (k, v) [S, P, h, Tp, hd])."""
+    list over layers of (k, v) [S, P, h, Tp, hd]).
+
+    With `tree` (``rows.prefix_tree(prompts, spec.vocab)``) each distinct prefix of the prompts is computed once:
+    a causal pass computes a position from its prefix alone, and prompts drawn from V^Tp share most of their
+    first positions (100 binary prompts of 10 tokens hold ~450 distinct prefixes, not 1,000). The per-position
+    layers (LayerNorm, the projections, the FFN) then run on the tree's nodes; attention runs on the prompts'
+    rows, which gather their nodes' queries, keys and values, and each node takes its output from one row that
+    holds it."""
     _check_tokens(prompts, spec, 0, params)
     s, p, t = prompts.shape
-    x, kvs = _blocks(params, _embed(params, prompts, 0, spec), spec, p, t, t - 1, None, None, True)
+    if tree is None:
+        x, kvs = _blocks(params, _embed(params, prompts, 0, spec), spec, p, t, t - 1, None, None, True)
+        return _head(params, x, spec).view(s, p, spec.vocab), kvs
+    tree = _checked_tree(tree, prompts)
+    d, h, hd, eps = spec.d_model, spec.heads, spec.head_dim, spec.ln_eps
+    onehot = F.one_hot(tree.token, spec.vocab).to(params["tok_emb"].dtype)
+    x = torch.bmm(onehot, params["tok_emb"]) + params["pos_emb"][:, tree.position]     # [S, N, d]
+    path = tree.path.reshape(s, p * t)
+    kvs = []
+    for i in range(spec.layers):
+        pre = f"l{i}."
+        last = i == spec.layers - 1
+        y = _layer_norm(x, params[pre + "ln1.scale"], params[pre + "ln1.bias"], eps)
+        qkv = _linear(y, params[pre + "attn.qkv"].view(s, d, 3 * d), params[pre + "attn.qkv_bias"].view(s, 3 * d))
+        q, k, v = rows.take(qkv, path).view(s, p, t, 3, h, hd).unbind(dim=3)        # the prompts' rows
+        k, v = k.transpose(2, 3), v.transpose(2, 3)                                  # [S, P, h, Tp, hd]
+        kvs.append((k, v))
+        # The last block feeds only the prompts' last positions.
+        q_from = t - 1 if last else 0
+        a = _attention(q[:, :, q_from:].transpose(2, 3), k, v, q_from, None, None).reshape(s, -1, d)
+        if last:
+            x = rows.take(x, tree.path[..., t - 1])                                  # [S, P, d]
+        else:
+            a = rows.take(a, tree.source)                                            # back to the nodes
+        x = x + _linear(a, params[pre + "attn.out"].view(s, d, d), params[pre + "attn.out_bias"])
+        y = _layer_norm(x, params[pre + "ln2.scale"], params[pre + "ln2.bias"], eps)
+        y = F.gelu(_linear(y, params[pre + "ffn.up"], params[pre + "ffn.up_bias"]), approximate="tanh")
+        x = x + _linear(y, params[pre + "ffn.down"], params[pre + "ffn.down_bias"])
     return _head(params, x, spec).view(s, p, spec.vocab), kvs
 
 
@@ -352,12 +388,17 @@ def decode(params: dict[str, Tensor], tokens: Tensor, spec: TransformerSpec, *, 
 
 
 def extend(params: dict[str, Tensor], tokens: Tensor, spec: TransformerSpec, *, start: int,
-           prefix: list | None = None, past: list | None = None, keep_kv: bool = False) -> tuple[Tensor, list]:
+           prefix: list | None = None, past: list | None = None, keep_kv: bool = False,
+           tree: rows.PrefixTree | None = None) -> tuple[Tensor, list]:
     """New tokens [S, N, T] at positions start..start+T−1 after a cached prefix shared by groups of N // P rows
     (`prefix` from :func:`prefill` on [S, P, ·], or None) and the rows' own cached `past` (a list over layers of
     (k, v) [S, N, h, To, hd], or None). Earlier positions must be covered by exactly these caches. Returns
     (log-probs [S, N, T, V] of the token after each new token, and if `keep_kv` the rows' own cache extended by
-    the new tokens)."""
+    the new tokens).
+
+    `tree` (with `past`, without `prefix` and `keep_kv`): ``rows.prefix_tree(tokens, spec.vocab, roots=...)``
+    with equal roots exactly where rows have equal pasts; rows that agree on their root and their first j new
+    tokens then share the per-position layers over those j positions (:func:`_extend_shared`)."""
     _check_tokens(tokens, spec, start, params)
     s, n, t = tokens.shape
     if prefix is not None:
@@ -367,6 +408,10 @@ def extend(params: dict[str, Tensor], tokens: Tensor, spec: TransformerSpec, *, 
     covered = (0 if prefix is None else prefix[0][0].shape[3]) + (0 if past is None else past[0][0].shape[3])
     if covered != start:
         raise ValueError(f"extend: the caches cover {covered} positions but the new tokens start at {start}")
+    if tree is not None:
+        if past is None or prefix is not None or keep_kv:
+            raise ValueError("extend: tree= needs past= and neither prefix= nor keep_kv=True")
+        return _extend_shared(params, tokens, spec, start, past, _checked_tree(tree, tokens)), []
     x, kvs = _blocks(params, _embed(params, tokens, start, spec), spec, n, t, 0, prefix, past, keep_kv)
     logp = _head(params, x, spec).view(s, n, t, spec.vocab)
     if not keep_kv:
@@ -374,3 +419,36 @@ def extend(params: dict[str, Tensor], tokens: Tensor, spec: TransformerSpec, *, 
     if past is not None:
         kvs = [(torch.cat([pk, k], dim=3), torch.cat([pv, v], dim=3)) for (pk, pv), (k, v) in zip(past, kvs)]
     return logp, kvs
+
+
+def _checked_tree(tree: rows.PrefixTree, tokens: Tensor) -> rows.PrefixTree:
+    """`tree` if it is a prefix tree of `tokens` [S, N, T] (its path has their shape and its nodes their tokens)."""
+    if tuple(tree.path.shape) != tuple(tokens.shape):
+        raise ValueError(f"tree: its path is {tuple(tree.path.shape)}, not the tokens' {tuple(tokens.shape)}")
+    if not torch.equal(rows.take(tree.token, tree.path.flatten(1)), tokens.flatten(1)):
+        raise ValueError("tree: its nodes' tokens are not these tokens (a tree of another batch?)")
+    return tree
+
+
+def _extend_shared(params: dict[str, Tensor], tokens: Tensor, spec: TransformerSpec, start: int, past: list,
+                   tree: rows.PrefixTree) -> Tensor:
+    """:func:`extend` over the prefix tree of (root, new tokens): K answers to one prompt that agree on their
+    first tokens share the per-position layers there, as :func:`prefill` shares prompt prefixes; attention runs
+    on the rows over their past and their own keys."""
+    s, n, t = tokens.shape
+    d, h, hd, eps = spec.d_model, spec.heads, spec.head_dim, spec.ln_eps
+    onehot = F.one_hot(tree.token, spec.vocab).to(params["tok_emb"].dtype)
+    x = torch.bmm(onehot, params["tok_emb"]) + params["pos_emb"][:, start + tree.position]   # [S, nodes, d]
+    path = tree.path.reshape(s, n * t)
+    for i in range(spec.layers):
+        pre = f"l{i}."
+        y = _layer_norm(x, params[pre + "ln1.scale"], params[pre + "ln1.bias"], eps)
+        qkv = _linear(y, params[pre + "attn.qkv"].view(s, d, 3 * d), params[pre + "attn.qkv_bias"].view(s, 3 * d))
+        q, k, v = rows.take(qkv, path).view(s, n, t, 3, h, hd).unbind(dim=3)          # the rows
+        a = _attention(q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3), 0, None, past[i])
+        a = rows.take(a.reshape(s, n * t, d), tree.source)                             # back to the nodes
+        x = x + _linear(a, params[pre + "attn.out"].view(s, d, d), params[pre + "attn.out_bias"])
+        y = _layer_norm(x, params[pre + "ln2.scale"], params[pre + "ln2.bias"], eps)
+        y = F.gelu(_linear(y, params[pre + "ffn.up"], params[pre + "ffn.up_bias"]), approximate="tanh")
+        x = x + _linear(y, params[pre + "ffn.down"], params[pre + "ffn.down_bias"])
+    return rows.take(_head(params, x, spec), path).view(s, n, t, spec.vocab)
