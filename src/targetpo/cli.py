@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import multiprocessing
 import multiprocessing.connection
 import os
 import re
@@ -26,7 +25,8 @@ from targetpo.runs.config import OneLineParser, config_class, field_lines, first
 from targetpo.runs.data import MissingDataError, MissingExtraError, extra_of, needs_extra
 from targetpo.runs.runner import (DATA_LOCATION, add_runner_arguments, available_cores, computes_on,
                                   config_differences, file_in_the_way, folder_listing, is_not_run, mark_not_run,
-                                  parse_device, request_stop, run_experiment, show_differences, stored_config)
+                                  parse_device, run_experiment, show_differences, stored_config)
+from targetpo.runs.workers import SPAWN, become_worker, exit_on_signal, stop_workers
 from targetpo.runs.store import read_run_json
 from targetpo.runs.stats import count
 
@@ -78,7 +78,7 @@ def _run_and_report(exp, args, overrides: list[str], seeds: int | None = None) -
     with _sigterm_exits():
         run_dir = run_experiment(exp, args.preset, out=args.out, seeds=seeds, overrides=overrides,
                                  resume=args.resume, force=args.force, device=args.device,
-                                 progress=not args.no_progress, threads=args.threads)
+                                 progress=not args.no_progress, threads=args.threads, jobs=args.jobs)
     if not args.no_report:
         from targetpo.report import write_report
 
@@ -178,55 +178,18 @@ def _not_run(plan: _Plan, reason: str, extra: bool = False) -> None:
     print(f"\n{'!' * 78}\n!! {plan.name} NOT RUN: {reason}\n!! run it with: {cmd}\n{'!' * 78}\n", file=sys.stderr)
 
 
-def _exit_on_signal(signum, frame) -> None:
-    request_stop()  # should this SystemExit be lost inside a library, the run's next record raises it again
-    raise SystemExit(128 + signum)
-
-
 @contextlib.contextmanager
 def _sigterm_exits():
     """SIGTERM (a scheduler's stop, `kill`) raises SystemExit in the block, so a run ends like Ctrl-C: status
     "interrupted", every line kept. Without a handler the process died at once and run.json kept saying "running".
     Only the main thread can set a handler; elsewhere (a caller's thread) the block runs as it is."""
     main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _exit_on_signal) if main_thread else None
+    previous = signal.signal(signal.SIGTERM, exit_on_signal) if main_thread else None
     try:
         yield
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
-
-
-def _exit_on_first_signal(signum, frame) -> None:
-    """A reproduce worker's SIGTERM handler. Once is enough: a worker gets a second SIGTERM (the process group's,
-    then its parent-watch's) that, landing in the interpreter's exit, raised inside an atexit callback and printed
-    "Exception ignored ... SystemExit: 143". Should the first SystemExit be lost, request_stop still ends the run at
-    its next record, and the parent-watch ends the process ORPHAN_GRACE_S later."""
-    signal.signal(signum, signal.SIG_IGN)
-    _exit_on_signal(signum, frame)
-
-
-# How long a worker whose parent died may take to stop by itself before it is ended at once.
-ORPHAN_GRACE_S = 60.0
-
-
-def _stop_with_parent() -> None:
-    """SIGTERM this worker when the reproduce process dies (even by SIGKILL): an orphan would go on appending to
-    the run folder that the next reproduce resumes, and both would write the same records. The run's next record
-    raises the SystemExit again should the signal handler's be lost (:func:`targetpo.runs.runner.request_stop`),
-    and a worker still alive :data:`ORPHAN_GRACE_S` later exits without cleaning up."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        multiprocessing.connection.wait([parent.sentinel])
-        request_stop()
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(ORPHAN_GRACE_S)  # a daemon thread: the interpreter's exit does not wait for it
-        os._exit(128 + signal.SIGTERM)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _name_worker_logs(name: str) -> logging.Handler:
@@ -241,9 +204,7 @@ def _name_worker_logs(name: str) -> logging.Handler:
 def _reproduce_worker(conn, plan: _Plan, threads: int) -> None:
     """One experiment in its own process with `threads` torch threads; sends ("done", summary), ("missing", reason),
     ("missing extra", reason) or ("failed", traceback) to the parent."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
-    signal.signal(signal.SIGTERM, _exit_on_first_signal)  # by SIGTERM, and the interpreter then shuts down cleanly
-    _stop_with_parent()
+    become_worker()
     _name_worker_logs(plan.name)
     try:
         _run_plan(plan, progress=False, threads=threads, quiet=True)
@@ -263,7 +224,6 @@ def _reproduce_worker(conn, plan: _Plan, threads: int) -> None:
 def _run_parallel(plans: list[_Plan], jobs: int, progress: bool) -> tuple[list[str], list[str]]:
     """Run `plans` in up to `jobs` worker processes, longest first (by RUNTIME). Prints one line per finished
     experiment under an overall bar. Returns (names not run for lack of data, names that failed)."""
-    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked OpenMP or torch state
     threads = max(1, available_cores() // jobs)  # the cores shared out: oversubscribed OpenMP threads stall
     queue = sorted(plans, key=lambda p: -estimated_seconds(load(p.name)))
     running: dict[Any, tuple[_Plan, Any, Any, float]] = {}  # sentinel -> (plan, process, connection, start)
@@ -277,8 +237,8 @@ def _run_parallel(plans: list[_Plan], jobs: int, progress: bool) -> tuple[list[s
         while queue or running:
             while queue and len(running) < jobs:
                 plan = queue.pop(0)
-                recv, send = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_reproduce_worker, args=(send, plan, threads), name=f"reproduce-{plan.name}")
+                recv, send = SPAWN.Pipe(duplex=False)
+                proc = SPAWN.Process(target=_reproduce_worker, args=(send, plan, threads), name=f"reproduce-{plan.name}")
                 proc.start()
                 send.close()
                 running[proc.sentinel] = (plan, proc, recv, time.time())
@@ -314,13 +274,7 @@ def _run_parallel(plans: list[_Plan], jobs: int, progress: bool) -> tuple[list[s
                 bar.update(1)
         bar.set_postfix_str("")
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (cmd_reproduce's handler): stop the workers too
-        for plan, proc, *_ in running.values():
-            proc.terminate()
-        for plan, proc, *_ in running.values():
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        stop_workers([proc for _, proc, *_ in running.values()])
         bar.close()
         names = ", ".join(p.name for p, *_ in running.values()) or "none"
         print(f"\ninterrupted: stopped the running experiments ({names})", file=sys.stderr)

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
+import multiprocessing.connection
 import os
 import shlex
 import shutil
-import signal
 import sys
-import threading
 import time
+import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -30,6 +31,8 @@ from targetpo.runs.config import (config_class, config_fields, config_from_dict,
                                   override_key, validated)
 from targetpo.runs.stats import count
 from targetpo.runs.data import require_extra
+from targetpo.runs.workers import (SPAWN, _STOP, become_worker, exit_if_stopping as _exit_if_stopping,  # noqa: F401
+                                   request_stop, stop_workers)
 
 
 class _Diverged(Exception):
@@ -103,22 +106,6 @@ def _has_bad(x: Any, nan_ok: bool) -> bool:
     return False
 
 
-# Set when this process must stop (a `reproduce` worker sent SIGTERM): the SystemExit raised by the signal handler
-# normally ends the run at once, but it is lost where it lands in code that swallows it (seen inside an import), and
-# the unit would go on writing. The unit's next record or progress step then raises it again.
-_STOP = threading.Event()
-
-
-def request_stop() -> None:
-    """Make this process's next `RunContext.log` or `advance` raise SystemExit (see :data:`_STOP`)."""
-    _STOP.set()
-
-
-def _exit_if_stopping() -> None:
-    if _STOP.is_set():
-        raise SystemExit(128 + signal.SIGTERM)
-
-
 class DataMismatch(ValueError):
     """A resume reads other data than the stored records were computed on."""
 
@@ -127,8 +114,10 @@ class RunContext:
     """What a unit sees of the runner: `log` a metrics record, `advance` the progress bar, a `device`."""
 
     def __init__(self, unit: str, writer: MetricsWriter, bar: tqdm, device: torch.device, meta: dict,
-                 run_dir: Path | None = None, nan_means_empty: tuple[str, ...] = ()):
+                 run_dir: Path | None = None, nan_means_empty: tuple[str, ...] = (),
+                 on_data: Callable[[str, str | None], None] | None = None):
         self.unit = unit
+        self._on_data = on_data  # a `run --jobs` worker hands the data source to its parent, which owns run.json
         self._nan_means_empty = tuple(nan_means_empty)
         self.run_dir = run_dir  # for units that keep files (model checkpoints) next to the metrics
         self._writer = writer
@@ -176,7 +165,9 @@ class RunContext:
         self._meta["data_source"] = description
         if fingerprint is not None:
             self._meta["data_fingerprint"] = fingerprint
-        if self.run_dir is not None:
+        if self._on_data is not None:
+            self._on_data(description, fingerprint)
+        elif self.run_dir is not None:
             write_run_json(self.run_dir, self._meta)
 
 
@@ -441,12 +432,14 @@ def _run_experiment(
     progress: bool = True,
     quiet: bool = False,
     threads: int | None = None,
+    jobs: int = 1,
 ) -> Path:
     name = exp.NAME
     if out is not None and not str(out).strip():
         raise ValueError("--out is empty: give the run directory (default results/NAME-PRESET)")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"--threads {threads!r}: must be an integer >= 1 (default: the idle cores)")
+    check_jobs(exp, jobs, device)
     dev = resolve_device(exp, device)
     # The idle cores unless asked (or the experiment sets TORCH_THREADS); any count gives the same numbers.
     # `reproduce --jobs N` gives each worker cores // N.
@@ -454,6 +447,8 @@ def _run_experiment(
         print(f"warning: --threads {threads} is more than the {cores} CPU core(s) this process may use; "
               "the numbers are the same, but each parallel op waits for a descheduled thread and runs can be many "
               "times slower (BENCHMARKS.md, \"Threads\")", file=sys.stderr)
+    if jobs > 1:  # the cores shared out between the workers: oversubscribed OpenMP threads stall
+        threads = threads or max(1, available_cores() // jobs)
     torch.set_num_threads(threads or getattr(exp, "TORCH_THREADS", None) or default_threads())
     run_dir = Path(out) if out is not None else Path("results") / f"{name}-{preset or 'cpu'}"
     meta_path = run_dir / RUN_FILE
@@ -557,7 +552,7 @@ def _run_experiment(
     stored = meta_path.read_bytes() if meta_path.exists() else None
     meta["status"] = "running"
     meta.setdefault("runs", []).append({"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumed": bool(done) or bool(existing),
-                         "units": todo, "torch_threads": torch.get_num_threads(),
+                         "units": todo, "torch_threads": torch.get_num_threads(), "jobs": jobs,
                          "device": device})  # for reading wall times
     # From before run.json says "running" to the last record: a Ctrl-C or SIGTERM anywhere in between (even while
     # the metrics file is being created) leaves the status "interrupted", never a stale "running".
@@ -576,6 +571,10 @@ def _run_experiment(
             # already on disk, as on resume.
             batched = hasattr(exp, "run_units")
             run_units = exp.run_units if batched else lambda c, units, ctxs: exp.run_unit(c, units[0], ctxs[units[0]])
+            if jobs > 1 and len(todo) > 1:
+                _run_in_workers(exp, cfg, todo, jobs, torch.get_num_threads(), dev, meta, run_dir, writer, bar,
+                                nan_ok, record_time)
+                todo = []
             for i, pending in enumerate([list(todo)] if batched else [[u] for u in todo]):
                 if i:
                     record_time("running")  # the batches before this one are finished
@@ -613,6 +612,145 @@ def _run_experiment(
             line += "\n  " + exp.summary(Run.load(run_dir))
         print(line)
     return run_dir
+
+
+# ----------------------------------------------------------------------------- units in worker processes
+
+def check_jobs(exp: ModuleType, jobs: int, device: str) -> None:
+    """ValueError unless `jobs` (units run at once, `run --jobs`) is an integer >= 1 that `exp` and `device` allow:
+    more than one needs the CPU and an experiment whose units run apart (not batched by `run_units`)."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"--jobs {jobs!r}: must be an integer >= 1 (units run at once, each in its own process)")
+    if jobs == 1:
+        return
+    if str(device) != "cpu":
+        raise ValueError(f"--jobs {jobs} with --device {device}: worker processes share out CPU cores; on an "
+                         "accelerator the units run one after another (drop --jobs)")
+    if hasattr(exp, "run_units"):
+        raise ValueError(f"--jobs {jobs}: {exp.NAME} computes all its units together in one batch (its methods "
+                         "batched like seeds), so there are no units to run apart; drop --jobs")
+
+
+class UnitFailed(RuntimeError):
+    """A unit raised in its `run --jobs` worker; the message carries the worker's traceback."""
+
+
+class _ToParent:
+    """A `run --jobs` worker's stand-in for the runner's metrics writer and progress bar: both go to the parent."""
+
+    def __init__(self, conn):
+        self._conn = conn
+
+    def write(self, record: dict) -> None:
+        self._conn.send(("log", {k: v for k, v in record.items() if k != "unit"}))
+
+    def update(self, n: int = 1) -> None:
+        self._conn.send(("advance", n))
+
+
+def _unit_worker(conn, module: str, config: dict, threads: int, device: str, run_dir: str, data: dict,
+                 nan_ok: tuple[str, ...]) -> None:
+    """A `run --jobs` worker: a spawned process with `threads` torch threads that runs the units its parent sends
+    over `conn` (None: stop), one at a time. A unit's records, progress and data source go to the parent, then
+    ("done",), ("diverged", step, metric) or ("failed", kind, text) with kind "memory", "data" or "error"."""
+    become_worker()
+    torch.set_num_threads(threads)
+    exp = importlib.import_module(module)
+    cfg = validated(config_from_dict(exp, config))
+    to_parent = _ToParent(conn)
+    while (unit := conn.recv()) is not None:
+        try:
+            ctx = RunContext(unit, to_parent, to_parent, torch.device(device), data, Path(run_dir), nan_ok,
+                             on_data=lambda description, fingerprint: conn.send(("data", description, fingerprint)))
+            exp.run_unit(cfg, unit, ctx)
+        except _Diverged as d:
+            conn.send(("diverged", d.step, d.metric))
+        except DataMismatch as exc:
+            conn.send(("failed", "data", str(exc)))
+        except Exception as exc:  # noqa: BLE001  (the parent records it and stops the run)
+            first_line = (str(exc).strip().splitlines() or [""])[0]
+            conn.send(("failed", "memory", first_line) if is_out_of_memory(exc)
+                      else ("failed", "error", traceback.format_exc()))
+        else:
+            conn.send(("done",))
+
+
+def _run_in_workers(exp: ModuleType, cfg: Any, units: list[str], jobs: int, threads: int, dev: torch.device,
+                    meta: dict, run_dir: Path, writer: MetricsWriter, bar: tqdm, nan_ok: tuple[str, ...],
+                    record_time: Callable[[str], float]) -> None:
+    """Run `units` in up to `jobs` spawned worker processes of `threads` torch threads each, the longest first;
+    this process writes every record (a unit's in its order) and owns run.json. A unit computes exactly what it
+    computes in this process (its seeds, its config, any thread count), so only the interleaving of the units'
+    lines in metrics.jsonl differs. A failing unit stops the others (their records so far are kept, and a
+    resume replays them) and raises here: UnitFailed with its traceback, or as the runner's own errors would."""
+    queue = sorted(units, key=lambda u: -steps_of(exp, cfg, u))
+    data = {k: meta[k] for k in ("data_source", "data_fingerprint") if k in meta}
+    workers = []
+    for i in range(min(jobs, len(units))):
+        parent_end, child_end = SPAWN.Pipe()
+        proc = SPAWN.Process(target=_unit_worker, name=f"{exp.NAME}-worker-{i}",
+                             args=(child_end, exp.__name__, dataclasses.asdict(cfg), threads, str(dev), str(run_dir),
+                                   data, nan_ok))
+        proc.start()
+        child_end.close()
+        workers.append((parent_end, proc))
+    busy: dict[Any, str] = {}                     # connection -> the unit its worker runs
+    advanced = dict.fromkeys(units, 0)
+    try:
+        while queue or busy:
+            for conn, _ in workers:
+                if conn not in busy and queue:
+                    busy[conn] = queue.pop(0)
+                    conn.send(busy[conn])
+            bar.set_postfix_str("+".join(busy.values()))
+            for conn in multiprocessing.connection.wait(list(busy)):
+                unit = busy[conn]
+                try:
+                    message = conn.recv()
+                except EOFError:  # the worker died without a last word (killed, or out of memory at the OS level)
+                    proc = next(p for c, p in workers if c is conn)
+                    proc.join()
+                    message = ("failed", "error", f"its worker process exited with code {proc.exitcode} before the "
+                               "unit ended")
+                kind = message[0]
+                if kind == "log":
+                    _exit_if_stopping()
+                    writer.write({"unit": unit, **message[1]})
+                    continue
+                if kind == "advance":
+                    advanced[unit] += message[1]
+                    bar.update(message[1])
+                    continue
+                if kind == "data":
+                    description, fingerprint = message[1:]
+                    meta["data_source"] = description
+                    if fingerprint is not None:
+                        meta["data_fingerprint"] = fingerprint
+                    write_run_json(run_dir, meta)
+                    continue
+                del busy[conn]
+                if kind == "done":
+                    writer.write({"unit": unit, "event": "done"})
+                elif kind == "diverged":
+                    step, metric = message[1:]
+                    writer.write({"unit": unit, "event": "diverged", "step": step, "metric": metric})
+                    bar.write(f"warning: {exp.NAME} unit {unit} diverged at step {step} ({metric} is NaN/inf); it is "
+                              "recorded as diverged, not done, and the run goes on", file=sys.stderr)
+                    bar.update(steps_of(exp, cfg, unit) - advanced[unit])  # its bar as if it had finished
+                else:
+                    _, why, text = message
+                    if why == "memory":
+                        raise MemoryError(text)
+                    if why == "data":
+                        raise DataMismatch(text)
+                    raise UnitFailed(f"{exp.NAME} unit {unit} failed in its worker process:\n{text.rstrip()}")
+                record_time("running")  # a killed run keeps the time up to its last finished unit
+        for conn, _ in workers:
+            conn.send(None)
+        for _, proc in workers:
+            proc.join(timeout=30)
+    finally:
+        stop_workers([proc for _, proc in workers])
 
 
 def reset_peak_memory(dev: torch.device) -> None:
@@ -671,6 +809,9 @@ def add_runner_arguments(parser, *, unit: str = "units",
                         f"with --resume, replay diverged {unit} instead")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the cores idle "
-                        "when the run starts; the same numbers with any count)")
+                        "when the run starts; with --jobs, cores // jobs per worker; the same numbers with any count)")
+    parser.add_argument("--jobs", type=int, default=1, help=f"{unit} run at once, each in its own process (default "
+                        "1: one after another in this process). On a CPU, small models use cores better this way than "
+                        "as threads of one process; each unit computes the same numbers either way")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--no-report", action="store_true", help="do not write REPORT.md into the run directory")

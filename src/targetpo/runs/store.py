@@ -273,11 +273,17 @@ class Run:
         return self.meta["experiment"]
 
     def units(self) -> list[str]:
+        """The units that logged a record, in the order the run planned them (its first segment's `units` in
+        run.json), then any others in the order they first appear: `run --jobs` interleaves the units' lines,
+        and a report must not list them by which worker wrote first."""
         seen: dict[str, None] = {}
         for r in self.records:
             if "step" in r and "event" not in r and r.get("unit") is not None:
                 seen.setdefault(r["unit"], None)
-        return list(seen)
+        planned = {u: i for i, u in enumerate(dict.fromkeys(
+            u for segment in self.meta.get("runs", []) if isinstance(segment, dict)
+            for u in segment.get("units", []) if isinstance(u, str)))}
+        return sorted(seen, key=lambda u: planned.get(u, len(planned)))
 
     def done_units(self) -> set[str]:
         return {r["unit"] for r in self.records if r.get("event") == "done"}

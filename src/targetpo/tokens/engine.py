@@ -61,11 +61,14 @@ Rollouts: *single* samples one answer per prompt; *group* samples K independent 
 candidate 0 of K i.i.d. next-token samples at every state, each candidate scored at once (bag: correct token;
 sequential: alive × correct, so every state after the behaviour's first mistake is a zero-variance group with
 q = p_old). Sampling is temperature 1 with a preallocated KV cache (one row per distinct state, written in place;
-rows are re-gathered only when a state splits); the prompt's keys/values are computed once and shared by the K
-rollouts of a group, in sampling. Training runs every distinct prompt once and every distinct (prompt, answer)
-pair once over its cached keys/values (exact: identical inputs, identical log-probs), and token-level training
-reads all H states' next-token distributions from that one pass over the behaviour trajectory (causal masking
-makes it identical to the authors' one pass per prefix state, H× cheaper).
+a state keeps its row, and a split copies only the new rows); the prompt's keys/values are computed once and
+shared by the K rollouts of a group, in sampling. Training runs every distinct prompt once and every distinct
+(prompt, answer) pair once over its cached keys/values (identical inputs, identical log-probs), and shares
+common prefixes too: the per-position layers run once per node of the prompts' prefix tree and of the
+answers' prefix tree under their prompt (``AnswerPlan.prompt_tree`` / ``answer_tree``, used where they skip at
+least 10 % of the positions; ``tokens.rows.PrefixTree``), which changes the numbers by float rounding only.
+Token-level training reads all H states' next-token distributions from that one pass over the behaviour
+trajectory (causal masking makes it identical to the authors' one pass per prefix state, H× cheaper).
 
 Building an experiment on it: see ``dense.py`` / ``terminal.py``. A module's ``Config`` extends
 ``tokens.config.TokenConfig`` (every :class:`TrialConfig` field, declared once with help and bounds, plus seeds

@@ -1,0 +1,149 @@
+"""`targetpo run --jobs N`: an experiment's units in worker processes give each unit the records of the
+sequential run, the same report, and the runner's handling of divergence, failures, data sources and Ctrl-C."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from targetpo.cli import main
+from targetpo.report import write_report
+from targetpo.runs import runner
+from targetpo.runs.store import read_metrics
+
+TOY = textwrap.dedent('''
+    """A toy experiment for the `run --jobs` tests (imported by name in the spawned workers)."""
+    from targetpo.runs.config import RunConfig, config, default, param
+
+    NAME, TITLE, PAPER_REF = "jobs-toy", "toy", "-"
+
+
+    @config
+    class Config(RunConfig):
+        steps: int = param(5, "steps", ge=1)
+        methods = default(("a", "bb", "bad", "ccc"))
+
+
+    PRESETS = {"smoke": Config(), "failing": Config(methods=("a", "err", "ccc"))}
+
+
+    def run_unit(cfg, unit, ctx):
+        ctx.set_data_source("toy data", "fp-1")
+        for t in range(cfg.steps):
+            if unit == "err" and t == 1:
+                raise ValueError("boom in unit err")
+            ctx.log({"step": t, "x": float("nan") if unit == "bad" and t == 2 else 10.0 * len(unit) + t})
+            ctx.advance()
+''')
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    """The toy experiment as a module the spawned workers can import (its folder is on sys.path, which a spawned
+    process inherits)."""
+    import importlib
+
+    folder = tmp_path / "toy_module"
+    folder.mkdir()
+    (folder / "jobs_toy.py").write_text(TOY)
+    monkeypatch.syspath_prepend(str(folder))
+    return importlib.import_module("jobs_toy")
+
+
+def _per_unit(path) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in read_metrics(path):
+        out.setdefault(r["unit"], []).append({k: v for k, v in r.items() if not k.startswith("wall_")})
+    return out
+
+
+def test_units_in_two_workers_give_the_sequential_runs_records_and_report(tmp_path, capsys):
+    common = ["--preset", "smoke", "--no-progress", "--no-report"]
+    assert main(["run", "token-dense", "--out", str(tmp_path / "seq"), *common, "--threads", "1"]) == 0
+    assert main(["run", "token-dense", "--out", str(tmp_path / "par"), *common, "--jobs", "2"]) == 0
+    seq, par = _per_unit(tmp_path / "seq" / "metrics.jsonl"), _per_unit(tmp_path / "par" / "metrics.jsonl")
+    assert par == seq and len(seq) == 8 and all(v[-1] == {"unit": u, "event": "done"} for u, v in seq.items())
+    meta = json.loads((tmp_path / "par" / "run.json").read_text())
+    assert meta["status"] == "complete" and meta["runs"][-1]["jobs"] == 2
+    assert meta["runs"][-1]["torch_threads"] == max(1, runner.available_cores() // 2)
+    # The report lists the units as planned, not in the order the workers happened to write them.
+    reports = [write_report(tmp_path / d, tmp_path / f"{d}.md").read_text().replace(d, "X") for d in ("seq", "par")]
+    sections = [r[r.index("\n## "):].splitlines() for r in reports]      # past the header's date
+    differ = [(a, b) for a, b in zip(*sections) if a != b]
+    assert len(sections[0]) == len(sections[1]) > 20 and all("wall" in a or " s " in a for a, _ in differ), differ
+
+
+def test_a_unit_that_diverges_in_a_worker_is_recorded_and_the_others_finish(tmp_path, toy, capsys):
+    out = runner.run_experiment(toy, "smoke", out=tmp_path / "t", progress=False, quiet=True, jobs=2)
+    recs = _per_unit(out / "metrics.jsonl")
+    assert [r["x"] for r in recs["ccc"][:-1]] == [30.0, 31.0, 32.0, 33.0, 34.0]
+    assert [r["step"] for r in recs["bad"][:-1]] == [0, 1]
+    assert recs["bad"][-1] == {"unit": "bad", "event": "diverged", "step": 2, "metric": "x"}
+    assert recs["a"][-1]["event"] == recs["bb"][-1]["event"] == recs["ccc"][-1]["event"] == "done"
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "complete (1 unit diverged)"
+    assert meta["data_source"] == "toy data" and meta["data_fingerprint"] == "fp-1"   # sent by the workers
+    assert "unit bad diverged at step 2" in capsys.readouterr().err
+    # A resume finds every unit finished: nothing runs, nothing is written.
+    before = (out / "metrics.jsonl").read_bytes()
+    runner.run_experiment(toy, out=out, resume=True, progress=False, quiet=True, jobs=2)
+    assert (out / "metrics.jsonl").read_bytes() == before
+
+
+def test_a_unit_that_fails_in_a_worker_stops_the_run_with_its_traceback(tmp_path, toy):
+    with pytest.raises(runner.UnitFailed, match="(?s)unit err failed in its worker process.*ValueError: boom"):
+        runner.run_experiment(toy, "failing", out=tmp_path / "t", progress=False, quiet=True, jobs=2)
+    meta = json.loads((tmp_path / "t" / "run.json").read_text())
+    assert meta["status"].startswith("failed (UnitFailed: jobs-toy unit err failed in its worker process")
+    recs = _per_unit(tmp_path / "t" / "metrics.jsonl")
+    assert [r["step"] for r in recs["err"]] == [0]                     # what it logged before it failed is kept
+    assert all(r.get("event") != "done" for r in recs["err"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--jobs", "0"], "--jobs 0: must be an integer >= 1"),
+    (["--jobs", "2", "--device", "cuda"], "--jobs 2 with --device cuda: worker processes share out CPU cores"),
+])
+def test_refused_jobs_are_one_line_before_anything_is_written(tmp_path, capsys, args, message):
+    out = tmp_path / "x"
+    assert main(["run", "token-dense", "--preset", "smoke", "--out", str(out), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and not out.exists()
+
+
+def test_an_experiment_that_batches_its_units_refuses_jobs(tmp_path, capsys):
+    assert main(["run", "tabular-single", "--preset", "smoke", "--out", str(tmp_path / "x"), "--jobs", "2"]) == 2
+    assert "tabular-single computes all its units together in one batch" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_workers_and_the_run_resumes_to_the_sequential_records(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "targetpo", "run", "token-dense", "--preset", "smoke", "--out", str(out),
+           "--no-progress", "--no-report", "--jobs", "2", "episodes=40"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=None)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").exists()
+                                         else []) < 5:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)                                  # Ctrl-C reaches the whole process group
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+    deadline = time.time() + 10  # multiprocessing's resource tracker leaves a moment after its parent
+    while (leftover := subprocess.run(["pgrep", "-a", "-g", str(proc.pid)], capture_output=True,
+                                      text=True).stdout.strip()) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not leftover, f"processes outlived the run: {leftover}"
+    assert subprocess.run([*cmd, "--resume"], capture_output=True).returncode == 0
+    ref = tmp_path / "ref"
+    assert main(["run", "token-dense", "--preset", "smoke", "--out", str(ref), "--no-progress", "--no-report",
+                 "--threads", "1", "episodes=40"]) == 0
+    assert _per_unit(out / "metrics.jsonl") == _per_unit(ref / "metrics.jsonl")
