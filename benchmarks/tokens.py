@@ -26,8 +26,10 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -98,25 +100,64 @@ print(json.dumps({"wall": time.perf_counter() - t0, "cpu": time.process_time() -
 """
 
 
-def smoke_against(other_src: str, threads: int, repeats: int) -> dict[str, dict]:
+def _runner_child(src: str, jobs: int) -> dict:
+    """The smoke configuration as `targetpo run token-dense` runs it with --jobs `jobs` (its four methods are the
+    run's units), the whole command in a fresh interpreter: wall seconds, CPU seconds of the command and its
+    workers, and every method's error curve read back from metrics.jsonl."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "targetpo.cli", "run", "token-dense", "--preset", "cpu", "--seeds", "2",
+               "--out", tmp, "--force", "--no-progress", "--no-report", "--jobs", str(jobs), *SMOKE_OVERRIDES]
+        t0, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": src})
+        wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+        if out.returncode:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stderr.strip()}")
+        errors: dict[str, list] = {}
+        for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            if "error" in r:
+                errors.setdefault(r["unit"].split("/", 1)[1], []).append(r["error"])
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall": wall, "cpu": cpu, "errors": {m: errors[m] for m in TOKEN_METHODS[::-1]}}
+
+
+# token-dense's cpu preset with these overrides (and --seeds 2) is the smoke configuration.
+SMOKE_OVERRIDES = ("episodes=50", "vocabs=2", f"methods={','.join(TOKEN_METHODS)}")
+
+
+def smoke_against(other_src: str, threads: int, repeats: int, jobs: int = 0) -> dict[str, dict]:
     """The smoke configuration `repeats` times for this checkout ("new") and `other_src` ("old"), alternating
-    (the order swapped every repeat), each run in a fresh interpreter; median wall and CPU seconds of each."""
+    (the order swapped every repeat), each run in a fresh interpreter; median wall and CPU seconds of each. With
+    `jobs` > 0, also this checkout's `targetpo run token-dense ... --jobs N` ("new, N jobs") in the same rounds."""
     if not (Path(other_src) / "targetpo" / "__init__.py").is_file():
         # Without it the child would import the installed (editable) targetpo and time this checkout twice.
         raise ValueError(f"--against {other_src!r}: not a src folder holding the targetpo package")
     srcs = {"old": str(Path(other_src).resolve()), "new": str(Path(__file__).resolve().parents[1] / "src")}
-    runs: dict[str, list[dict]] = {k: [] for k in srcs}
+    names = ["old", "new"] + ([f"new, {jobs} jobs"] if jobs else [])
+    runs: dict[str, list[dict]] = {k: [] for k in names}
     for r in range(repeats):
-        for name in (("old", "new") if r % 2 == 0 else ("new", "old")):
-            out = subprocess.run([sys.executable, "-c", _SMOKE_CHILD, str(threads)], capture_output=True, text=True,
-                                 env={**os.environ, "PYTHONPATH": srcs[name]})
-            if out.returncode:
-                raise RuntimeError(f"the {name} tree ({srcs[name]}) failed:\n{out.stderr.strip()}")
-            runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        for name in (names if r % 2 == 0 else names[::-1]):
+            if name.startswith("new, "):
+                runs[name].append(_runner_child(srcs["new"], jobs))
+            else:
+                out = subprocess.run([sys.executable, "-c", _SMOKE_CHILD, str(threads)], capture_output=True, text=True,
+                                     env={**os.environ, "PYTHONPATH": srcs[name]})
+                if out.returncode:
+                    raise RuntimeError(f"the {name} tree ({srcs[name]}) failed:\n{out.stderr.strip()}")
+                runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(f"{name} run {r}: {runs[name][-1]['wall']:.1f} s wall, {runs[name][-1]['cpu']:.1f} s CPU", flush=True)
-    same = all(run["errors"] == runs["old"][0]["errors"] for rs in runs.values() for run in rs)
-    return {name: {"wall_s": statistics.median(x["wall"] for x in rs), "cpu_s": statistics.median(x["cpu"] for x in rs),
-                   "walls_s": [x["wall"] for x in rs], "identical_errors": same} for name, rs in runs.items()}
+    # Each tree must repeat itself bit for bit; "new, N jobs" must give "new"'s curves (the same engine), as
+    # metrics.jsonl writes them (%.7g).
+    def logged(errors: dict) -> dict:
+        return {m: [[float(f"{v:.7g}") for v in row] for row in rows] for m, rows in errors.items()}
+
+    out = {}
+    for name, rs in runs.items():
+        ref = logged(runs["new" if name.startswith("new") else name][0]["errors"])
+        out[name] = {"wall_s": statistics.median(x["wall"] for x in rs), "cpu_s": statistics.median(x["cpu"] for x in rs),
+                     "walls_s": [x["wall"] for x in rs], "repeatable": all(logged(x["errors"]) == ref for x in rs)}
+    out["old"]["identical_to_new"] = runs["old"][0]["errors"] == runs["new"][0]["errors"]
+    return out
 
 
 # ----------------------------------------------------------------------------- the authors' way, in torch
@@ -189,16 +230,21 @@ def main():
     ap.add_argument("--write", default=None, help=f"markdown file whose '{SECTION}' section is replaced")
     ap.add_argument("--against", default=None, metavar="OTHER_SRC",
                     help="only time the smoke configuration, alternating with another version's src folder")
+    ap.add_argument("--jobs", type=positive_int, default=None, help="with --against: also time this checkout's "
+                    "`targetpo run token-dense` of the smoke configuration with --jobs N (its four methods in N worker "
+                    "processes), the whole command")
     args = ap.parse_args()
     if args.against and not (Path(args.against) / "targetpo" / "__init__.py").is_file():
         ap.error(f"--against {args.against}: not a src folder holding the targetpo package")
     if args.against:
-        res = smoke_against(args.against, args.threads, args.repeats)
-        print(f"| version | wall (s), median of {args.repeats} | CPU (s) |\n|---|---|---|")
+        res = smoke_against(args.against, args.threads, args.repeats, args.jobs or 0)
+        print(f"| version | wall (s), median of {args.repeats} | runs (s) | CPU (s) |\n|---|---|---|---|")
         for name, r in res.items():
-            print(f"| {name} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} |")
-        print(f"old / new wall: {res['old']['wall_s'] / res['new']['wall_s']:.2f}×; error curves identical: "
-              f"{res['new']['identical_errors']}")
+            print(f"| {name} | {r['wall_s']:.1f} | {' / '.join(f'{w:.1f}' for w in r['walls_s'])} | {r['cpu_s']:.1f} |")
+        for name, r in res.items():
+            print(f"old / {name} wall: {res['old']['wall_s'] / r['wall_s']:.2f}×; each run the same curves as "
+                  f"{'itself' if name == 'old' else 'new'}: {r['repeatable']}")
+        print(f"old and new error curves identical: {res['old']['identical_to_new']}")
         print(json.dumps(res))
         return
     torch.set_num_threads(args.threads)

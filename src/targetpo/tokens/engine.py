@@ -407,7 +407,8 @@ def rollout(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tenso
     A state keeps its cache row for good: when its streams split, its first next state (the smallest token)
     stays in the row and each other one is copied to a new row after the rows in use (:func:`split_states`), so
     a step copies only the new rows' past. The cache grows to the widest seed's row count as it is reached
-    (exactly, so that attention reads it without a copy).
+    (exactly, so that attention reads it without a copy), or holds the B·G rows streams can reach from the start
+    where that is at most a quarter more than the prompts' (one stream per prompt: only repeated prompts split).
 
     Returns actions [S, B, G, H], their log-probs, and (if candidates > 1) candidates / their log-probs
     [S, B·G, H, C] (G = streams)."""
@@ -418,6 +419,8 @@ def rollout(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tenso
     logp_states, prompt_kv = tfm.prefill(params, distinct_prompts, spec,
                                          _worth_it(rows.prefix_tree(distinct_prompts, v)))
     cache = tfm.kv_cache(prompt_kv, spec)                                     # one row per distinct state
+    if b * g <= 1.25 * cache[0][0].shape[1]:                                  # rows past the widest seed's are
+        cache = _grown(cache, b * g)                                          # decoded too, and never read
     state = inv_p.repeat_interleave(g, dim=1)                                 # [S, B·G] each stream's row
     used = inv_p.amax(dim=1) + 1                                              # [S] rows in use
     acts, lps, cands, cand_lps = [], [], [], []
@@ -434,14 +437,16 @@ def rollout(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tenso
             split = split_states(state, cand[..., 0], used, v)
             width = split.tokens.shape[1]
             if width > cache[0][0].shape[1]:                                  # grown exactly: read without a copy
-                cache = [tuple(torch.cat([x, x.new_zeros(s, width - x.shape[1], *x.shape[2:])], dim=1)
-                               for x in kv) for kv in cache]
+                cache = _grown(cache, width)
             if split.copies is not None:                                      # new rows start as their parent
                 seed, src, dst = split.copies
                 for kv in cache:
                     for x in kv:
                         x[seed, dst] = x[seed, src]
-            out = tfm.decode(params, split.tokens.unsqueeze(-1), spec, start=h + t, cache=cache)
+            tokens = split.tokens
+            if tokens.shape[1] < cache[0][0].shape[1]:
+                tokens = torch.cat([tokens, tokens.new_zeros(s, cache[0][0].shape[1] - tokens.shape[1])], dim=1)
+            out = tfm.decode(params, tokens.unsqueeze(-1), spec, start=h + t, cache=cache)
             logp_states, state, used = out[:, :, 0], split.state, split.used
     actions = torch.stack(acts, dim=-1).view(s, b, g, h)
     logp = torch.stack(lps, dim=-1).view(s, b, g, h)
@@ -451,6 +456,12 @@ def rollout(params: dict[str, Tensor], spec: tfm.TransformerSpec, prompts: Tenso
 
 
 _row_ids, _distinct, _is_identity, _take = rows.row_ids, rows.distinct, rows.is_identity, rows.take
+
+
+def _grown(cache: list, rows: int) -> list:
+    """The KV cache with zero rows added up to `rows` per seed."""
+    return [tuple(torch.cat([x, x.new_zeros(x.shape[0], rows - x.shape[1], *x.shape[2:])], dim=1) for x in kv)
+            for kv in cache]
 
 
 @dataclass(frozen=True)
