@@ -115,13 +115,14 @@ def _prefixes(seqs, roots=None):
     return out
 
 
+@pytest.mark.parametrize("vocab", [2, 2 ** 20])   # 2^20: prefix codes past 62 bits, the per-seed unique path
 @pytest.mark.parametrize("with_roots", [False, True])
-def test_a_prefix_tree_has_one_node_per_distinct_prefix_and_every_path_spells_its_sequence(with_roots):
+def test_a_prefix_tree_has_one_node_per_distinct_prefix_and_every_path_spells_its_sequence(with_roots, vocab):
     gen = torch.Generator().manual_seed(4)
     seqs = torch.randint(0, 2, (2, 9, 4), generator=gen)
     seqs[1, 5:] = seqs[1, :4]                                            # repeats in one seed only
     roots = torch.randint(0, 3, (2, 9), generator=gen) if with_roots else None
-    tree = rows.prefix_tree(seqs, 2, roots=roots, n_roots=3)
+    tree = rows.prefix_tree(seqs, vocab, roots=roots, n_roots=3)
     hand = _prefixes(seqs, roots)
     widths = [max(len(hand[i, j]) for i in range(2)) for j in range(4)]
     assert tree.nodes == sum(widths)
