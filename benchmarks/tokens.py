@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import resource
 import subprocess
@@ -48,7 +49,9 @@ TOKEN_METHODS = ("tpo_token", "grpo_token", "ppo", "dg")
 SEQUENCE_METHODS = ("tpo", "grpo", "ppo@interactions")
 # The authors' `transformer --smoke` preset (2 seeds × 50 episodes of TOKEN_METHODS); _SMOKE_CHILD repeats it as text.
 SMOKE = te.TrialConfig(task="reverse_copy", reward="bag", length=10, vocab=2, batch=100, k=8, episodes=50)
-JAX_SMOKE_S = (169, 173)  # the authors' code, quiet 2-core machine, 3 runs (BENCHMARKS.md, docs/experiments.md §Compute)
+# The authors' code, 3 runs on the quiet 2-core Intel machine (BENCHMARKS.md, docs/experiments.md §Compute); the
+# printed ratio holds on that machine only: on another, time both with --authors.
+JAX_SMOKE_S = (169, 173)
 
 
 def _episode_timer(cfg: te.TrialConfig, method: str, seeds: list[int], episodes: int) -> float:
@@ -125,19 +128,46 @@ def _runner_child(src: str, jobs: int) -> dict:
 SMOKE_OVERRIDES = ("episodes=50", "vocabs=2", f"methods={','.join(TOKEN_METHODS)}")
 
 
-def smoke_against(other_src: str, threads: int, repeats: int, jobs: int = 0) -> dict[str, dict]:
+def _authors_child(repo: str, python: str) -> dict:
+    """One run of the authors' own `transformer --smoke` (their public JAX repository at `repo`, run with the
+    interpreter `python` of a separate environment; nothing of it is imported here): its own "Completed in"
+    seconds (compilation included) and the wall and CPU seconds of the whole command."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [python, "-m", "tpo.cli", "transformer", "--smoke", "--no-wandb", "--save-dir", tmp]
+        t0, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp,
+                             env={**os.environ, "PYTHONPATH": str(Path(repo).resolve() / "src")})
+        wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = re.findall(r"Completed in ([0-9.]+)s", out.stdout)
+    if out.returncode or len(done) != 1:
+        raise RuntimeError(f"{' '.join(cmd)} failed or printed no single 'Completed in':\n{out.stdout[-2000:]}"
+                           f"{out.stderr[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall": float(done[0]), "command_wall": wall, "cpu": cpu}
+
+
+AUTHORS = "authors' JAX"
+
+
+def smoke_against(other_src: str | None, threads: int, repeats: int, jobs: int = 0,
+                  authors: tuple[str, str] | None = None) -> dict[str, dict]:
     """The smoke configuration `repeats` times for this checkout ("new") and `other_src` ("old"), alternating
     (the order swapped every repeat), each run in a fresh interpreter; median wall and CPU seconds of each. With
-    `jobs` > 0, also this checkout's `targetpo run token-dense ... --jobs N` ("new, N jobs") in the same rounds."""
-    if not (Path(other_src) / "targetpo" / "__init__.py").is_file():
+    `jobs` > 0, also this checkout's `targetpo run token-dense ... --jobs N` ("new, N jobs") in the same rounds;
+    with `authors` = (repo, python), also the authors' own code (its "Completed in" as the wall time)."""
+    if other_src is not None and not (Path(other_src) / "targetpo" / "__init__.py").is_file():
         # Without it the child would import the installed (editable) targetpo and time this checkout twice.
         raise ValueError(f"--against {other_src!r}: not a src folder holding the targetpo package")
-    srcs = {"old": str(Path(other_src).resolve()), "new": str(Path(__file__).resolve().parents[1] / "src")}
-    names = ["old", "new"] + ([f"new, {jobs} jobs"] if jobs else [])
+    srcs = {"new": str(Path(__file__).resolve().parents[1] / "src")}
+    if other_src is not None:
+        srcs["old"] = str(Path(other_src).resolve())
+    names = (["old"] if other_src else []) + ["new"] + ([f"new, {jobs} jobs"] if jobs else []) + ([AUTHORS] if authors else [])
     runs: dict[str, list[dict]] = {k: [] for k in names}
     for r in range(repeats):
         for name in (names if r % 2 == 0 else names[::-1]):
-            if name.startswith("new, "):
+            if name == AUTHORS:
+                runs[name].append(_authors_child(*authors))
+            elif name.startswith("new, "):
                 runs[name].append(_runner_child(srcs["new"], jobs))
             else:
                 out = subprocess.run([sys.executable, "-c", _SMOKE_CHILD, str(threads)], capture_output=True, text=True,
@@ -153,10 +183,13 @@ def smoke_against(other_src: str, threads: int, repeats: int, jobs: int = 0) -> 
 
     out = {}
     for name, rs in runs.items():
-        ref = logged(runs["new" if name.startswith("new") else name][0]["errors"])
         out[name] = {"wall_s": statistics.median(x["wall"] for x in rs), "cpu_s": statistics.median(x["cpu"] for x in rs),
-                     "walls_s": [x["wall"] for x in rs], "repeatable": all(logged(x["errors"]) == ref for x in rs)}
-    out["old"]["identical_to_new"] = runs["old"][0]["errors"] == runs["new"][0]["errors"]
+                     "walls_s": [x["wall"] for x in rs]}
+        if name != AUTHORS:  # the authors' curves are theirs (JAX's own random streams): nothing to compare
+            ref = logged(runs["new" if name.startswith("new") else name][0]["errors"])
+            out[name]["repeatable"] = all(logged(x["errors"]) == ref for x in rs)
+    if other_src:
+        out["old"]["identical_to_new"] = runs["old"][0]["errors"] == runs["new"][0]["errors"]
     return out
 
 
@@ -233,18 +266,33 @@ def main():
     ap.add_argument("--jobs", type=positive_int, default=None, help="with --against: also time this checkout's "
                     "`targetpo run token-dense` of the smoke configuration with --jobs N (its four methods in N worker "
                     "processes), the whole command")
+    ap.add_argument("--authors", default=None, metavar="REPO", help="also time the authors' own `transformer "
+                    "--smoke` in the same rounds: a checkout of their public repository (run, never imported here)")
+    ap.add_argument("--authors-python", default=None, metavar="PYTHON",
+                    help="with --authors: the interpreter of a separate environment holding jax, flax and optax")
     args = ap.parse_args()
     if args.against and not (Path(args.against) / "targetpo" / "__init__.py").is_file():
         ap.error(f"--against {args.against}: not a src folder holding the targetpo package")
-    if args.against:
-        res = smoke_against(args.against, args.threads, args.repeats, args.jobs or 0)
+    if args.authors and not (Path(args.authors) / "src" / "tpo" / "cli.py").is_file():
+        ap.error(f"--authors {args.authors}: not a checkout of the authors' repository (no src/tpo/cli.py)")
+    if args.authors and not args.authors_python:
+        ap.error("--authors needs --authors-python: the interpreter of an environment with jax, flax and optax")
+    if args.against or args.authors:
+        authors = (args.authors, args.authors_python) if args.authors else None
+        res = smoke_against(args.against, args.threads, args.repeats, args.jobs or 0, authors)
         print(f"| version | wall (s), median of {args.repeats} | runs (s) | CPU (s) |\n|---|---|---|---|")
         for name, r in res.items():
             print(f"| {name} | {r['wall_s']:.1f} | {' / '.join(f'{w:.1f}' for w in r['walls_s'])} | {r['cpu_s']:.1f} |")
+        base = "old" if args.against else "new"
         for name, r in res.items():
-            print(f"old / {name} wall: {res['old']['wall_s'] / r['wall_s']:.2f}×; each run the same curves as "
-                  f"{'itself' if name == 'old' else 'new'}: {r['repeatable']}")
-        print(f"old and new error curves identical: {res['old']['identical_to_new']}")
+            same = "" if name == AUTHORS else (f"; each run the same curves as "
+                                               f"{'itself' if name == 'old' else 'new'}: {r['repeatable']}")
+            print(f"{base} / {name} wall: {res[base]['wall_s'] / r['wall_s']:.2f}×{same}")
+        if AUTHORS in res:
+            for name in (n for n in res if n != AUTHORS):
+                print(f"{AUTHORS} / {name} wall: {res[AUTHORS]['wall_s'] / res[name]['wall_s']:.1f}×")
+        if args.against:
+            print(f"old and new error curves identical: {res['old']['identical_to_new']}")
         print(json.dumps(res))
         return
     torch.set_num_threads(args.threads)
