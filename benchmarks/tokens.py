@@ -263,7 +263,7 @@ def main():
     ap.add_argument("--write", default=None, help=f"markdown file whose '{SECTION}' section is replaced")
     ap.add_argument("--against", default=None, metavar="OTHER_SRC",
                     help="only time the smoke configuration, alternating with another version's src folder")
-    ap.add_argument("--jobs", type=positive_int, default=None, help="with --against: also time this checkout's "
+    ap.add_argument("--jobs", type=positive_int, default=None, help="with --against or --authors: also time this checkout's "
                     "`targetpo run token-dense` of the smoke configuration with --jobs N (its four methods in N worker "
                     "processes), the whole command")
     ap.add_argument("--authors", default=None, metavar="REPO", help="also time the authors' own `transformer "
