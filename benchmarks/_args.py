@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from targetpo.runs.config import OneLineParser
 
@@ -47,3 +48,12 @@ def comma_choices(choices):
         return text
 
     return parse
+
+
+def src_folder(text: str) -> str:
+    """A `type=` for a source tree's src/ folder (e.g. `git archive COMMIT src | tar -x -C /tmp/old`, then
+    /tmp/old/src). It must hold the targetpo package: a child run with it as PYTHONPATH would otherwise import the
+    installed (editable) targetpo and time this checkout instead."""
+    if not (Path(text) / "targetpo" / "__init__.py").is_file():
+        raise argparse.ArgumentTypeError(f"{text!r}: not a src folder holding the targetpo package")
+    return text

@@ -17,15 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
+from _args import Parser, positive_int, src_folder  # benchmarks/ is on sys.path when run as a script
+from _timing import run_timed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,10 +36,7 @@ def run_once(src: Path, name: str, preset: str, out: Path, extra: list[str]) -> 
     env = {**os.environ, "PYTHONPATH": str(src)}
     cmd = [sys.executable, "-m", "targetpo.cli", "run", name, "--preset", preset, "--out", str(out), "--force",
            "--no-progress", "--no-report", *extra]
-    t, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
-    whole, after = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    _, whole, cpu = run_timed(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
     meta = json.loads((out / "run.json").read_text())
     return meta["wall_time_s"], whole, cpu, meta.get("peak_gpu_memory_bytes")
 
@@ -77,7 +73,8 @@ def main() -> None:
                     help="experiment and preset to time, e.g. mnist:paper (a bare NAME runs its cpu preset)")
     ap.add_argument("--repeats", type=positive_int, default=3, help="fresh runs of each preset per source tree "
                     "(median reported; default 3)")
-    ap.add_argument("--src", action="append", default=None, help="a source tree's src/ folder (repeatable; "
+    ap.add_argument("--src", action="append", type=src_folder, default=None,
+                    help="a source tree's src/ folder (repeatable; "
                     "default: this checkout's)")
     ap.add_argument("--data-dir", default=None, help="passed to experiments that read MNIST")
     ap.add_argument("--threads", type=positive_int, default=None, help="torch threads per run (default: the "
@@ -86,9 +83,6 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="where the runs go (default: a temporary directory)")
     args = ap.parse_args()
     srcs = [Path(s).resolve() for s in (args.src or [ROOT / "src"])]
-    for s in srcs:  # else the runs import the installed (editable) targetpo and time this checkout instead
-        if not (s / "targetpo" / "__init__.py").is_file():
-            ap.error(f"--src {s}: not a src folder holding the targetpo package")
     out = Path(args.out or tempfile.mkdtemp(prefix="targetpo-presets-"))
     rows = []
     for name, preset in args.presets:

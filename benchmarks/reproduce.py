@@ -12,15 +12,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
+from _timing import run_timed
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADLINE = re.compile(r"\*\*(\d+ PASS, \d+ FAIL[^*]*)\*\*")
@@ -32,10 +31,7 @@ def run_once(out: Path, args: argparse.Namespace) -> tuple[float, float, str]:
     cmd += ["--jobs", str(args.jobs)] if args.jobs else []
     cmd += ["--data-dir", args.data_dir] if args.data_dir else []
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    t, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
-    wall, after = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    _, wall, cpu = run_timed(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
     m = HEADLINE.search((out / "REPORT.md").read_text())
     return wall, cpu, (m.group(1) if m else "headline not found")
 

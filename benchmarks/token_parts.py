@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
+from _args import Parser, positive_int, src_folder  # benchmarks/ is on sys.path when run as a script
 
 from targetpo.tokens import engine as te
 from targetpo.tokens import tasks
@@ -41,9 +41,7 @@ TASKS = {
 
 
 def load_other(src: str, into: Path):
-    """The engine of the targetpo package in `src`, imported as `targetpo_other`."""
-    if not (Path(src) / "targetpo" / "__init__.py").is_file():
-        raise ValueError(f"--against {src!r}: not a src folder holding the targetpo package")
+    """The engine of the targetpo package in `src` (checked by _args.src_folder), imported as `targetpo_other`."""
     dest = into / "targetpo_other"
     shutil.copytree(Path(src) / "targetpo", dest)
     for f in dest.rglob("*.py"):
@@ -73,7 +71,7 @@ def parts(engine, params, spec, cfg, method: str, prompts):
 
 def main():
     ap = Parser(description=__doc__)
-    ap.add_argument("--against", required=True, metavar="OTHER_SRC", help="the other version's src folder")
+    ap.add_argument("--against", required=True, type=src_folder, metavar="OTHER_SRC", help="the other version's src folder")
     ap.add_argument("--method", default="tpo_token", choices=list(te.METHODS), metavar="METHOD",
                     help=f"engine method: {', '.join(te.METHODS)} (default tpo_token)")
     ap.add_argument("--task", default="dense10", choices=list(TASKS), help="configuration: " + "; ".join(

@@ -27,7 +27,6 @@ import json
 import os
 import re
 import statistics
-import resource
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,8 @@ import time
 from pathlib import Path
 
 import torch
-from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
+from _args import Parser, positive_int, src_folder  # benchmarks/ is on sys.path when run as a script
+from _timing import run_timed
 from _markdown import replace_section
 
 from targetpo import objectives as obj
@@ -110,9 +110,7 @@ def _runner_child(src: str, jobs: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "targetpo.cli", "run", "token-dense", "--preset", "cpu", "--seeds", "2",
                "--out", tmp, "--force", "--no-progress", "--no-report", "--jobs", str(jobs), *SMOKE_OVERRIDES]
-        t0, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-        out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": src})
-        wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+        out, wall, cpu = run_timed(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": src})
         if out.returncode:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stderr.strip()}")
         errors: dict[str, list] = {}
@@ -120,7 +118,6 @@ def _runner_child(src: str, jobs: int) -> dict:
             r = json.loads(line)
             if "error" in r:
                 errors.setdefault(r["unit"].split("/", 1)[1], []).append(r["error"])
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"wall": wall, "cpu": cpu, "errors": {m: errors[m] for m in TOKEN_METHODS[::-1]}}
 
 
@@ -131,19 +128,16 @@ SMOKE_OVERRIDES = ("episodes=50", "vocabs=2", f"methods={','.join(TOKEN_METHODS)
 def _authors_child(repo: str, python: str) -> dict:
     """One run of the authors' own `transformer --smoke` (their public JAX repository at `repo`, run with the
     interpreter `python` of a separate environment; nothing of it is imported here): its own "Completed in"
-    seconds (compilation included) and the wall and CPU seconds of the whole command."""
+    seconds (compilation included) and the CPU seconds of the whole command."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [python, "-m", "tpo.cli", "transformer", "--smoke", "--no-wandb", "--save-dir", tmp]
-        t0, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp,
-                             env={**os.environ, "PYTHONPATH": str(Path(repo).resolve() / "src")})
-        wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+        out, _, cpu = run_timed(cmd, capture_output=True, text=True, cwd=tmp,
+                                env={**os.environ, "PYTHONPATH": str(Path(repo).resolve() / "src")})
     done = re.findall(r"Completed in ([0-9.]+)s", out.stdout)
     if out.returncode or len(done) != 1:
         raise RuntimeError(f"{' '.join(cmd)} failed or printed no single 'Completed in':\n{out.stdout[-2000:]}"
                            f"{out.stderr[-2000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall": float(done[0]), "command_wall": wall, "cpu": cpu}
+    return {"wall": float(done[0]), "cpu": cpu}
 
 
 AUTHORS = "authors' JAX"
@@ -154,14 +148,13 @@ def smoke_against(other_src: str | None, threads: int, repeats: int, jobs: int =
     """The smoke configuration `repeats` times for this checkout ("new") and `other_src` ("old"), alternating
     (the order swapped every repeat), each run in a fresh interpreter; median wall and CPU seconds of each. With
     `jobs` > 0, also this checkout's `targetpo run token-dense ... --jobs N` ("new, N jobs") in the same rounds;
-    with `authors` = (repo, python), also the authors' own code (its "Completed in" as the wall time)."""
-    if other_src is not None and not (Path(other_src) / "targetpo" / "__init__.py").is_file():
-        # Without it the child would import the installed (editable) targetpo and time this checkout twice.
-        raise ValueError(f"--against {other_src!r}: not a src folder holding the targetpo package")
+    with `authors` = (repo, python), also the authors' own code (its "Completed in" as the wall time).
+    `other_src` must hold the targetpo package (_args.src_folder checks it)."""
     srcs = {"new": str(Path(__file__).resolve().parents[1] / "src")}
     if other_src is not None:
         srcs["old"] = str(Path(other_src).resolve())
-    names = (["old"] if other_src else []) + ["new"] + ([f"new, {jobs} jobs"] if jobs else []) + ([AUTHORS] if authors else [])
+    names = ((["old"] if other_src else []) + ["new"] + ([f"new, {jobs} jobs"] if jobs else [])
+             + ([AUTHORS] if authors else []))
     runs: dict[str, list[dict]] = {k: [] for k in names}
     for r in range(repeats):
         for name in (names if r % 2 == 0 else names[::-1]):
@@ -261,7 +254,7 @@ def main():
     ap.add_argument("--repeats", type=positive_int, default=3, help="runs of the authors' smoke configuration "
                     "(median reported)")
     ap.add_argument("--write", default=None, help=f"markdown file whose '{SECTION}' section is replaced")
-    ap.add_argument("--against", default=None, metavar="OTHER_SRC",
+    ap.add_argument("--against", default=None, type=src_folder, metavar="OTHER_SRC",
                     help="only time the smoke configuration, alternating with another version's src folder")
     ap.add_argument("--jobs", type=positive_int, default=None, help="with --against or --authors: also time this checkout's "
                     "`targetpo run token-dense` of the smoke configuration with --jobs N (its four methods in N worker "
@@ -271,8 +264,6 @@ def main():
     ap.add_argument("--authors-python", default=None, metavar="PYTHON",
                     help="with --authors: the interpreter of a separate environment holding jax, flax and optax")
     args = ap.parse_args()
-    if args.against and not (Path(args.against) / "targetpo" / "__init__.py").is_file():
-        ap.error(f"--against {args.against}: not a src folder holding the targetpo package")
     if args.authors and not (Path(args.authors) / "src" / "tpo" / "cli.py").is_file():
         ap.error(f"--authors {args.authors}: not a checkout of the authors' repository (no src/tpo/cli.py)")
     if args.authors and not args.authors_python:
