@@ -15,17 +15,19 @@ TORCH_OOM = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator:
              "to allocate 40000000000 bytes. Error code 12 (Cannot allocate memory)")
 
 
-def _fails_at_step(exc: Exception, step: int = 3):
+def _fail_at_step(monkeypatch, exc: Exception, step: int = 3) -> None:
+    """tabular-multi's units raise `exc` after `step` records (run one at a time: without `run_units`)."""
     def run_unit(cfg, unit, ctx):
         for t in range(step):
             ctx.log({"step": t, "error": [0.5] * cfg.seeds})
             ctx.advance()
         raise exc
-    return run_unit
+    monkeypatch.delattr(multi, "run_units")
+    monkeypatch.setattr(multi, "run_unit", run_unit)
 
 
 def test_out_of_memory_is_one_line_and_the_run_records_it(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(multi, "run_unit", _fails_at_step(RuntimeError(TORCH_OOM)))
+    _fail_at_step(monkeypatch, RuntimeError(TORCH_OOM))
     out = tmp_path / "run"
     rc = main(["run", "tabular-multi", "--preset", "smoke", "--out", str(out), "--no-progress"])
     err = capsys.readouterr().err
@@ -38,7 +40,7 @@ def test_out_of_memory_is_one_line_and_the_run_records_it(tmp_path, monkeypatch,
 
 
 def test_out_of_memory_with_one_seed_does_not_ask_for_fewer_seeds(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(multi, "run_unit", _fails_at_step(MemoryError()))
+    _fail_at_step(monkeypatch, MemoryError())
     rc = main(["run", "tabular-multi", "--preset", "smoke", "--seeds", "1", "--out", str(tmp_path / "r"),
                "--no-progress"])
     err = capsys.readouterr().err
@@ -47,7 +49,7 @@ def test_out_of_memory_with_one_seed_does_not_ask_for_fewer_seeds(tmp_path, monk
 
 
 def test_a_crash_records_failed_and_keeps_its_traceback(tmp_path, monkeypatch):
-    monkeypatch.setattr(multi, "run_unit", _fails_at_step(ZeroDivisionError("a bug")))
+    _fail_at_step(monkeypatch, ZeroDivisionError("a bug"))
     out = tmp_path / "run"
     with pytest.raises(ZeroDivisionError, match="a bug"):
         run_experiment("tabular-multi", "smoke", out=out, progress=False, quiet=True)

@@ -41,6 +41,7 @@ def test_a_cuda_run_records_its_peak_memory_per_segment(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", counters.max_memory_allocated)
     monkeypatch.setattr(runner, "resolve_device", lambda exp, device: torch.device("cuda"))
     out = tmp_path / "run"
+    monkeypatch.delattr(multi, "run_units")  # its units one at a time, each the fake's
     monkeypatch.setattr(multi, "run_unit", _unit_using(counters, 3 * 2**30))
     run_experiment("tabular-multi", "smoke", out=out, device="cuda", progress=False, quiet=True)
     meta = json.loads((out / "run.json").read_text())

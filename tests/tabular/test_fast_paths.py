@@ -1,5 +1,5 @@
-"""The tabular fast paths. tabular-single runs its methods side by side (run_units) with the numbers of each
-method alone, bit for bit. The multi-context loop's per-context closed forms (multi.context_stats_,
+"""The tabular fast paths. tabular-single and tabular-multi run their methods side by side (run_units) with the
+numbers of each method alone, bit for bit. The multi-context loop's per-context closed forms (multi.context_stats_,
 multi.population_step_, multi.misalignment_from_sums) give the updates and metrics of the plain formulas —
 exact_update (TPO's from tpo_target) → misalignment → normalized_step — to rounding: float64 to 1e-12 over a
 whole run, float32 to the precision of float32; how many steps it computes between writes changes no number."""
@@ -173,6 +173,32 @@ def test_single_methods_side_by_side_equal_each_method_alone():
         assert len(alone.records) == cfg.steps
         for logs in (together, pair):
             if m in logs:  # bit for bit: the batch shares the draws, never the arithmetic
+                assert all(a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+                           for a, b in zip(alone.records, logs[m].records, strict=True)), m
+
+
+@pytest.mark.parametrize("lr", [0.1, 0.28, 1.0])  # 0.28: chunks where some methods shift by the max, others not
+def test_multi_methods_side_by_side_equal_each_method_alone(lr, monkeypatch):
+    cfg = multi.Config(seeds=3, steps=400, lr=lr)
+    together = {m: _Log() for m in multi.METHODS}
+    seen = set()
+    stats = multi._softmax_stats_
+
+    def spy(ws, methods, uniform):
+        seen.add(uniform)
+        return stats(ws, methods, uniform)
+
+    monkeypatch.setattr(multi, "_softmax_stats_", spy)
+    multi.run_units(cfg, list(multi.METHODS), together)
+    assert seen == ({True, False} if lr == 0.28 else {True})  # the case the test is for is reached
+    pair = {m: _Log() for m in ("tpo", "pg")}
+    multi.run_units(cfg, ["tpo", "pg"], pair)
+    for m in multi.METHODS:
+        alone = _Log()
+        multi.run_unit(cfg, m, alone)
+        assert len(alone.records) == cfg.steps
+        for logs in (together, pair):
+            if m in logs:  # bit for bit: the batch shares the ops' calls, never a number
                 assert all(a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
                            for a, b in zip(alone.records, logs[m].records, strict=True)), m
 

@@ -52,24 +52,43 @@ CHUNK = 100  # steps between writes of the metrics (a few ms): see run_unit
 
 
 class Workspace:
-    """One unit's [seeds, A, N] `logits` (stored actions in the middle, updated in place) and every tensor its
-    loop writes, allocated once (a fresh 400 kB tensor per op costs more than the math), with the views the loop
-    reads each step, taken once."""
+    """The [*lead, A, N] `logits` (lead: [seeds] for one method, [methods, seeds] for several side by side; actions
+    in the middle, updated in place) and every tensor the loop writes, allocated once (a fresh 400 kB tensor per
+    op costs more than the math), with the views the loop reads each step, taken once. :meth:`part` gives some
+    methods of a [methods, seeds] workspace as a workspace of views: what it writes, the whole sees."""
+
+    _BUFFERS = ("logits", "e", "work", "s", "r", "w", "_p", "max", "k", "ke")
 
     def __init__(self, logits: torch.Tensor):
-        seeds, _, contexts = logits.shape
+        *lead, _, contexts = logits.shape
         self.logits = logits
         self.e, self.work = torch.empty_like(logits), torch.empty_like(logits)
-        self.s, self.r, self.w, self._p = (logits.new_empty(seeds, contexts) for _ in range(4))
-        self.p = self.s  # π(y) = s·e_y, and e_y = 1 under the logit_y shift (context_stats_)
-        self.max = logits.new_empty(seeds, 1, contexts)
+        self.s, self.r, self.w, self._p = (logits.new_empty(*lead, contexts) for _ in range(4))
+        self.max = logits.new_empty(*lead, 1, contexts)
+        self.k = logits.new_empty(*lead, 1)             # ±α/‖G‖ per seed
+        self.ke = logits.new_empty(*lead, 1, contexts)  # the step's multiple of e per context
         self.shift_by_max = False  # see context_stats_ and shift_by_logit_y_is_safe
-        self.k = logits.new_empty(seeds, 1)             # ±α/‖G‖ per seed
-        self.ke = logits.new_empty(seeds, 1, contexts)  # the step's multiple of e per context
-        self.e_y, self.e_rest, self.rest_sq = self.e[..., 0, :], self.e[..., 1:, :], self.work[..., 1:, :]
-        self.logit_y, self.k_col, self.ke_row = logits[..., 0, :], self.k[:, 0], self.ke[..., 0, :]
-        self.logit_y_col, self.logits_rest = logits[..., 0:1, :], logits[..., 1:, :]
         self._constants: dict[float, torch.Tensor] = {}
+        self._take_views()
+
+    def _take_views(self) -> None:
+        self.e_y, self.e_rest, self.rest_sq = self.e[..., 0, :], self.e[..., 1:, :], self.work[..., 1:, :]
+        self.logit_y, self.k_col, self.ke_row = self.logits[..., 0, :], self.k[..., 0], self.ke[..., 0, :]
+        self.logit_y_col, self.logits_rest = self.logits[..., 0:1, :], self.logits[..., 1:, :]
+
+    @property
+    def p(self) -> torch.Tensor:
+        """π(y) = s·e_y: s itself under the logit_y shift (e_y = 1), else its own buffer (context_stats_)."""
+        return self._p if self.shift_by_max else self.s
+
+    def part(self, methods: slice) -> "Workspace":
+        """Methods `methods` (a slice of the leading dim) of this [methods, seeds, A, N] workspace, as views."""
+        part = object.__new__(Workspace)
+        for name in self._BUFFERS:
+            setattr(part, name, getattr(self, name)[methods])
+        part.shift_by_max, part._constants = self.shift_by_max, self._constants
+        part._take_views()
+        return part
 
     def c(self, x: float) -> torch.Tensor:
         """`x` as a 0-dim tensor of the logits' dtype, made once: an op on a Python float converts it on every
@@ -81,8 +100,8 @@ class Workspace:
 
 
 def context_stats_(ws: Workspace) -> tuple[torch.Tensor, ...]:
-    """The softmax of every context without normalising the [seeds, A, N] tensor: writes e = exp(logits − shift)
-    into `ws.e` and returns its [seeds, N] tensors (s, p, r, w) with π = s·e, p = π(y), r = Σ_{a≠y} π_a (kept
+    """The softmax of every context without normalising the [*lead, A, N] tensor: writes e = exp(logits − shift)
+    into `ws.e` and returns its [*lead, N] tensors (s, p, r, w) with π = s·e, p = π(y), r = Σ_{a≠y} π_a (kept
     apart from 1 − p, which float32 cannot hold once p → 1) and w = Σ_{a≠y} π_a².
 
     A softmax is the same for any shift. The shift is logit_y (e_y = 1, p = s: one pass fewer than the max over
@@ -97,67 +116,75 @@ def context_stats_(ws: Workspace) -> tuple[torch.Tensor, ...]:
     torch.sum(torch.mul(ws.e_rest, ws.e_rest, out=ws.rest_sq), dim=ACT, out=ws.w)
     if ws.shift_by_max:
         torch.add(ws.e_y, ws.r, out=ws.s).reciprocal_()
-        ws.p = torch.mul(ws.e_y, ws.s, out=ws._p)
+        torch.mul(ws.e_y, ws.s, out=ws._p)
     else:
         torch.add(ws.r, ws.c(1.0), out=ws.s).reciprocal_()
-        ws.p = ws.s
     ws.r.mul_(ws.s)
     ws.w.mul_(ws.s).mul_(ws.s)
     return ws.s, ws.p, ws.r, ws.w
 
 
 def population_step_(ws: Workspace, unit: str, lr: float, eta: float, inv_lam: float, sums) -> None:
-    """One exact population step of every context: updates `ws.logits` in place from the softmax
+    """One exact population step of every context of one method: updates `ws.logits` in place from the softmax
     :func:`context_stats_` left in `ws`, and writes the per-seed sums ‖G‖², ⟨G, V_CE⟩ and ‖V_CE‖² into the three
     [seeds] tensors `sums` (:func:`misalignment_from_sums` finishes the metric).
 
     Every update is, per context n, g_n = a_n·π_n + b_n·1 + c_n·e_y with scalars read off π_n(y) = p_n (App. B):
-    β(p)·(e_y − π) for CE/PG/DG/GRPO, and for TPO q − π with q ∝ (π + ε)·w, w_y = λ = e^{(u_hot − u_cold)/η},
-    w_a = 1 otherwise (ε = 1e-8: the authors' anchor log(π + ε)), written in `inv_lam` = 1/λ, which stays finite
-    for every η (tabular/bandit.exact_update is the same update computed from tpo_target, and tests/tabular pins
-    the two together). So ‖G‖², ⟨G, V_CE⟩ and the fixed-length step need only r_n = Σ_{a≠y} π_a and
-    w_n = Σ_{a≠y} π_a²: a step and the next softmax take 6 passes over the tensor, none of them allocating one,
-    instead of ~30."""
+    β(p)·(e_y − π) for CE/PG/DG/GRPO (:func:`beta_step_`), and for TPO q − π (:func:`tpo_step_`). So ‖G‖²,
+    ⟨G, V_CE⟩ and the fixed-length step need only r_n = Σ_{a≠y} π_a and w_n = Σ_{a≠y} π_a²: a step and the next
+    softmax take 6 passes over the tensor, none of them allocating one, instead of ~30."""
+    if unit == "tpo":
+        tpo_step_(ws, lr, inv_lam, sums)
+    else:
+        beta_step_(ws, beta(unit, ws.p, eta), lr, sums)
+
+
+def beta_step_(ws: Workspace, b_n: torch.Tensor, lr: float, sums) -> None:
+    """The step β·(e_y − π) of every method of `ws` at once, `b_n` [*lead, N] their β(p) (CE's: ones, which
+    changes no bit of CE's sums or step): −β·π_a for a ≠ y and β·(1 − p) = β·r for y, r kept apart from 1 − p
+    (see context_stats_). k is −α/‖g‖, so k·β is, bit for bit, the α/‖g‖·(−β) the step adds to every π_a."""
+    s, r, w = ws.s, ws.r, ws.w
+    g_sq, gv_sum, vv_sum = sums
+    vv = w + r * r                                              # ‖v_n‖², v = e_y − π
+    torch.sum(vv, dim=-1, out=vv_sum)
+    torch.sum(b_n * b_n * vv, dim=-1, out=g_sq)
+    torch.sum(b_n * vv, dim=-1, out=gv_sum)
+    torch.reciprocal(torch.sqrt(g_sq + ws.c(1e-30)), out=ws.k_col).mul_(ws.c(-lr))
+    kb = ws.k * b_n
+    torch.mul(kb, s, out=ws.ke_row)
+    ws.logits_rest.addcmul_(ws.ke, ws.e_rest)
+    ws.logit_y.addcmul_(kb, r, value=-1.0)
+
+
+def tpo_step_(ws: Workspace, lr: float, inv_lam: float, sums) -> None:
+    """TPO's step q − π with q ∝ (π + ε)·w, w_y = λ = e^{(u_hot − u_cold)/η}, w_a = 1 otherwise (ε = 1e-8: the
+    authors' anchor log(π + ε)), written in `inv_lam` = 1/λ, which stays finite for every η
+    (tabular/bandit.exact_update is the same update computed from tpo_target, and tests/tabular pins the two
+    together)."""
     s, p, r, w = ws.s, ws.p, ws.r, ws.w
     g_sq, gv_sum, vv_sum = sums
     vv = w + r * r                                              # ‖v_n‖², v = e_y − π
     torch.sum(vv, dim=-1, out=vv_sum)
-    if unit == "tpo":
-        others, c, mu = ws.e.shape[ACT] - 1, ws.c, inv_lam
-        # 1/z, z = Σ_a (π_a + ε) w_a / λ; every [seeds, N] temporary below is written in place once made.
-        iz = (p + c(EPS)).add_((r + c(others * EPS)).mul_(c(mu))).reciprocal_()
-        a = (p * c(mu - 1.0)).sub_(c(EPS * (1.0 + others * mu))).mul_(iz)  # q_a − π_a = a·π_a + b for a ≠ y
-        b = iz.mul_(c(EPS * mu))                                # ε/(λz)
-        g0 = torch.mul(a, r).add_(b, alpha=others).neg_()       # q_y − π_y = −Σ_{a≠y}(q_a − π_a)
-        # ‖g_n‖² = g0² + a(a·w + 2b·r) + (A−1)b² and ⟨g_n, v_n⟩ = g0·r − a·w − b·r from r and w; g0² ≥
-        # ((λ−1)p/λz)²·r² dominates the rest, so no cancellation matters.
-        aw, br = a * w, b * r
-        gg = torch.add(aw, br, alpha=2.0).mul_(a).add_(g0 * g0).add_(b * b, alpha=others)
-        torch.sum(gg, dim=-1, out=g_sq)
-        torch.sum((g0 * r).sub_(aw).sub_(br), dim=-1, out=gv_sum)
-        # logits += α·g/‖g‖_F per seed: g_a = a·π_a (+ b) for a ≠ y and g_y = g0, π = s·e. TPO's b·1 shifts a
-        # context's logits by a constant, which no probability sees (so y gets g0 − b); it is in the norms above.
-        # y's step is added on its own: as a·π_y plus a compensating term it was two large float32 additions that
-        # cancel, whose rounding held the error at ~1e-8 where float64 goes on to 1e-12.
-        torch.reciprocal(torch.sqrt(g_sq + ws.c(1e-30)), out=ws.k_col).mul_(ws.c(lr))
-        ws.logit_y.addcmul_(ws.k, g0.sub_(b))
-        torch.mul(a.mul_(ws.k), s, out=ws.ke_row)
-        ws.logits_rest.addcmul_(ws.ke, ws.e_rest)
-        return
-    # β·(e_y − π) (CE: β = 1): −β·π_a for a ≠ y and β·(1 − p) = β·r for y, r kept apart from 1 − p (see
-    # context_stats_). k is −α/‖g‖, so k·β is, bit for bit, the α/‖g‖·(−β) the step adds to every π_a.
-    b_n = None if unit == "ce" else beta(unit, p, eta)
-    if b_n is None:
-        g_sq.copy_(vv_sum)
-        gv_sum.copy_(vv_sum)
-    else:
-        torch.sum(b_n * b_n * vv, dim=-1, out=g_sq)
-        torch.sum(b_n * vv, dim=-1, out=gv_sum)
-    torch.reciprocal(torch.sqrt(g_sq + ws.c(1e-30)), out=ws.k_col).mul_(ws.c(-lr))
-    kb = ws.k if b_n is None else ws.k * b_n
-    torch.mul(kb, s, out=ws.ke_row)
+    others, c, mu = ws.e.shape[ACT] - 1, ws.c, inv_lam
+    # 1/z, z = Σ_a (π_a + ε) w_a / λ; every [seeds, N] temporary below is written in place once made.
+    iz = (p + c(EPS)).add_((r + c(others * EPS)).mul_(c(mu))).reciprocal_()
+    a = (p * c(mu - 1.0)).sub_(c(EPS * (1.0 + others * mu))).mul_(iz)  # q_a − π_a = a·π_a + b for a ≠ y
+    b = iz.mul_(c(EPS * mu))                                # ε/(λz)
+    g0 = torch.mul(a, r).add_(b, alpha=others).neg_()       # q_y − π_y = −Σ_{a≠y}(q_a − π_a)
+    # ‖g_n‖² = g0² + a(a·w + 2b·r) + (A−1)b² and ⟨g_n, v_n⟩ = g0·r − a·w − b·r from r and w; g0² ≥
+    # ((λ−1)p/λz)²·r² dominates the rest, so no cancellation matters.
+    aw, br = a * w, b * r
+    gg = torch.add(aw, br, alpha=2.0).mul_(a).add_(g0 * g0).add_(b * b, alpha=others)
+    torch.sum(gg, dim=-1, out=g_sq)
+    torch.sum((g0 * r).sub_(aw).sub_(br), dim=-1, out=gv_sum)
+    # logits += α·g/‖g‖_F per seed: g_a = a·π_a (+ b) for a ≠ y and g_y = g0, π = s·e. TPO's b·1 shifts a
+    # context's logits by a constant, which no probability sees (so y gets g0 − b); it is in the norms above.
+    # y's step is added on its own: as a·π_y plus a compensating term it was two large float32 additions that
+    # cancel, whose rounding held the error at ~1e-8 where float64 goes on to 1e-12.
+    torch.reciprocal(torch.sqrt(g_sq + ws.c(1e-30)), out=ws.k_col).mul_(ws.c(lr))
+    ws.logit_y.addcmul_(ws.k, g0.sub_(b))
+    torch.mul(a.mul_(ws.k), s, out=ws.ke_row)
     ws.logits_rest.addcmul_(ws.ke, ws.e_rest)
-    ws.logit_y.addcmul_(kb, r, value=-1.0)
 
 
 def shift_by_logit_y_is_safe(ws: Workspace, lr: float, steps: int) -> bool:
@@ -177,36 +204,66 @@ def misalignment_from_sums(g_sq: torch.Tensor, gv_sum: torch.Tensor, vv_sum: tor
     return 1.0 - gv_sum / (torch.sqrt(g_sq + 1e-12) * torch.sqrt(vv_sum + 1e-12))
 
 
-def run_unit(cfg: Config, unit: str, ctx) -> None:
+def run_units(cfg: Config, units: list[str], ctxs: dict) -> None:
+    """The methods `units` side by side as one [methods, seeds, A, N] tensor, like seeds (they start from the same
+    logits): the softmax sums of all of them at once, the β·(e_y − π) steps of CE, PG, DG and GRPO at once
+    (:func:`beta_step_`), TPO's on its own rows. Every op is the one a method runs alone, on its rows, so its
+    records are bit for bit its own whichever others run beside it (tested); the batch saves ~3/4 of the small
+    ops, which dominate a [100, 100] step (BENCHMARKS.md)."""
+    order = [u for u in units if u != "tpo"] + [u for u in units if u == "tpo"]  # the β methods: one block
+    n_beta = len(order) - ("tpo" in units)
     gen = torch.Generator().manual_seed(cfg.seed)  # same initial logits for every method
     logits = torch.randn(cfg.seeds, cfg.contexts, cfg.actions, generator=gen, dtype=torch.float32)
     # Stored [seeds, A, N]: reductions over the 10 actions then run vectorised over the contexts (several times
     # faster on CPU than over a contiguous last dim of 10), and every op stays on contiguous memory.
-    logits = logits.transpose(-1, -2).contiguous()
+    logits = logits.transpose(-1, -2).unsqueeze(0).repeat(len(order), 1, 1, 1)
     inv_lam = one_hot_inv_lambda(cfg.actions, cfg.eta)
     ws = Workspace(logits)
+    methods = [ws.part(slice(i, i + 1)) for i in range(len(order))]
+    block, betas = ws.part(slice(0, n_beta)), logits.new_empty(n_beta, cfg.seeds, cfg.contexts)
     # A step keeps four numbers per seed; the metrics are finished and written once per CHUNK steps, a few ms
     # after they are computed: the writes then run back to back (twice as fast as between steps, whose tensors
     # evict the writer from the cache) and the misalignment takes 7 ops per chunk, not per step (BENCHMARKS.md).
-    sums = torch.empty(3, CHUNK, cfg.seeds)
-    rows = list(zip(*sums))  # step i's three [seeds] rows, views taken once
+    sums = torch.empty(3, CHUNK, len(order), cfg.seeds)
+    beta_rows = [tuple(sums[:, i, :n_beta]) for i in range(CHUNK)]  # step i's [3] × [methods, seeds] views
+    tpo_rows = [tuple(sums[:, i, n_beta:]) for i in range(CHUNK)]
     for start in range(0, cfg.steps, CHUNK):
         n = min(CHUNK, cfg.steps - start)
-        # The softmax's shift for this chunk: logit_y where that provably stays finite, else the max. The last
-        # step's softmax is read again only where the shift changes (or at the start).
-        by_max = not shift_by_logit_y_is_safe(ws, cfg.lr, n)
-        if start == 0 or by_max != ws.shift_by_max:
-            ws.shift_by_max = by_max
-            context_stats_(ws)
-        err = torch.empty(n, cfg.seeds)  # fresh per chunk: a logged row is never overwritten
+        # The softmax's shift for this chunk, per method: logit_y where that provably stays finite, else the max.
+        # The last step's softmax is read again where a shift changes (or at the start); where the methods
+        # disagree, each method's softmax is its own call.
+        by_max = [not shift_by_logit_y_is_safe(m, cfg.lr, n) for m in methods]
+        changed = start == 0 or any(b != m.shift_by_max for b, m in zip(by_max, methods))
+        for b, m in zip(by_max, methods):
+            m.shift_by_max = b
+        uniform, ws.shift_by_max = len(set(by_max)) == 1, by_max[0]
+        if changed:
+            _softmax_stats_(ws, methods, uniform)
+        err = torch.empty(n, len(order), cfg.seeds)  # fresh per chunk: a logged row is never overwritten
         for i, err_i in enumerate(err.unbind()):
-            population_step_(ws, unit, cfg.lr, cfg.eta, inv_lam, rows[i])
+            if n_beta:
+                torch.cat([beta(u, m.p, cfg.eta) for u, m in zip(order, methods[:n_beta])], out=betas)
+                beta_step_(block, betas, cfg.lr, beta_rows[i])
+            if n_beta < len(order):
+                tpo_step_(methods[-1], cfg.lr, inv_lam, tpo_rows[i])
             # Error 1 − mean_n π_n(y) after the step, as mean_n Σ_{a≠y} π_a (precise when π_n(y) → 1).
-            torch.mean(context_stats_(ws)[2], dim=-1, out=err_i)
-        mis = misalignment_from_sums(*sums[:, :n])
-        for i, (error, misalignment) in enumerate(zip(err.numpy(), mis.numpy())):
-            ctx.log({"step": start + i, "error": error, "misalignment": misalignment})
-            ctx.advance()
+            _softmax_stats_(ws, methods, uniform)
+            torch.mean(ws.r, dim=-1, out=err_i)
+        mis = misalignment_from_sums(*sums[:, :n]).numpy()
+        for j, unit in enumerate(order):
+            for i, (error, misalignment) in enumerate(zip(err[:, j].numpy(), mis[:, j])):
+                ctxs[unit].log({"step": start + i, "error": error, "misalignment": misalignment})
+                ctxs[unit].advance()
+
+
+def _softmax_stats_(ws: Workspace, methods: list[Workspace], uniform: bool) -> None:
+    """context_stats_ of every method: one call when they share the shift, else one per method."""
+    for part in [ws] if uniform else methods:
+        context_stats_(part)
+
+
+def run_unit(cfg: Config, unit: str, ctx) -> None:
+    run_units(cfg, [unit], {unit: ctx})
 
 
 # ----------------------------------------------------------------------------- report
