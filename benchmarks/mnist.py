@@ -6,7 +6,13 @@ Measured side by side in one process on the same data (the shared MNIST test spl
 - none: one network per (seed, method), S·M Python steps per update (a plain per-run loop).
 Evaluation is excluded (the same for every layout). Prints a markdown table; --write appends it to a file.
 
+With ``--parts``, where the seconds of the stacked update go instead: the minibatch gather, the forward pass,
+acting, each method's loss, the backward pass and Adam, each timed on its own (a CPU op returns when it is done),
+and one evaluation on the test digits spread over its `eval_every` updates. The parts are `bandit_step`'s own
+code path, step by step: the script checks that its parameters end bit for bit where `bandit_step`'s do.
+
     python benchmarks/mnist.py --data-dir ../shared/data/mnist --seeds 20 --threads 2
+    python benchmarks/mnist.py --data-dir ../shared/data/mnist --seeds 20 --threads 2 --parts
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as
 
 from targetpo.mnist import train as E
 from targetpo.mnist import data as D
-from targetpo.mnist.bandit import BatchStream
+from targetpo.mnist.bandit import BatchStream, bandit_loss, log_softmax, sample_actions
+from targetpo.mnist.mlp import bank_forward
 
 
 def make(cfg, seeds: list[int], methods: list[str]):
@@ -36,6 +43,105 @@ def run(setup, data, steps: int, eta: float) -> None:
         E.bandit_step(params, opt, methods, *E.gather_batch(data, idx), noise, eta)
 
 
+def layouts(cfg, seeds: list[int], data, steps: int, repeats: int, threads: int) -> str:
+    """Markdown: ms per update of the stacked, seeds-only and unvectorised layouts (interleaved, medians)."""
+    methods = list(cfg.methods)
+    layouts = {
+        "stacked (S seeds × M methods, one network)": [make(cfg, seeds, methods)],
+        "seeds only (one S-seed network per method)": [make(cfg, seeds, [m]) for m in methods],
+        # One (seed, method) network per Python step; S·M of them make one update of the whole experiment.
+        "none (one network per seed and method)": [make(cfg, [0], [m]) for m in methods],
+    }
+    scale = {k: (len(seeds) if k.startswith("none") else 1) for k in layouts}
+    times = {k: [] for k in layouts}
+    for k, setups in layouts.items():  # warm-up
+        for s in setups:
+            run(s, data, 3, cfg.eta)
+    for _ in range(repeats):
+        for k, setups in layouts.items():
+            t = time.perf_counter()
+            for s in setups:
+                run(s, data, steps, cfg.eta)
+            times[k].append((time.perf_counter() - t) / steps * scale[k])
+    base = statistics.median(times["stacked (S seeds × M methods, one network)"])
+    lines = [f"Per-update training cost of the `mnist` paper configuration ({len(seeds)} seeds × {len(methods)} methods, "
+             f"B = {cfg.batch}, MLP 784-50-50-10, Adam), {threads} torch threads, torch {torch.__version__}; "
+             f"median of {repeats} interleaved repeats of {steps} updates, evaluation excluded.",
+             "", "| layout | ms per update (all networks) | × stacked | projected 10,000 updates (min) |",
+             "|---|---|---|---|"]
+    for k, v in times.items():
+        m = statistics.median(v)
+        lines.append(f"| {k} | {m * 1e3:.1f} | {m / base:.2f}× | {m * 1e4 / 60:.1f} |")
+    return "\n".join(lines)
+
+
+def timed_parts(setup, data, eta: float) -> dict[str, float]:
+    """One update of `bandit_step`, its parts timed one by one (seconds)."""
+    params, opt, methods, stream = setup
+    out, t = {}, time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        out[name], t = now - t, now
+
+    idx, noise = stream.next()
+    x, y = E.gather_batch(data, idx)
+    lap("minibatch gather")
+    logits = bank_forward(params, x, len(methods))
+    lap("forward (MLP bank)")
+    with torch.no_grad():
+        logp = log_softmax(logits.detach())
+        actions = sample_actions(logp.exp(), noise.unsqueeze(1))
+    lap("act (softmax, sample)")
+    loss = 0  # as bandit_step's sum(), term by term
+    for i, m in enumerate(methods):
+        loss = loss + bandit_loss(m, logits[:, i], actions[:, i], y, logp[:, i], eta=eta)
+        lap(f"loss: {m}")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    lap("backward")
+    opt.step()
+    lap("Adam")
+    return out
+
+
+def parts(cfg, seeds: list[int], data, steps: int, repeats: int, threads: int) -> str:
+    """Markdown: ms per update of each part of the stacked update (median over `repeats` × `steps` updates)."""
+    methods = list(cfg.methods)
+    timed, plain = make(cfg, seeds, methods), make(cfg, seeds, methods)
+    run(plain, data, 3, cfg.eta)
+    for _ in range(3):
+        timed_parts(timed, data, cfg.eta)
+    laps: dict[str, list[float]] = {}
+    whole, evals = [], []
+    for _ in range(repeats):
+        for _ in range(steps):
+            for k, v in timed_parts(timed, data, cfg.eta).items():
+                laps.setdefault(k, []).append(v)
+        t = time.perf_counter()
+        run(plain, data, steps, cfg.eta)
+        whole.append((time.perf_counter() - t) / steps)
+        t = time.perf_counter()
+        probs = E.test_probs(timed[0], data.test_x, len(methods))
+        (probs.argmax(-1) != data.test_y).float().mean(-1)
+        evals.append(time.perf_counter() - t)
+    done = 3 + repeats * steps
+    if not all(torch.equal(a, b) for a, b in zip(timed[0], plain[0])):
+        raise RuntimeError(f"the timed parts did not compute bandit_step: parameters differ after {done} updates")
+    rows = {k: statistics.median(v) for k, v in laps.items()}
+    rows[f"evaluation (one per {cfg.eval_every} updates)"] = statistics.median(evals) / cfg.eval_every
+    total = sum(rows.values())
+    lines = [f"Where an update of the `mnist` paper configuration goes ({len(seeds)} seeds × {len(methods)} methods, "
+             f"B = {cfg.batch}), {threads} torch threads, torch {torch.__version__}: median of {repeats} × {steps} "
+             f"updates per part; `bandit_step` untimed inside, in the same rounds: "
+             f"{statistics.median(whole) * 1e3:.1f} ms an update (parameters of both bit for bit equal after "
+             f"{done} updates).", "", "| part | ms per update | share |", "|---|---|---|"]
+    lines += [f"| {k} | {v * 1e3:.2f} | {v / total:.0%} |" for k, v in rows.items()]
+    lines.append(f"| total | {total * 1e3:.1f} | projected {cfg.steps:,} updates: {total * cfg.steps / 60:.1f} min |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     global N_TRAIN
     ap = Parser(description=__doc__)
@@ -45,40 +151,19 @@ def main() -> None:
     ap.add_argument("--steps", type=positive_int, default=20, help="updates per timed repeat")
     ap.add_argument("--repeats", type=positive_int, default=5, help="interleaved timed repeats of every layout "
                     "(median reported; default 5)")
+    ap.add_argument("--parts", action="store_true", help="time the parts of the stacked update instead of the "
+                    "three layouts")
     ap.add_argument("--write", default=None, help="append the table to this markdown file")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     data = D.load(args.data_dir)
     N_TRAIN = len(data.train_y)
     cfg = E.PRESETS["paper"]
-    methods, seeds = list(cfg.methods), list(range(args.seeds))
-    layouts = {
-        "stacked (S seeds × M methods, one network)": [make(cfg, seeds, methods)],
-        "seeds only (one S-seed network per method)": [make(cfg, seeds, [m]) for m in methods],
-        # One (seed, method) network per Python step; S·M of them make one update of the whole experiment.
-        "none (one network per seed and method)": [make(cfg, [0], [m]) for m in methods],
-    }
-    scale = {k: (args.seeds if k.startswith("none") else 1) for k in layouts}
-    times = {k: [] for k in layouts}
-    for k, setups in layouts.items():  # warm-up
-        for s in setups:
-            run(s, data, 3, cfg.eta)
-    for _ in range(args.repeats):
-        for k, setups in layouts.items():
-            t = time.perf_counter()
-            for s in setups:
-                run(s, data, args.steps, cfg.eta)
-            times[k].append((time.perf_counter() - t) / args.steps * scale[k])
-    base = statistics.median(times["stacked (S seeds × M methods, one network)"])
-    lines = [f"Per-update training cost of the `mnist` paper configuration ({args.seeds} seeds × {len(methods)} methods, "
-             f"B = {cfg.batch}, MLP 784-50-50-10, Adam), {args.threads} torch threads, torch {torch.__version__}; "
-             f"median of {args.repeats} interleaved repeats of {args.steps} updates, evaluation excluded.",
-             "", "| layout | ms per update (all networks) | × stacked | projected 10,000 updates (min) |",
-             "|---|---|---|---|"]
-    for k, v in times.items():
-        m = statistics.median(v)
-        lines.append(f"| {k} | {m * 1e3:.1f} | {m / base:.2f}× | {m * 1e4 / 60:.1f} |")
-    text = "\n".join(lines)
+    seeds = list(range(args.seeds))
+    if args.parts:
+        text = parts(cfg, seeds, data, args.steps, args.repeats, args.threads)
+    else:
+        text = layouts(cfg, seeds, data, args.steps, args.repeats, args.threads)
     print(text)
     if args.write:
         with open(args.write, "a") as fh:
