@@ -161,20 +161,26 @@ def test_context_stats_are_the_softmax_sums(shift_by_max):
     assert (r[:, 0] < 1e-15).all() and (r > 0).all() and (1.0 - p[:, 0] == 0).all()
 
 
+def _assert_each_method_as_alone(module, cfg, *batches: dict) -> None:
+    """Every method's records in each batch of `run_units` logs are, bit for bit, those it logs alone (a batch
+    shares draws and op calls, never a number)."""
+    for m in module.METHODS:
+        alone = _Log()
+        module.run_unit(cfg, m, alone)
+        assert len(alone.records) == cfg.steps
+        for logs in batches:
+            if m in logs:
+                assert all(a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+                           for a, b in zip(alone.records, logs[m].records, strict=True)), m
+
+
 def test_single_methods_side_by_side_equal_each_method_alone():
     cfg = single.PRESETS["smoke"]
     together = {m: _Log() for m in single.METHODS}
     single.run_units(cfg, list(single.METHODS), together)
     pair = {m: _Log() for m in ("grpo", "pg")}
     single.run_units(cfg, ["grpo", "pg"], pair)
-    for m in single.METHODS:
-        alone = _Log()
-        single.run_unit(cfg, m, alone)
-        assert len(alone.records) == cfg.steps
-        for logs in (together, pair):
-            if m in logs:  # bit for bit: the batch shares the draws, never the arithmetic
-                assert all(a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-                           for a, b in zip(alone.records, logs[m].records, strict=True)), m
+    _assert_each_method_as_alone(single, cfg, together, pair)
 
 
 @pytest.mark.parametrize("lr", [0.1, 0.28, 1.0])  # 0.28: chunks where some methods shift by the max, others not
@@ -193,14 +199,7 @@ def test_multi_methods_side_by_side_equal_each_method_alone(lr, monkeypatch):
     assert seen == ({True, False} if lr == 0.28 else {True})  # the case the test is for is reached
     pair = {m: _Log() for m in ("tpo", "pg")}
     multi.run_units(cfg, ["tpo", "pg"], pair)
-    for m in multi.METHODS:
-        alone = _Log()
-        multi.run_unit(cfg, m, alone)
-        assert len(alone.records) == cfg.steps
-        for logs in (together, pair):
-            if m in logs:  # bit for bit: the batch shares the ops' calls, never a number
-                assert all(a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-                           for a, b in zip(alone.records, logs[m].records, strict=True)), m
+    _assert_each_method_as_alone(multi, cfg, together, pair)
 
 
 def _final_error(dtype, unit: str, lr: float = 1.0, steps: int = 300, seeds: int = 4) -> float:
