@@ -26,6 +26,19 @@ def _run(argv, capsys) -> tuple[int, list[str]]:
 SMOKE = ["--preset", "smoke", "--no-progress", "--no-report"]
 
 
+@pytest.mark.parametrize("argv", [["run", "tabular-single", "--seed", "2"], ["run", "tabular-single", "--pre", "smoke"],
+                                  ["reproduce", "--onl", "tabular-single"]])
+def test_an_abbreviated_option_is_refused(argv, tmp_path, capsys):
+    """argparse would take `--seed 2` as `--seeds 2` (and `--pre` as `--preset`) without a word; the config
+    field is `seed=2`, so an abbreviation is refused instead, before anything is written."""
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--out", str(tmp_path / "r")])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    flag = next(a for a in argv if a.startswith("--"))
+    assert exit_.value.code == 2 and len(err) == 1 and f"unrecognized arguments: {flag}" in err[0], err
+    assert not (tmp_path / "r").exists()
+
+
 @pytest.mark.parametrize("argv,expected", [
     (["--device", "nosuch"], "--device 'nosuch': not a torch device"),
     (["--threads", "0"], "--threads 0: must be an integer >= 1"),

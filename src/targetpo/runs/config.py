@@ -509,7 +509,13 @@ def config_doc(modules: list[ModuleType]) -> str:
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse with a one-line error: the message and where the usage is, not the usage itself; exit status 2.
-    Every command line of the project uses it (the CLI, benchmarks/, tools/), so each refusal reads alike."""
+    Every command line of the project uses it (the CLI, benchmarks/, tools/), so each refusal reads alike.
+    Options are never abbreviated: `--seed 2` would otherwise be taken, silently, as `--seeds 2` (the config
+    field is `seed=2`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
