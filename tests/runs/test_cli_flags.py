@@ -141,7 +141,7 @@ def test_an_unknown_experiment_in_a_key_error_reads_without_quotes(capsys, monke
 
 def test_ctrl_c_prints_one_line_exits_130_and_the_run_resumes(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "targetpo", "run", "tabular-multi", "--out", str(out), *SMOKE, "steps=20000",
+    cmd = [sys.executable, "-m", "targetpo", "run", "tabular-multi", "--out", str(out), *SMOKE, "steps=8000",
            "--threads", "1"]
     # A shell without job control starts background jobs with SIGINT ignored, and the child would inherit that
     # (`pytest … &` in a script): Ctrl-C's default, which is what the test is about, is restored for the child.

@@ -124,8 +124,10 @@ def test_an_experiment_that_batches_its_units_refuses_jobs(tmp_path, capsys):
 @pytest.mark.slow
 def test_ctrl_c_stops_the_workers_and_the_run_resumes_to_the_sequential_records(tmp_path):
     out = tmp_path / "run"
+    # Three units for two workers (one waits for a free worker), long enough to be stopped midway.
+    config = ["episodes=15", "vocabs=2", "methods=dg,tpo_token,ppo"]
     cmd = [sys.executable, "-m", "targetpo", "run", "token-dense", "--preset", "smoke", "--out", str(out),
-           "--no-progress", "--no-report", "--jobs", "2", "episodes=40"]
+           "--no-progress", "--no-report", "--jobs", "2", *config]
     # A shell without job control starts background jobs with SIGINT ignored and a child inherits that (`make test
     # &` in a script), so Python would install no KeyboardInterrupt handler: Ctrl-C's default is restored for it.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -149,5 +151,5 @@ def test_ctrl_c_stops_the_workers_and_the_run_resumes_to_the_sequential_records(
     assert subprocess.run([*cmd, "--resume"], capture_output=True).returncode == 0
     ref = tmp_path / "ref"
     assert main(["run", "token-dense", "--preset", "smoke", "--out", str(ref), "--no-progress", "--no-report",
-                 "--threads", "1", "episodes=40"]) == 0
+                 "--threads", "1", *config]) == 0
     assert _per_unit(out / "metrics.jsonl") == _per_unit(ref / "metrics.jsonl")
