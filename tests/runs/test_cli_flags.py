@@ -23,6 +23,13 @@ def _run(argv, capsys) -> tuple[int, list[str]]:
     return code, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
 
 
+def _usage_error(argv, capsys) -> tuple[int, list[str]]:
+    """argparse's own usage errors exit from inside main: the exit status and the lines written to stderr."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    return exc.value.code, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
 SMOKE = ["--preset", "smoke", "--no-progress", "--no-report"]
 
 
@@ -31,11 +38,9 @@ SMOKE = ["--preset", "smoke", "--no-progress", "--no-report"]
 def test_an_abbreviated_option_is_refused(argv, tmp_path, capsys):
     """argparse would take `--seed 2` as `--seeds 2` (and `--pre` as `--preset`) without a word; the config
     field is `seed=2`, so an abbreviation is refused instead, before anything is written."""
-    with pytest.raises(SystemExit) as exit_:
-        main([*argv, "--out", str(tmp_path / "r")])
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    code, err = _usage_error([*argv, "--out", str(tmp_path / "r")], capsys)
     flag = next(a for a in argv if a.startswith("--"))
-    assert exit_.value.code == 2 and len(err) == 1 and f"unrecognized arguments: {flag}" in err[0], err
+    assert code == 2 and len(err) == 1 and f"unrecognized arguments: {flag}" in err[0], err
     assert not (tmp_path / "r").exists()
 
 
@@ -57,10 +62,8 @@ def test_bad_runner_flags_exit_2_with_one_line_and_no_run_folder(tmp_path, capsy
 @pytest.mark.parametrize("argv", [["run"], ["rlvr", "--preset", "nosuch"]])
 def test_overrides_are_never_called_required(argv, capsys):
     """`targetpo run` alone said "the following arguments are required: name, key=value"; overrides are optional."""
-    with pytest.raises(SystemExit) as exc:  # argparse's own usage errors exit from inside main
-        main(argv)
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert exc.value.code == 2 and len(err) == 1 and "key=value" not in err[0], err
+    code, err = _usage_error(argv, capsys)
+    assert code == 2 and len(err) == 1 and "key=value" not in err[0], err
 
 
 def test_a_folder_that_holds_no_run_is_never_written_into_without_force(tmp_path, capsys):

@@ -133,20 +133,28 @@ def population_step_(ws: Workspace, unit: str, lr: float, eta: float, inv_lam: f
     β(p)·(e_y − π) for CE/PG/DG/GRPO (:func:`beta_step_`), and for TPO q − π (:func:`tpo_step_`). So ‖G‖²,
     ⟨G, V_CE⟩ and the fixed-length step need only r_n = Σ_{a≠y} π_a and w_n = Σ_{a≠y} π_a²: a step and the next
     softmax take 6 passes over the tensor, none of them allocating one, instead of ~30."""
+    vv = ce_norms_(ws, sums[2])
     if unit == "tpo":
-        tpo_step_(ws, lr, inv_lam, sums)
+        tpo_step_(ws, lr, inv_lam, sums[:2])
     else:
-        beta_step_(ws, beta(unit, ws.p, eta), lr, sums)
+        beta_step_(ws, beta(unit, ws.p, eta), vv, lr, sums[:2])
 
 
-def beta_step_(ws: Workspace, b_n: torch.Tensor, lr: float, sums) -> None:
-    """The step β·(e_y − π) of every method of `ws` at once, `b_n` [*lead, N] their β(p) (CE's: ones, which
-    changes no bit of CE's sums or step): −β·π_a for a ≠ y and β·(1 − p) = β·r for y, r kept apart from 1 − p
-    (see context_stats_). k is −α/‖g‖, so k·β is, bit for bit, the α/‖g‖·(−β) the step adds to every π_a."""
-    s, r, w = ws.s, ws.r, ws.w
-    g_sq, gv_sum, vv_sum = sums
-    vv = w + r * r                                              # ‖v_n‖², v = e_y − π
+def ce_norms_(ws: Workspace, vv_sum: torch.Tensor) -> torch.Tensor:
+    """‖v_n‖² = w + r² per context, v = e_y − π (CE's update, the misalignment's reference), written summed per
+    seed into `vv_sum` and returned: the same computation for every method, so one call serves them all."""
+    vv = ws.w + ws.r * ws.r
     torch.sum(vv, dim=-1, out=vv_sum)
+    return vv
+
+
+def beta_step_(ws: Workspace, b_n: torch.Tensor, vv: torch.Tensor, lr: float, sums) -> None:
+    """The step β·(e_y − π) of every method of `ws` at once, `b_n` [*lead, N] their β(p) (CE's: ones, which
+    changes no bit of CE's sums or step), `vv` their :func:`ce_norms_`; writes ‖G‖² and ⟨G, V_CE⟩ per seed into
+    the two tensors `sums`. −β·π_a for a ≠ y and β·(1 − p) = β·r for y, r kept apart from 1 − p (see
+    context_stats_). k is −α/‖g‖, so k·β is, bit for bit, the α/‖g‖·(−β) the step adds to every π_a."""
+    s, r = ws.s, ws.r
+    g_sq, gv_sum = sums
     torch.sum(b_n * b_n * vv, dim=-1, out=g_sq)
     torch.sum(b_n * vv, dim=-1, out=gv_sum)
     torch.reciprocal(torch.sqrt(g_sq + ws.c(1e-30)), out=ws.k_col).mul_(ws.c(-lr))
@@ -160,11 +168,9 @@ def tpo_step_(ws: Workspace, lr: float, inv_lam: float, sums) -> None:
     """TPO's step q − π with q ∝ (π + ε)·w, w_y = λ = e^{(u_hot − u_cold)/η}, w_a = 1 otherwise (ε = 1e-8: the
     authors' anchor log(π + ε)), written in `inv_lam` = 1/λ, which stays finite for every η
     (tabular/bandit.exact_update is the same update computed from tpo_target, and tests/tabular pins the two
-    together)."""
+    together). Writes ‖G‖² and ⟨G, V_CE⟩ per seed into the two tensors `sums`."""
     s, p, r, w = ws.s, ws.p, ws.r, ws.w
-    g_sq, gv_sum, vv_sum = sums
-    vv = w + r * r                                              # ‖v_n‖², v = e_y − π
-    torch.sum(vv, dim=-1, out=vv_sum)
+    g_sq, gv_sum = sums
     others, c, mu = ws.e.shape[ACT] - 1, ws.c, inv_lam
     # 1/z, z = Σ_a (π_a + ε) w_a / λ; every [seeds, N] temporary below is written in place once made.
     iz = (p + c(EPS)).add_((r + c(others * EPS)).mul_(c(mu))).reciprocal_()
@@ -225,8 +231,8 @@ def run_units(cfg: Config, units: list[str], ctxs: dict) -> None:
     # after they are computed: the writes then run back to back (twice as fast as between steps, whose tensors
     # evict the writer from the cache) and the misalignment takes 7 ops per chunk, not per step (BENCHMARKS.md).
     sums = torch.empty(3, CHUNK, len(order), cfg.seeds)
-    beta_rows = [tuple(sums[:, i, :n_beta]) for i in range(CHUNK)]  # step i's [3] × [methods, seeds] views
-    tpo_rows = [tuple(sums[:, i, n_beta:]) for i in range(CHUNK)]
+    beta_rows = [tuple(sums[:2, i, :n_beta]) for i in range(CHUNK)]  # step i's ‖G‖², ⟨G, V_CE⟩: [methods, seeds]
+    tpo_rows = [tuple(sums[:2, i, n_beta:]) for i in range(CHUNK)]
     for start in range(0, cfg.steps, CHUNK):
         n = min(CHUNK, cfg.steps - start)
         # The softmax's shift for this chunk, per method: logit_y where that provably stays finite, else the max.
@@ -241,9 +247,10 @@ def run_units(cfg: Config, units: list[str], ctxs: dict) -> None:
             _softmax_stats_(ws, methods, uniform)
         err = torch.empty(n, len(order), cfg.seeds)  # fresh per chunk: a logged row is never overwritten
         for i, err_i in enumerate(err.unbind()):
+            vv = ce_norms_(ws, sums[2, i])  # every method's at once
             if n_beta:
                 torch.cat([beta(u, m.p, cfg.eta) for u, m in zip(order, methods[:n_beta])], out=betas)
-                beta_step_(block, betas, cfg.lr, beta_rows[i])
+                beta_step_(block, betas, vv[:n_beta], cfg.lr, beta_rows[i])
             if n_beta < len(order):
                 tpo_step_(methods[-1], cfg.lr, inv_lam, tpo_rows[i])
             # Error 1 − mean_n π_n(y) after the step, as mean_n Σ_{a≠y} π_a (precise when π_n(y) → 1).
