@@ -11,8 +11,14 @@ acting, each method's loss, the backward pass and Adam, each timed on its own (a
 and one evaluation on the test digits spread over its `eval_every` updates. The parts are `bandit_step`'s own
 code path, step by step: the script checks that its parameters end bit for bit where `bandit_step`'s do.
 
+With ``--compile``, the stacked update as `bandit_step` runs it (eager) against the same update with its forward
+pass, acting and losses under ``torch.compile`` (backward and Adam as before), interleaved: ms per update, the
+first compiled call's seconds (the compilation), and how far the two runs' parameters are apart at the end (the
+compiled kernels round differently, so the runs part). It needs a C++ compiler.
+
     python benchmarks/mnist.py --data-dir ../shared/data/mnist --seeds 20 --threads 2
     python benchmarks/mnist.py --data-dir ../shared/data/mnist --seeds 20 --threads 2 --parts
+    python benchmarks/mnist.py --data-dir ../shared/data/mnist --seeds 20 --threads 2 --compile --steps 50
 """
 
 from __future__ import annotations
@@ -142,6 +148,56 @@ def parts(cfg, seeds: list[int], data, steps: int, repeats: int, threads: int) -
     return "\n".join(lines)
 
 
+def forward_losses(params, methods: list[str], x, y, noise, eta: float):
+    """`bandit_step` up to its backward pass: the summed loss of every method."""
+    logits = bank_forward(params, x, len(methods))
+    with torch.no_grad():
+        logp = log_softmax(logits.detach())
+        actions = sample_actions(logp.exp(), noise.unsqueeze(1))
+    return sum(bandit_loss(m, logits[:, i], actions[:, i], y, logp[:, i], eta=eta) for i, m in enumerate(methods))
+
+
+def compiled(cfg, seeds: list[int], data, steps: int, repeats: int, threads: int) -> str:
+    """Markdown: ms per update, eager vs the forward and losses under torch.compile (interleaved, medians)."""
+    methods = list(cfg.methods)
+    fns = {"eager": forward_losses, "torch.compile (forward + losses)": torch.compile(forward_losses, dynamic=False)}
+    setups = {k: make(cfg, seeds, methods) for k in fns}
+
+    def update(k: str) -> None:
+        params, opt, _, stream = setups[k]
+        idx, noise = stream.next()
+        loss = fns[k](params, methods, *E.gather_batch(data, idx), noise, cfg.eta)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    first = {}
+    for k in fns:
+        t = time.perf_counter()
+        update(k)
+        first[k] = time.perf_counter() - t
+        for _ in range(2):
+            update(k)
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k in fns:
+            t = time.perf_counter()
+            for _ in range(steps):
+                update(k)
+            times[k].append((time.perf_counter() - t) / steps)
+    apart = max((a - b).abs().max().item() for a, b in zip(*(s[0] for s in setups.values())))
+    base = statistics.median(times["eager"])
+    lines = [f"The `mnist` paper configuration's update ({len(seeds)} seeds × {len(methods)} methods), eager vs "
+             f"compiled, {threads} torch threads, torch {torch.__version__}; median of {repeats} interleaved repeats "
+             f"of {steps} updates, evaluation excluded. After {3 + repeats * steps} updates from the same start the "
+             f"two runs' parameters differ by up to {apart:.2e}.",
+             "", "| update | ms per update | × eager | first call (s) |", "|---|---|---|---|"]
+    for k, v in times.items():
+        m = statistics.median(v)
+        lines.append(f"| {k} | {m * 1e3:.1f} | {m / base:.2f}× | {first[k]:.1f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     global N_TRAIN
     ap = Parser(description=__doc__)
@@ -153,6 +209,8 @@ def main() -> None:
                     "(median reported; default 5)")
     ap.add_argument("--parts", action="store_true", help="time the parts of the stacked update instead of the "
                     "three layouts")
+    ap.add_argument("--compile", action="store_true", help="time the stacked update eager against its forward "
+                    "and losses under torch.compile instead of the three layouts")
     ap.add_argument("--write", default=None, help="append the table to this markdown file")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -160,7 +218,11 @@ def main() -> None:
     N_TRAIN = len(data.train_y)
     cfg = E.PRESETS["paper"]
     seeds = list(range(args.seeds))
-    if args.parts:
+    if args.parts and args.compile:
+        ap.error("--parts and --compile: choose one")
+    if args.compile:
+        text = compiled(cfg, seeds, data, args.steps, args.repeats, args.threads)
+    elif args.parts:
         text = parts(cfg, seeds, data, args.steps, args.repeats, args.threads)
     else:
         text = layouts(cfg, seeds, data, args.steps, args.repeats, args.threads)
