@@ -11,10 +11,11 @@ acting, each method's loss, the backward pass and Adam, each timed on its own (a
 and one evaluation on the test digits spread over its `eval_every` updates. The parts are `bandit_step`'s own
 code path, step by step: the script checks that its parameters end bit for bit where `bandit_step`'s do.
 
-With ``--compile``, the stacked update as `bandit_step` runs it (eager) against the same update with its forward
-pass, acting and losses under ``torch.compile`` (backward and Adam as before), interleaved: ms per update, the
-first compiled call's seconds (the compilation), and how far the two runs' parameters are apart at the end (the
-compiled kernels round differently, so the runs part). It needs a C++ compiler.
+With ``--compile``, the stacked update as `bandit_step` runs it (eager) against the same update with its
+`forward_losses` (forward pass, acting and losses) under ``torch.compile`` (backward and Adam as before),
+interleaved: ms per update, the first compiled call's seconds (the compilation), and how far the two runs'
+parameters are apart at the end (the compiled kernels round differently, so the runs part). It needs a C++
+compiler.
 
     python benchmarks/mnist.py --data-dir ../shared/data/mnist --seeds 20 --threads 2
     python benchmarks/mnist.py --data-dir ../shared/data/mnist --seeds 20 --threads 2 --parts
@@ -70,8 +71,8 @@ def layouts(cfg, seeds: list[int], data, steps: int, repeats: int, threads: int)
                 run(s, data, steps, cfg.eta)
             times[k].append((time.perf_counter() - t) / steps * scale[k])
     base = statistics.median(times["stacked (S seeds × M methods, one network)"])
-    lines = [f"Per-update training cost of the `mnist` paper configuration ({len(seeds)} seeds × {len(methods)} methods, "
-             f"B = {cfg.batch}, MLP 784-50-50-10, Adam), {threads} torch threads, torch {torch.__version__}; "
+    lines = [f"Per-update training cost of the `mnist` paper configuration ({len(seeds)} seeds × "
+             f"{len(methods)} methods, B = {cfg.batch}, MLP 784-50-50-10, Adam), {threads} torch threads, torch {torch.__version__}; "
              f"median of {repeats} interleaved repeats of {steps} updates, evaluation excluded.",
              "", "| layout | ms per update (all networks) | × stacked | projected 10,000 updates (min) |",
              "|---|---|---|---|"]
@@ -148,25 +149,17 @@ def parts(cfg, seeds: list[int], data, steps: int, repeats: int, threads: int) -
     return "\n".join(lines)
 
 
-def forward_losses(params, methods: list[str], x, y, noise, eta: float):
-    """`bandit_step` up to its backward pass: the summed loss of every method."""
-    logits = bank_forward(params, x, len(methods))
-    with torch.no_grad():
-        logp = log_softmax(logits.detach())
-        actions = sample_actions(logp.exp(), noise.unsqueeze(1))
-    return sum(bandit_loss(m, logits[:, i], actions[:, i], y, logp[:, i], eta=eta) for i, m in enumerate(methods))
-
-
 def compiled(cfg, seeds: list[int], data, steps: int, repeats: int, threads: int) -> str:
     """Markdown: ms per update, eager vs the forward and losses under torch.compile (interleaved, medians)."""
     methods = list(cfg.methods)
-    fns = {"eager": forward_losses, "torch.compile (forward + losses)": torch.compile(forward_losses, dynamic=False)}
+    fns = {"eager": E.forward_losses,
+           "torch.compile (forward + losses)": torch.compile(E.forward_losses, dynamic=False)}
     setups = {k: make(cfg, seeds, methods) for k in fns}
 
     def update(k: str) -> None:
         params, opt, _, stream = setups[k]
         idx, noise = stream.next()
-        loss = fns[k](params, methods, *E.gather_batch(data, idx), noise, cfg.eta)
+        loss, _ = fns[k](params, methods, *E.gather_batch(data, idx), noise, cfg.eta)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -106,11 +106,11 @@ def gather_batch(data: mnist_data.MnistData, idx: torch.Tensor) -> tuple[torch.T
     return data.train_x.index_select(0, flat).view(*idx.shape, -1), data.train_y.index_select(0, flat).view(idx.shape)
 
 
-def bandit_step(params, opt, methods: list[str], x, y, noise, eta: float, check=None) -> torch.Tensor:
-    """One update of every network: act (one sampled class per image; the same noise for every method of a
-    seed), then one Adam step on the sum of each method's loss. x [S, B, 784], y and noise [S, B].
-    `check({"logits": ...})` (the runner's divergence check) sees the logits before any loss does.
-    Returns the rewards [S, M, B]."""
+def forward_losses(params, methods: list[str], x, y, noise, eta: float,
+                   check=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every network acts (one sampled class per image; the same noise for every method of a seed) and is scored:
+    (the sum of each method's loss, the actions [S, M, B]). x [S, B, 784], y and noise [S, B].
+    `check({"logits": ...})` (the runner's divergence check) sees the logits before any loss does."""
     logits = bank_forward(params, x, len(methods))  # [S, M, B, C]
     if check is not None:
         check({"logits": logits})
@@ -118,6 +118,13 @@ def bandit_step(params, opt, methods: list[str], x, y, noise, eta: float, check=
         logp = log_softmax(logits.detach())
         actions = sample_actions(logp.exp(), noise.unsqueeze(1))
     loss = sum(bandit_loss(m, logits[:, i], actions[:, i], y, logp[:, i], eta=eta) for i, m in enumerate(methods))
+    return loss, actions
+
+
+def bandit_step(params, opt, methods: list[str], x, y, noise, eta: float, check=None) -> torch.Tensor:
+    """One update of every network: :func:`forward_losses`, then one Adam step on the summed loss.
+    Returns the rewards [S, M, B]."""
+    loss, actions = forward_losses(params, methods, x, y, noise, eta, check)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
