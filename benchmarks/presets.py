@@ -3,10 +3,12 @@
 Each repeat is a fresh `targetpo run NAME --preset P --force --no-progress --no-report` in its own interpreter
 (torch threads: the runner's default, every core, unless --threads); the table gives medians. With --src A --src B the same presets run
 from two source trees (e.g. a checkout of an older commit), interleaved repeat by repeat so that both see the
-same machine load, and their metrics.jsonl are compared record by record (wall_* keys ignored).
+same machine load, and their metrics.jsonl are compared record by record (wall_* keys ignored). --jobs 1 --jobs 2
+does the same for `run --jobs` values (one process with every core's threads vs two 1-thread worker processes).
 
     python benchmarks/presets.py tabular-single:paper tabular-multi:paper --repeats 3
     python benchmarks/presets.py mnist:paper --repeats 3 --data-dir ../shared/data/mnist
+    python benchmarks/presets.py token-sweeps --repeats 3 --jobs 1 --jobs 2
     python benchmarks/presets.py token-terminal:paper mnist:paper --device cuda --data-dir ../shared/data/mnist
 
 On a CUDA device the table adds the peak GPU memory each run recorded in run.json (the largest of the repeats).
@@ -79,39 +81,44 @@ def main() -> None:
     ap.add_argument("--data-dir", default=None, help="passed to experiments that read MNIST")
     ap.add_argument("--threads", type=positive_int, default=None, help="torch threads per run (default: the "
                     "runner's, every core)")
+    ap.add_argument("--jobs", action="append", type=positive_int, default=None, help="run --jobs value "
+                    "(repeatable: each value is timed, interleaved, and its metrics compared; default: run's own, 1)")
     ap.add_argument("--device", default=None, help="passed to every run (e.g. cuda); default: the CPU")
     ap.add_argument("--out", default=None, help="where the runs go (default: a temporary directory)")
     args = ap.parse_args()
     srcs = [Path(s).resolve() for s in (args.src or [ROOT / "src"])]
+    variants = [(s, j) for s in srcs for j in (args.jobs or [None])]  # timed interleaved, repeat by repeat
     out = Path(args.out or tempfile.mkdtemp(prefix="targetpo-presets-"))
     rows = []
     for name, preset in args.presets:
         extra = ["--data-dir", args.data_dir] if args.data_dir and name.startswith("mnist") else []
         extra += ["--threads", str(args.threads)] if args.threads else []
         extra += ["--device", args.device] if args.device else []
-        times = {s: [] for s in srcs}
+        times: list[list[tuple]] = [[] for _ in variants]
         for r in range(args.repeats):
-            for i, s in enumerate(srcs):
-                times[s].append(run_once(s, name, preset or "cpu", out / f"{name}-{preset}-{i}", extra))
+            for i, (s, jobs) in enumerate(variants):
+                times[i].append(run_once(s, name, preset or "cpu", out / f"{name}-{preset}-{i}",
+                                         extra + (["--jobs", str(jobs)] if jobs else [])))
         same = ""
-        if len(srcs) > 1:
+        if len(variants) > 1:
             ref = stable_lines(out / f"{name}-{preset}-0" / "metrics.jsonl")
-            same = all(stable_lines(out / f"{name}-{preset}-{i}" / "metrics.jsonl") == ref for i in range(1, len(srcs)))
+            same = all(stable_lines(out / f"{name}-{preset}-{i}" / "metrics.jsonl") == ref
+                       for i in range(1, len(variants)))
             same = "identical" if same else "DIFFERENT"
-        for i, s in enumerate(srcs):
-            wall = statistics.median(t[0] for t in times[s])
-            whole = statistics.median(t[1] for t in times[s])
-            cpu = statistics.median(t[2] for t in times[s])
-            peaks = [t[3] for t in times[s] if t[3] is not None]
+        for i, (s, jobs) in enumerate(variants):
+            wall = statistics.median(t[0] for t in times[i])
+            whole = statistics.median(t[1] for t in times[i])
+            cpu = statistics.median(t[2] for t in times[i])
+            peaks = [t[3] for t in times[i] if t[3] is not None]
             gpu = f" {max(peaks) / 2**30:.2f} |" if peaks else ""
-            rows.append(f"| `{name}` | {preset} | {s.parent.name if len(srcs) > 1 else ''} | {wall:.2f} | {whole:.2f} | "
-                        f"{cpu:.2f} | "
-                        f"{', '.join(f'{t[0]:.2f}' for t in times[s])} | {same} |{gpu}")
+            tree = " ".join(x for x in (s.parent.name if len(srcs) > 1 else "", f"--jobs {jobs}" if jobs else "") if x)
+            rows.append(f"| `{name}` | {preset} | {tree} | {wall:.2f} | {whole:.2f} | {cpu:.2f} | "
+                        f"{', '.join(f'{t[0]:.2f}' for t in times[i])} | {same} |{gpu}")
     threads = args.threads or len(os.sched_getaffinity(0))
     print(f"median of {args.repeats} runs each, {threads} torch thread(s), load average at the end "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     gpu = " peak GPU memory (GiB) |" if args.device and args.device.startswith("cuda") else ""
-    print("\n| experiment | preset | tree | wall_time_s | whole command (s) | whole command CPU (s) | all wall_time_s "
+    print("\n| experiment | preset | tree / jobs | wall_time_s | whole command (s) | whole command CPU (s) | all wall_time_s "
           "| metrics |" + gpu)
     print("|---|---|---|---|---|---|---|---|" + ("---|" if gpu else ""))
     print("\n".join(rows))

@@ -153,3 +153,84 @@ def test_ctrl_c_stops_the_workers_and_the_run_resumes_to_the_sequential_records(
     assert main(["run", "token-dense", "--preset", "smoke", "--out", str(ref), "--no-progress", "--no-report",
                  "--threads", "1", *config]) == 0
     assert _per_unit(out / "metrics.jsonl") == _per_unit(ref / "metrics.jsonl")
+
+
+NEEDS_TOY = textwrap.dedent('''
+    """A toy experiment whose units read what its first unit wrote (imported by name in the spawned workers)."""
+    import time
+    from pathlib import Path
+
+    from targetpo.runs.config import RunConfig, config, default, param
+
+    NAME, TITLE, PAPER_REF = "needs-toy", "toy", "-"
+
+
+    @config
+    class Config(RunConfig):
+        steps: int = param(3, "steps", ge=1)
+        methods = default(("base", "x", "y"))
+
+
+    PRESETS = {"smoke": Config()}
+
+
+    def unit_steps(cfg, unit):
+        return 2 * cfg.steps if unit == "base" else cfg.steps   # the longest, so dispatched first
+
+
+    def unit_needs(cfg, unit):
+        return [] if unit == "base" else ["base"]
+
+
+    def run_unit(cfg, unit, ctx):
+        marker = Path(ctx.run_dir) / "base.out"
+        if unit != "base" and not marker.exists():
+            raise RuntimeError(f"unit {unit} started before base had finished")
+        for t in range(unit_steps(cfg, unit)):
+            time.sleep(0.2 if unit == "base" else 0.0)        # long enough for a free worker to start another unit
+            ctx.log({"step": t, "x": float(t)})
+            ctx.advance()
+        if unit == "base":
+            marker.write_text("done")
+''')
+
+
+def test_a_unit_waits_in_the_queue_for_the_units_it_needs(tmp_path, monkeypatch):
+    # The rlvr and llm-length units start from their warm-start unit's checkpoint: two workers used to start one
+    # beside the warm start, both built it into the same folder, and the run failed.
+    import importlib
+
+    folder = tmp_path / "toy_module"
+    folder.mkdir()
+    (folder / "needs_toy.py").write_text(NEEDS_TOY)
+    monkeypatch.syspath_prepend(str(folder))
+    toy = importlib.import_module("needs_toy")
+    out = runner.run_experiment(toy, "smoke", out=tmp_path / "t", progress=False, quiet=True, jobs=2)
+    lines = read_metrics(out / "metrics.jsonl")
+    base_done = lines.index({"unit": "base", "event": "done"})
+    assert {r["unit"] for r in lines[:base_done]} == {"base"} and len(lines) == 7 + 4 + 4  # records + done lines
+    assert json.loads((out / "run.json").read_text())["status"] == "complete"
+
+
+def test_unit_needs_of_every_experiment_name_its_own_earlier_units():
+    from targetpo.experiments import EXPERIMENTS, load
+
+    seen = 0
+    for name in EXPERIMENTS:
+        exp = load(name)
+        for preset, cfg in exp.PRESETS.items():
+            units = runner.units_of(exp, cfg)
+            for i, unit in enumerate(units):
+                needs = runner.needs_of(exp, cfg, unit)
+                seen += len(needs)
+                # Earlier in the sequential order: a --jobs 1 run meets them first, and no cycle is possible.
+                assert set(needs) <= set(units[:i]), (name, preset, unit, needs)
+    assert seen > 0  # rlvr and llm-length declare their warm start
+
+
+def test_rlvr_in_two_workers_gives_the_sequential_records(tmp_path):
+    common = ["--preset", "smoke", "--no-progress", "--no-report"]
+    assert main(["run", "rlvr", "--out", str(tmp_path / "par"), *common, "--jobs", "2"]) == 0
+    assert main(["run", "rlvr", "--out", str(tmp_path / "seq"), *common, "--threads", "1"]) == 0
+    par, seq = (_per_unit(tmp_path / d / "metrics.jsonl") for d in ("par", "seq"))
+    assert par == seq and set(seq) == {"warmstart", "tpo_sum", "grpo"}

@@ -186,6 +186,11 @@ def unit_steps(cfg: Config, unit: str) -> int:
     return cfg.warmstart_steps if unit == WARMSTART else cfg.steps
 
 
+def unit_needs(cfg: Config, unit: str) -> list[str]:
+    """Every RL unit starts from the warm start's checkpoint: under `run --jobs` it waits for that unit."""
+    return [WARMSTART] if unit != WARMSTART and cfg.warmstart_steps > 0 else []
+
+
 def trainer_config(cfg: Config, method: str, s: int):
     """The TrainerConfig of one (method, seed) unit: the shared fields by name, the method's objective."""
     objective, red = method_objective(method)

@@ -328,6 +328,11 @@ def unit_steps(cfg: Config, unit: str) -> int:
     return cfg.warmstart_steps if unit == WARMSTART else cfg.steps
 
 
+def unit_needs(cfg: Config, unit: str) -> list[str]:
+    """Every RL unit starts from the warm start's checkpoint: under `run --jobs` it waits for that unit."""
+    return [WARMSTART] if unit != WARMSTART and cfg.warmstart_steps > 0 else []
+
+
 def trainer_config(cfg: Config, method: str, s: int) -> TrainerConfig:
     """The TrainerConfig of one (arm, seed) unit: the shared fields by name, the arm's objective and reduction."""
     if method not in ARMS:

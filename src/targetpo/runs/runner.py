@@ -251,6 +251,12 @@ def steps_of(exp: ModuleType, cfg: Any, unit: str) -> int:
     return exp.unit_steps(cfg, unit) if hasattr(exp, "unit_steps") else cfg.steps
 
 
+def needs_of(exp: ModuleType, cfg: Any, unit: str) -> list[str]:
+    """The units whose output `unit` reads (e.g. a shared warm start): `run --jobs` starts it only once they
+    have finished. None unless the experiment defines `unit_needs(cfg, unit)`."""
+    return list(exp.unit_needs(cfg, unit)) if hasattr(exp, "unit_needs") else []
+
+
 @dataclasses.dataclass(frozen=True)
 class Progress:
     """How far a stored run got, unit by unit: `finished` (a done or diverged line), `partial` ({unit: (last step
@@ -678,11 +684,12 @@ def _unit_worker(conn, module: str, config: dict, threads: int, device: str, run
 def _run_in_workers(exp: ModuleType, cfg: Any, units: list[str], jobs: int, threads: int, dev: torch.device,
                     meta: dict, run_dir: Path, writer: MetricsWriter, bar: tqdm, nan_ok: tuple[str, ...],
                     record_time: Callable[[str], float]) -> None:
-    """Run `units` in up to `jobs` spawned worker processes of `threads` torch threads each, the longest first;
-    this process writes every record (a unit's in its order) and owns run.json. A unit computes exactly what it
-    computes in this process (its seeds, its config, any thread count), so only the interleaving of the units'
-    lines in metrics.jsonl differs. A failing unit stops the others (their records so far are kept, and a
-    resume replays them) and raises here: UnitFailed with its traceback, or as the runner's own errors would."""
+    """Run `units` in up to `jobs` spawned worker processes of `threads` torch threads each, the longest first of
+    those whose needs (:func:`needs_of`) have finished; this process writes every record (a unit's in its order)
+    and owns run.json. A unit computes exactly what it computes in this process (its seeds, its config, any
+    thread count), so only the interleaving of the units' lines in metrics.jsonl differs. A failing unit stops the
+    others (their records so far are kept, and a resume replays them) and raises here: UnitFailed with its
+    traceback, or as the runner's own errors would."""
     queue = sorted(units, key=lambda u: -steps_of(exp, cfg, u))
     data = {k: meta[k] for k in ("data_source", "data_fingerprint") if k in meta}
     workers = []
@@ -699,9 +706,12 @@ def _run_in_workers(exp: ModuleType, cfg: Any, units: list[str], jobs: int, thre
     try:
         while queue or busy:
             for conn, _ in workers:
-                if conn not in busy and queue:
-                    busy[conn] = queue.pop(0)
-                    conn.send(busy[conn])
+                if conn not in busy and (unit := _ready(exp, cfg, queue, busy.values())) is not None:
+                    queue.remove(unit)
+                    busy[conn] = unit
+                    conn.send(unit)
+            if not busy:  # units left, none startable: they need each other
+                raise ValueError(f"{exp.NAME}: units {', '.join(queue)} wait for each other (unit_needs has a cycle)")
             bar.set_postfix_str("+".join(busy.values()))
             for conn in multiprocessing.connection.wait(list(busy)):
                 unit = busy[conn]
@@ -751,6 +761,12 @@ def _run_in_workers(exp: ModuleType, cfg: Any, units: list[str], jobs: int, thre
             proc.join(timeout=30)
     finally:
         stop_workers([proc for _, proc in workers])
+
+
+def _ready(exp: ModuleType, cfg: Any, queue: list[str], running) -> str | None:
+    """The first unit of `queue` (longest first) whose needs are all finished: none still queued or running."""
+    waiting = set(queue) | set(running)
+    return next((u for u in queue if not waiting.intersection(needs_of(exp, cfg, u))), None)
 
 
 def reset_peak_memory(dev: torch.device) -> None:
