@@ -234,3 +234,33 @@ def test_rlvr_in_two_workers_gives_the_sequential_records(tmp_path):
     assert main(["run", "rlvr", "--out", str(tmp_path / "seq"), *common, "--threads", "1"]) == 0
     par, seq = (_per_unit(tmp_path / d / "metrics.jsonl") for d in ("par", "seq"))
     assert par == seq and set(seq) == {"warmstart", "tpo_sum", "grpo"}
+
+
+@pytest.mark.parametrize("kw, expected", [
+    ({}, 2),                                  # a cpu preset on 2 idle cores: one process per core
+    ({"units": 1}, 1),                        # a single unit left (e.g. after a resume)
+    ({"cores": 8, "units": 5}, 5),            # no more processes than units
+    ({"cores": 1}, 1),                        # another job holds the other core
+    ({"preset": "smoke"}, 1),                 # seconds of work: less than starting a worker costs
+    ({"device": "cuda"}, 1),
+    ({"threads_asked": True}, 1),             # --threads N asks for one process of N threads
+])
+def test_run_without_jobs_spreads_units_over_the_idle_cores(kw, expected):
+    from targetpo.experiments import load
+
+    args = {"preset": "cpu", "device": "cpu", "units": 8, "cores": 2, "threads_asked": False, **kw}
+    assert runner.auto_jobs(load("token-sweeps"), **args) == expected
+    assert runner.auto_jobs(load("tabular-multi"), **{**args, "preset": "cpu"}) == 1   # its units are one batch
+
+
+def test_run_without_jobs_uses_workers_on_idle_cores_with_the_sequential_records(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(runner, "default_threads", lambda: 2)        # two idle cores, whatever this machine has
+    config = ["episodes=3", "etas=0.5,2"]
+    assert main(["run", "token-temperature", "--out", str(tmp_path / "auto"), "--no-progress", "--no-report",
+                 *config]) == 0
+    assert "(2 seeds, 2 units, 2 processes)" in capsys.readouterr().out
+    assert main(["run", "token-temperature", "--out", str(tmp_path / "one"), "--no-progress", "--no-report",
+                 "--jobs", "1", *config]) == 0
+    runs = [json.loads((tmp_path / d / "run.json").read_text())["runs"][-1] for d in ("auto", "one")]
+    assert (runs[0]["jobs"], runs[0]["torch_threads"]) == (2, 1) and (runs[1]["jobs"], runs[1]["torch_threads"]) == (1, 2)
+    assert _per_unit(tmp_path / "auto" / "metrics.jsonl") == _per_unit(tmp_path / "one" / "metrics.jsonl")

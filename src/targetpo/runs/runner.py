@@ -438,14 +438,16 @@ def _run_experiment(
     progress: bool = True,
     quiet: bool = False,
     threads: int | None = None,
-    jobs: int = 1,
+    jobs: int | None = 1,
 ) -> Path:
     name = exp.NAME
     if out is not None and not str(out).strip():
         raise ValueError("--out is empty: give the run directory (default results/NAME-PRESET)")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"--threads {threads!r}: must be an integer >= 1 (default: the idle cores)")
-    check_jobs(exp, jobs, device)
+    threads_asked = threads is not None
+    if jobs is not None:  # None: chosen once the units left to run are known (auto_jobs)
+        check_jobs(exp, jobs, device)
     dev = resolve_device(exp, device)
     # The idle cores unless asked (or the experiment sets TORCH_THREADS); any count gives the same numbers.
     # `reproduce --jobs N` gives each worker cores // N.
@@ -453,7 +455,7 @@ def _run_experiment(
         print(f"warning: --threads {threads} is more than the {cores} CPU core(s) this process may use; "
               "the numbers are the same, but each parallel op waits for a descheduled thread and runs can be many "
               "times slower (BENCHMARKS.md, \"Threads\")", file=sys.stderr)
-    if jobs > 1:  # the cores shared out between the workers: oversubscribed OpenMP threads stall
+    if jobs is not None and jobs > 1:  # the cores shared out between the workers: oversubscribed OpenMP threads stall
         threads = threads or max(1, available_cores() // jobs)
     torch.set_num_threads(threads or getattr(exp, "TORCH_THREADS", None) or default_threads())
     run_dir = Path(out) if out is not None else Path("results") / f"{name}-{preset or 'cpu'}"
@@ -538,6 +540,10 @@ def _run_experiment(
     done = {k[0] for k in existing if k[2] == "done"} | (set() if force else diverged_before)
     units = units_of(exp, cfg)
     todo = [u for u in units if u not in done]
+    workers = 1  # processes that ran units, for the summary line
+    if jobs is None:
+        jobs = auto_jobs(exp, preset, device, len(todo), torch.get_num_threads(), threads_asked)
+        torch.set_num_threads(max(1, torch.get_num_threads() // jobs))  # the idle cores shared out
     t0, before = time.time(), meta.get("wall_time_s", 0.0)
     reset_peak_memory(dev)
 
@@ -580,7 +586,7 @@ def _run_experiment(
             if jobs > 1 and len(todo) > 1:
                 _run_in_workers(exp, cfg, todo, jobs, torch.get_num_threads(), dev, meta, run_dir, writer, bar,
                                 nan_ok, record_time)
-                todo = []
+                workers, todo = min(jobs, len(todo)), []
             for i, pending in enumerate([list(todo)] if batched else [[u] for u in todo]):
                 if i:
                     record_time("running")  # the batches before this one are finished
@@ -611,7 +617,8 @@ def _run_experiment(
               f"(non-deterministic replay); the original lines were kept", file=sys.stderr)
     elapsed = record_time(f"complete ({count(len(diverged), 'unit')} diverged)" if diverged else "complete")
     if not quiet:
-        line = f"{name} [{preset}] done in {elapsed:.1f}s ({count(cfg.seeds, 'seed')}, {count(len(units), 'unit')}) -> {run_dir}"
+        line = (f"{name} [{preset}] done in {elapsed:.1f}s ({count(cfg.seeds, 'seed')}, {count(len(units), 'unit')}"
+                f"{f', {workers} processes' if workers > 1 else ''}) -> {run_dir}")
         if hasattr(exp, "summary"):
             from targetpo.runs.store import Run
 
@@ -621,6 +628,18 @@ def _run_experiment(
 
 
 # ----------------------------------------------------------------------------- units in worker processes
+
+def auto_jobs(exp: ModuleType, preset: str, device: str, units: int, cores: int, threads_asked: bool) -> int:
+    """`run`'s worker processes when --jobs is not given: on a CPU, an experiment whose units run apart spreads
+    them over the `cores` idle when the run starts, one process each. Small models use cores better as processes
+    than as threads of one process (token-sweeps' cpu preset 1.6x faster on a 2-core machine, BENCHMARKS.md), and
+    each unit computes the same numbers either way. One process for a smoke preset (seconds of work, less than
+    starting a worker costs), a batched experiment, an accelerator, or when --threads asks for a thread count."""
+    if threads_asked or preset == "smoke" or str(device) != "cpu" or hasattr(exp, "run_units") \
+            or getattr(exp, "TORCH_THREADS", None):
+        return 1
+    return max(1, min(cores, units))
+
 
 def check_jobs(exp: ModuleType, jobs: int, device: str) -> None:
     """ValueError unless `jobs` (units run at once, `run --jobs`) is an integer >= 1 that `exp` and `device` allow:
@@ -826,8 +845,9 @@ def add_runner_arguments(parser, *, unit: str = "units",
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the cores idle "
                         "when the run starts; with --jobs, cores // jobs per worker; the same numbers with any count)")
-    parser.add_argument("--jobs", type=int, default=1, help=f"{unit} run at once, each in its own process (default "
-                        "1: one after another in this process). On a CPU, small models use cores better this way than "
-                        "as threads of one process; each unit computes the same numbers either way")
+    parser.add_argument("--jobs", type=int, default=None, help=f"{unit} run at once, each in its own process "
+                        "(1: one after another in this process). Default: on a CPU, one per core idle when the run "
+                        f"starts, unless the preset is smoke or --threads is given. Small models use cores better this "
+                        "way than as threads of one process; each unit computes the same numbers either way")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--no-report", action="store_true", help="do not write REPORT.md into the run directory")
