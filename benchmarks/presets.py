@@ -1,9 +1,10 @@
 """Wall time of whole experiment presets: the runner's `wall_time_s` (run.json) and the whole command.
 
 Each repeat is a fresh `targetpo run NAME --preset P --force --no-progress --no-report` in its own interpreter
-(torch threads: the runner's default, every core, unless --threads); the table gives medians. With --src A --src B the same presets run
-from two source trees (e.g. a checkout of an older commit), interleaved repeat by repeat so that both see the
-same machine load, and their metrics.jsonl are compared record by record (wall_* keys ignored). --jobs 1 --jobs 2
+(the runner's defaults unless --threads / --jobs: every idle core, as threads of one process or, for experiments
+whose units run apart, as one worker process each); the table gives medians. With --src A --src B the same
+presets run from two source trees (e.g. a checkout of an older commit), interleaved repeat by repeat so that both
+see the same machine load, and their metrics.jsonl are compared record by record (wall_* keys ignored). --jobs 1 --jobs 2
 does the same for `run --jobs` values (one process with every core's threads vs two 1-thread worker processes).
 
     python benchmarks/presets.py tabular-single:paper tabular-multi:paper --repeats 3
@@ -80,7 +81,7 @@ def main() -> None:
                     "default: this checkout's)")
     ap.add_argument("--data-dir", default=None, help="passed to experiments that read MNIST")
     ap.add_argument("--threads", type=positive_int, default=None, help="torch threads per run (default: the "
-                    "runner's, every core)")
+                    "runner's: the idle cores)")
     ap.add_argument("--jobs", action="append", type=positive_int, default=None, help="run --jobs value "
                     "(repeatable: each value is timed, interleaved, and its metrics compared; default: run's own, 1)")
     ap.add_argument("--device", default=None, help="passed to every run (e.g. cuda); default: the CPU")

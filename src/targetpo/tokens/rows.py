@@ -47,8 +47,14 @@ def is_identity(idx: Tensor, n: int) -> bool:
 
 
 def take(x: Tensor, idx: Tensor) -> Tensor:
-    """x [S, N, ...], idx [S, M] → x[s, idx[s]] as [S, M, ...]."""
-    return x[torch.arange(x.shape[0], device=x.device).unsqueeze(1), idx]
+    """x [S, N, ...], idx [S, M] → x[s, idx[s]] as [S, M, ...].
+
+    One `index_select` over the flattened seeds: its backward (`index_add_`) sums a row's repeats in index order
+    at any thread count. Advanced indexing's backward (`index_put_` with accumulate) splits the rows over the
+    threads, so with 3 seeds on 2 threads the middle seed's gradients rounded differently (BENCHMARKS.md)."""
+    s, n = x.shape[:2]
+    flat = (idx + n * torch.arange(s, device=x.device).unsqueeze(1)).reshape(-1)
+    return x.reshape(s * n, *x.shape[2:]).index_select(0, flat).view(s, idx.shape[1], *x.shape[2:])
 
 
 @dataclass(frozen=True)

@@ -334,7 +334,7 @@ def prefill(params: dict[str, Tensor], prompts: Tensor, spec: TransformerSpec,
     tree = _checked_tree(tree, prompts)
     d, h, hd, eps = spec.d_model, spec.heads, spec.head_dim, spec.ln_eps
     onehot = F.one_hot(tree.token, spec.vocab).to(params["tok_emb"].dtype)
-    x = torch.bmm(onehot, params["tok_emb"]) + params["pos_emb"][:, tree.position]     # [S, N, d]
+    x = torch.bmm(onehot, params["tok_emb"]) + params["pos_emb"].index_select(1, tree.position)  # [S, N, d]
     path = tree.path.reshape(s, p * t)
     kvs = []
     for i in range(spec.layers):
@@ -438,7 +438,7 @@ def _extend_shared(params: dict[str, Tensor], tokens: Tensor, spec: TransformerS
     s, n, t = tokens.shape
     d, h, hd, eps = spec.d_model, spec.heads, spec.head_dim, spec.ln_eps
     onehot = F.one_hot(tree.token, spec.vocab).to(params["tok_emb"].dtype)
-    x = torch.bmm(onehot, params["tok_emb"]) + params["pos_emb"][:, start + tree.position]   # [S, nodes, d]
+    x = torch.bmm(onehot, params["tok_emb"]) + params["pos_emb"].index_select(1, start + tree.position)  # [S, nodes, d]
     path = tree.path.reshape(s, n * t)
     for i in range(spec.layers):
         pre = f"l{i}."
