@@ -250,7 +250,8 @@ def test_run_without_jobs_spreads_units_over_the_idle_cores(kw, expected):
 
     args = {"preset": "cpu", "device": "cpu", "units": 8, "cores": 2, "threads_asked": False, **kw}
     assert runner.auto_jobs(load("token-sweeps"), **args) == expected
-    assert runner.auto_jobs(load("tabular-multi"), **{**args, "preset": "cpu"}) == 1   # its units are one batch
+    assert runner.auto_jobs(load("tabular-multi"), **args) == 1   # its units are one batch
+    assert runner.auto_jobs(load("rlvr"), **args) == 1            # a model copy per worker: only when asked
 
 
 def test_run_without_jobs_uses_workers_on_idle_cores_with_the_sequential_records(tmp_path, monkeypatch, capsys):

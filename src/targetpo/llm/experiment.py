@@ -161,6 +161,9 @@ PRESETS = {
                     max_new_tokens=1024, eval_every=5, eval_batch=64, checkpoint_every=10),
 }
 REPRODUCE_PRESET = "cpu"
+# `run` without --jobs keeps one process: every worker would hold its own copy of the model, and a user's LM on
+# a many-core machine would multiply the memory (`runs.runner.auto_jobs`); --jobs N still spreads the units.
+JOBS_BY_DEFAULT = False
 CPU_TIME = "~3 min"  # 137 s measured on 2 shared cores (BENCHMARKS.md); `targetpo rlvr --help` quotes it too
 RUNTIME = ("tiny offline Qwen2 on two-digit addition: 600-step warm start (~0.3 accuracy), then TPO sum / TPO mean / "
            f"GRPO, {CPU_TIME}")

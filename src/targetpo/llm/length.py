@@ -136,6 +136,9 @@ PRESETS = {
                     batch_prompts=16, eval_every=10, checkpoint_every=10),
 }
 REPRODUCE_PRESET = "cpu"
+# `run` without --jobs keeps one process: every worker would hold its own copy of the model, and a user's LM on
+# a many-core machine would multiply the memory (`runs.runner.auto_jobs`); --jobs N still spreads the units.
+JOBS_BY_DEFAULT = False
 RUNTIME = ("tiny char-level LM writing 60–250-token chain_sum scratchpads: warm start to 20–40 % accuracy, then 5 arms, "
            "~45 min on one thread")
 

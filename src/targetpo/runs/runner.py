@@ -634,9 +634,10 @@ def auto_jobs(exp: ModuleType, preset: str, device: str, units: int, cores: int,
     them over the `cores` idle when the run starts, one process each. Small models use cores better as processes
     than as threads of one process (token-sweeps' cpu preset 1.6x faster on a 2-core machine, BENCHMARKS.md), and
     each unit computes the same numbers either way. One process for a smoke preset (seconds of work, less than
-    starting a worker costs), a batched experiment, an accelerator, or when --threads asks for a thread count."""
+    starting a worker costs), a batched experiment, an accelerator, when --threads asks for a thread count, or an
+    experiment that sets JOBS_BY_DEFAULT = False (the LM experiments: a model copy per worker)."""
     if threads_asked or preset == "smoke" or str(device) != "cpu" or hasattr(exp, "run_units") \
-            or getattr(exp, "TORCH_THREADS", None):
+            or getattr(exp, "TORCH_THREADS", None) or not getattr(exp, "JOBS_BY_DEFAULT", True):
         return 1
     return max(1, min(cores, units))
 
@@ -847,7 +848,8 @@ def add_runner_arguments(parser, *, unit: str = "units",
                         "when the run starts; with --jobs, cores // jobs per worker; the same numbers with any count)")
     parser.add_argument("--jobs", type=int, default=None, help=f"{unit} run at once, each in its own process "
                         "(1: one after another in this process). Default: on a CPU, one per core idle when the run "
-                        f"starts, unless the preset is smoke or --threads is given. Small models use cores better this "
-                        "way than as threads of one process; each unit computes the same numbers either way")
+                        "starts, unless the preset is smoke, --threads is given or each worker would hold a language "
+                        "model (rlvr, llm-length: 1). Small models use cores better this way than as threads of one "
+                        "process; each unit computes the same numbers either way")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--no-report", action="store_true", help="do not write REPORT.md into the run directory")
