@@ -136,9 +136,7 @@ PRESETS = {
                     batch_prompts=16, eval_every=10, checkpoint_every=10),
 }
 REPRODUCE_PRESET = "cpu"
-# `run` without --jobs keeps one process: every worker would hold its own copy of the model, and a user's LM on
-# a many-core machine would multiply the memory (`runs.runner.auto_jobs`); --jobs N still spreads the units.
-JOBS_BY_DEFAULT = False
+JOBS_BY_DEFAULT = rlvr.JOBS_BY_DEFAULT  # a model copy per worker, as in rlvr
 RUNTIME = ("tiny char-level LM writing 60–250-token chain_sum scratchpads: warm start to 20–40 % accuracy, then 5 arms, "
            "~45 min on one thread")
 
@@ -331,9 +329,7 @@ def unit_steps(cfg: Config, unit: str) -> int:
     return cfg.warmstart_steps if unit == WARMSTART else cfg.steps
 
 
-def unit_needs(cfg: Config, unit: str) -> list[str]:
-    """Every RL unit starts from the warm start's checkpoint: under `run --jobs` it waits for that unit."""
-    return [WARMSTART] if unit != WARMSTART and cfg.warmstart_steps > 0 else []
+unit_needs = rlvr.unit_needs  # every arm starts from the warm start's checkpoint, as in rlvr
 
 
 def trainer_config(cfg: Config, method: str, s: int) -> TrainerConfig:

@@ -636,10 +636,22 @@ def auto_jobs(exp: ModuleType, preset: str, device: str, units: int, cores: int,
     each unit computes the same numbers either way. One process for a smoke preset (seconds of work, less than
     starting a worker costs), a batched experiment, an accelerator, when --threads asks for a thread count, or an
     experiment that sets JOBS_BY_DEFAULT = False (the LM experiments: a model copy per worker)."""
-    if threads_asked or preset == "smoke" or str(device) != "cpu" or hasattr(exp, "run_units") \
-            or getattr(exp, "TORCH_THREADS", None) or not getattr(exp, "JOBS_BY_DEFAULT", True):
+    if threads_asked or preset == "smoke" or _no_workers(exp, device) or getattr(exp, "TORCH_THREADS", None) \
+            or not getattr(exp, "JOBS_BY_DEFAULT", True):
         return 1
     return max(1, min(cores, units))
+
+
+def _no_workers(exp: ModuleType, device: str) -> str | None:
+    """Why `exp`'s units cannot run in worker processes on `device` (what follows "--jobs N" in the error), or
+    None."""
+    if str(device) != "cpu":
+        return (f" with --device {device}: worker processes share out CPU cores; on an accelerator the units run one "
+                "after another (drop --jobs)")
+    if hasattr(exp, "run_units"):
+        return (f": {exp.NAME} computes all its units together in one batch (its methods batched like seeds), so "
+                "there are no units to run apart; drop --jobs")
+    return None
 
 
 def check_jobs(exp: ModuleType, jobs: int, device: str) -> None:
@@ -647,14 +659,8 @@ def check_jobs(exp: ModuleType, jobs: int, device: str) -> None:
     more than one needs the CPU and an experiment whose units run apart (not batched by `run_units`)."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"--jobs {jobs!r}: must be an integer >= 1 (units run at once, each in its own process)")
-    if jobs == 1:
-        return
-    if str(device) != "cpu":
-        raise ValueError(f"--jobs {jobs} with --device {device}: worker processes share out CPU cores; on an "
-                         "accelerator the units run one after another (drop --jobs)")
-    if hasattr(exp, "run_units"):
-        raise ValueError(f"--jobs {jobs}: {exp.NAME} computes all its units together in one batch (its methods "
-                         "batched like seeds), so there are no units to run apart; drop --jobs")
+    if jobs > 1 and (why := _no_workers(exp, device)):
+        raise ValueError(f"--jobs {jobs}{why}")
 
 
 class UnitFailed(RuntimeError):
