@@ -13,7 +13,8 @@ An experiment module defines:
   ``cfg.methods``; seeds are vectorised inside a unit) and ``unit_steps(cfg, unit) -> int``, a unit's
   progress-bar length (default ``cfg.steps``);
 - optionally ``unit_needs(cfg, unit) -> list[str]``: earlier units whose output the unit reads (a shared warm
-  start); ``run --jobs`` starts it only once they have finished (default: none);
+  start); ``run --jobs`` starts it only once they have finished, and no run starts it if one diverged
+  (default: none);
 - ``run_unit(cfg, unit, ctx)``: does the work, calling ``ctx.log({"step": t, ...})`` as metrics are produced;
   it must be deterministic given (cfg, unit) so a resumed run replays it exactly;
 - optionally ``run_units(cfg, units, ctxs)``: several units at once (methods batched like seeds), each logging

@@ -194,7 +194,9 @@ class Section:
             listed = ", ".join(f"`{u}` at step {step} ({metric})" for u, (step, metric) in diverged.items())
             head += [f"**Diverged ({count(len(diverged), 'unit')}):** {listed}: a NaN/inf "
                      "value stopped the unit there, so its curves end before that step and its numbers below "
-                     "cover only the steps before it.", ""]
+                     "cover only the steps before it"
+                     + ("; a unit that needs a diverged one was not run" if any(
+                         str(m).startswith("needs ") for _, m in diverged.values()) else "") + ".", ""]
         if self.claims:
             na = ("n/a (run incomplete)" if not self.complete else
                   "n/a" if self.gives_verdicts else f"n/a ({meta.get('preset')} preset)")

@@ -254,3 +254,34 @@ def test_graph_color_puzzle_without_colors_is_refused():
 
     with pytest.raises(ValueError, match=r"lacks \['color_options'\]"):
         compute_score(GRAPH_COLOR, "<answer>{}</answer>", json.dumps({"vertices": [0], "edges": []}))
+
+
+# ----------------------------------------------------------------------------- warm start and its RL units
+
+def test_rl_units_of_a_diverged_warm_start_are_not_run(tmp_path, monkeypatch, capsys):
+    """The first RL unit used to rebuild a diverged warm start itself (its log a no-op, so unchecked for NaN) and
+    train from it; now the RL units are recorded as diverged without being started."""
+    import targetpo.llm.warmstart as ws
+    from targetpo.cli import main
+
+    def nan_warm_start(model, tok, template, train, *, log, **kw):
+        log({"step": 0, "loss": float("nan")})
+
+    monkeypatch.setattr(ws, "supervised_warmstart", nan_warm_start)
+    out = tmp_path / "r"
+    assert main(["run", "rlvr", "--out", str(out), "--preset", "smoke", "--no-progress", "--no-report",
+                 "--jobs", "1"]) == 0
+    events = {r["unit"]: (r["event"], r["metric"]) for r in Run.load(out).records if "event" in r}
+    assert events == {"warmstart": ("diverged", "loss"), "tpo_sum": ("diverged", "needs warmstart, which diverged"),
+                      "grpo": ("diverged", "needs warmstart, which diverged")}
+    assert not (out / "warmstart").exists() and not (out / "models").exists()
+    assert "no RL unit has a held-out accuracy record yet" in capsys.readouterr().out
+
+
+def test_an_rl_unit_without_its_finished_warm_start_says_so(tmp_path):
+    (tmp_path / rlvr.WARMSTART).mkdir()  # a folder without COMPLETE: a warm start killed while it was saved
+    with pytest.raises(RuntimeError, match=r"unit grpo starts from the warm-start model in .*warmstart, which is "
+                       r"not there \(the 'warmstart' unit has not finished\)"):
+        rlvr.warm_started(tmp_path, "grpo")
+    (tmp_path / rlvr.WARMSTART / "COMPLETE").write_text("warm start finished\n")
+    assert rlvr.warm_started(tmp_path, "grpo") == tmp_path / rlvr.WARMSTART

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from targetpo import experiments
 from targetpo.cli import main
 from targetpo.report import write_report
 from targetpo.runs import runner
@@ -168,10 +169,11 @@ NEEDS_TOY = textwrap.dedent('''
     @config
     class Config(RunConfig):
         steps: int = param(3, "steps", ge=1)
+        base_nan_at: int = param(-1, "the step at which base logs NaN (-1: never)", ge=-1)
         methods = default(("base", "x", "y"))
 
 
-    PRESETS = {"smoke": Config()}
+    PRESETS = {"smoke": Config(), "diverging": Config(base_nan_at=1)}
 
 
     def unit_steps(cfg, unit):
@@ -188,10 +190,14 @@ NEEDS_TOY = textwrap.dedent('''
             raise RuntimeError(f"unit {unit} started before base had finished")
         for t in range(unit_steps(cfg, unit)):
             time.sleep(0.2 if unit == "base" else 0.0)        # long enough for a free worker to start another unit
-            ctx.log({"step": t, "x": float(t)})
+            ctx.log({"step": t, "x": float("nan") if unit == "base" and t == cfg.base_nan_at else float(t)})
             ctx.advance()
         if unit == "base":
             marker.write_text("done")
+
+
+    def report(run, section):
+        section.text("toy")
 ''')
 
 
@@ -210,6 +216,33 @@ def test_a_unit_waits_in_the_queue_for_the_units_it_needs(tmp_path, monkeypatch)
     base_done = lines.index({"unit": "base", "event": "done"})
     assert {r["unit"] for r in lines[:base_done]} == {"base"} and len(lines) == 7 + 4 + 4  # records + done lines
     assert json.loads((out / "run.json").read_text())["status"] == "complete"
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_units_that_need_a_diverged_unit_are_recorded_as_diverged_and_not_started(tmp_path, monkeypatch, jobs):
+    # A diverged warm start used to be rebuilt by the first RL unit that found none (unchecked for NaN, and
+    # under --jobs by several units into one folder); now its dependents are not started (the toy's x and y
+    # raise if they are) and say why.
+    import importlib
+
+    folder = tmp_path / "toy_module"
+    folder.mkdir()
+    (folder / "needs_toy.py").write_text(NEEDS_TOY)
+    monkeypatch.syspath_prepend(str(folder))
+    toy = importlib.import_module("needs_toy")
+    monkeypatch.setitem(experiments.EXPERIMENTS, "needs-toy", "needs_toy")  # for the report
+    out = runner.run_experiment(toy, "diverging", out=tmp_path / "t", progress=False, quiet=True, jobs=jobs)
+    events = {r["unit"]: r for r in read_metrics(out / "metrics.jsonl") if "event" in r}
+    assert events == {"base": {"unit": "base", "event": "diverged", "step": 1, "metric": "x"},
+                      **{u: {"unit": u, "event": "diverged", "step": 0, "metric": "needs base, which diverged"}
+                         for u in ("x", "y")}}
+    assert json.loads((out / "run.json").read_text())["status"] == "complete (3 units diverged)"
+    report = write_report(out, tmp_path / "report.md").read_text()
+    assert "`x` at step 0 (needs base, which diverged)" in report and "a unit that needs a diverged one was not run" \
+        in report
+    # A resume finds every unit finished; --force replays base first, and x, y only after it.
+    runner.run_experiment(toy, "diverging", out=out, progress=False, quiet=True, jobs=jobs, resume=True)
+    assert len(read_metrics(out / "metrics.jsonl")) == 1 + 3
 
 
 def test_unit_needs_of_every_experiment_name_its_own_earlier_units():

@@ -284,7 +284,8 @@ def _evaluator(cfg: Config, model, tok, task, template, heldout):
 
 
 def warm_start(cfg: Config, run_dir: Path, device, ctx=None) -> Path:
-    """Build (or reuse) the warm-started model in RUN_DIR/warmstart: deterministic, so a rebuild is identical."""
+    """Build (or reuse) the warm-started model in RUN_DIR/warmstart: deterministic, so a rebuild is identical. The
+    warm-start unit's work; RL units read it through :func:`warm_started`."""
     from targetpo.llm.warmstart import save_checkpoint, supervised_warmstart
 
     out = Path(run_dir) / WARMSTART
@@ -299,6 +300,18 @@ def warm_start(cfg: Config, run_dir: Path, device, ctx=None) -> Path:
                          evaluate=_evaluator(cfg, model, tok, task, template, heldout),
                          eval_every=cfg.eval_every * 10, chunk_tokens=cfg.chunk_tokens)
     return save_checkpoint(model, tok, out)
+
+
+def warm_started(run_dir: Path, unit: str) -> Path:
+    """The finished warm start in RUN_DIR/warmstart that RL `unit` starts from. Only the warm-start unit builds
+    it: the runner starts RL units after it (unit_needs) and not at all if it diverged, so a missing one is an
+    error here, never a silent rebuild (unchecked for NaN, and under --jobs beside the sibling units)."""
+    out = Path(run_dir) / WARMSTART
+    if not (out / "COMPLETE").exists():
+        raise RuntimeError(f"unit {unit} starts from the warm-start model in {out}, which is not there (the "
+                           f"{WARMSTART!r} unit has not finished); run the experiment through the runner, which "
+                           f"runs {WARMSTART!r} first")
+    return out
 
 
 def run_unit(cfg: Config, unit: str, ctx) -> None:
@@ -318,7 +331,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
         return
     method, s = parse_unit(unit)
     if cfg.warmstart_steps > 0:
-        model, tok = load_model(warm_start(cfg, ctx.run_dir, ctx.device), cfg.dtype)
+        model, tok = load_model(warm_started(ctx.run_dir, unit), cfg.dtype)
         model = model.to(ctx.device)
     else:
         model, tok = base_model(cfg, ctx.device)
@@ -367,6 +380,8 @@ def _smooth(values: np.ndarray, window: int) -> np.ndarray:
 
 def summary(run) -> str:
     acc = method_series(run, "heldout_accuracy")
+    if not acc:
+        return "no RL unit has a held-out accuracy record yet"
     return "held-out accuracy start -> end: " + ", ".join(
         f"{LABELS.get(m, m)} {v[0].mean():.3f} -> {v[-1].mean():.3f}" for m, (s, v) in acc.items())
 

@@ -378,7 +378,8 @@ def make_evaluator(cfg: Config, model, tok, task, template, heldout: list[Proble
 
 
 def warm_start(cfg: Config, run_dir: Path, device, ctx=None) -> Path:
-    """Build (or reuse) the warm-started model in RUN_DIR/warmstart (deterministic, so a rebuild is identical)."""
+    """Build (or reuse) the warm-started model in RUN_DIR/warmstart (deterministic, so a rebuild is identical); the
+    warm-start unit's work. RL units read it through :func:`rlvr.warm_started`."""
     from targetpo.llm.warmstart import save_checkpoint, supervised_warmstart
 
     out = Path(run_dir) / WARMSTART
@@ -411,7 +412,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
         return
     method, s = rlvr.parse_unit(unit)
     if cfg.warmstart_steps > 0:
-        model, tok = load_model(warm_start(cfg, ctx.run_dir, ctx.device), cfg.dtype)
+        model, tok = load_model(rlvr.warm_started(ctx.run_dir, unit), cfg.dtype)
         model = model.to(ctx.device)
     else:
         model, tok = rlvr.base_model(cfg, ctx.device)
@@ -493,6 +494,8 @@ def paired(run, metric: str, a: str, b: str, mean_over_steps: bool = False):
 
 def summary(run) -> str:
     acc = finished_series(run, "heldout_accuracy")
+    if not acc:
+        return "no RL unit has a held-out accuracy record yet"
     return "held-out accuracy start -> end: " + ", ".join(
         f"{LABELS.get(m, m)} {v[0].mean():.3f} -> {v[-1].mean():.3f}" for m, (s, v) in acc.items())
 

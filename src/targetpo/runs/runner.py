@@ -3,7 +3,9 @@ resume, divergence, and the end-of-run summary. Experiments never write files or
 
 A unit whose metrics, loss or parameters turn NaN/inf stops there: the runner writes
 `{"unit": u, "event": "diverged", "step": N, "metric": name}` instead of `done`, goes on with the next unit,
-and a resume counts the unit as finished (its curve simply ends at N)."""
+and a resume counts the unit as finished (its curve simply ends at N). A unit that reads a diverged unit's output
+(`unit_needs`, e.g. RL from a warm start) is not started: it is recorded as diverged at step 0, its metric naming
+the unit it needed."""
 
 from __future__ import annotations
 
@@ -255,6 +257,19 @@ def needs_of(exp: ModuleType, cfg: Any, unit: str) -> list[str]:
     """The units whose output `unit` reads (e.g. a shared warm start): `run --jobs` starts it only once they
     have finished. None unless the experiment defines `unit_needs(cfg, unit)`."""
     return list(exp.unit_needs(cfg, unit)) if hasattr(exp, "unit_needs") else []
+
+
+def diverged_need(exp: ModuleType, cfg: Any, unit: str, diverged: set[str]) -> str | None:
+    """The diverged-record metric of a `unit` that reads the output of a unit in `diverged`, or None: such a unit
+    is not started, since what it would start from holds NaN/inf or was never written (and a unit left to build
+    it itself would do so unchecked, and under --jobs beside its siblings)."""
+    bad = [n for n in needs_of(exp, cfg, unit) if n in diverged]
+    return f"needs {', '.join(bad)}, which diverged" if bad else None
+
+
+def _skip_warning(name: str, unit: str, metric: str) -> str:
+    return (f"warning: {name} unit {unit} is not run: it {metric}; it is recorded as diverged at step 0, and the "
+            "run goes on")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -583,13 +598,21 @@ def _run_experiment(
             # already on disk, as on resume.
             batched = hasattr(exp, "run_units")
             run_units = exp.run_units if batched else lambda c, units, ctxs: exp.run_unit(c, units[0], ctxs[units[0]])
+            # Units diverged in this segment or before it (those --force replays count only once replayed).
+            diverged_now = set() if force else set(diverged_before)
             if jobs > 1 and len(todo) > 1:
                 _run_in_workers(exp, cfg, todo, jobs, torch.get_num_threads(), dev, meta, run_dir, writer, bar,
-                                nan_ok, record_time)
+                                nan_ok, record_time, diverged_now)
                 workers, todo = min(jobs, len(todo)), []
             for i, pending in enumerate([list(todo)] if batched else [[u] for u in todo]):
                 if i:
                     record_time("running")  # the batches before this one are finished
+                if not batched and (metric := diverged_need(exp, cfg, pending[0], diverged_now)):
+                    writer.write({"unit": pending[0], "event": "diverged", "step": 0, "metric": metric})
+                    bar.write(_skip_warning(name, pending[0], metric), file=sys.stderr)
+                    diverged_now.add(pending[0])
+                    bar.update(steps_of(exp, cfg, pending[0]))
+                    continue
                 while pending:
                     bar.set_postfix_str("+".join(pending))
                     start = bar.n
@@ -598,6 +621,7 @@ def _run_experiment(
                                                        for u in pending})
                     except _Diverged as d:
                         writer.write({"unit": d.unit, "event": "diverged", "step": d.step, "metric": d.metric})
+                        diverged_now.add(d.unit)
                         bar.write(f"warning: {name} unit {d.unit} diverged at step {d.step} ({d.metric} is NaN/inf); "
                                   "it is recorded as diverged, not done, and the run goes on", file=sys.stderr)
                         pending.remove(d.unit)
@@ -709,13 +733,14 @@ def _unit_worker(conn, module: str, config: dict, threads: int, device: str, run
 
 def _run_in_workers(exp: ModuleType, cfg: Any, units: list[str], jobs: int, threads: int, dev: torch.device,
                     meta: dict, run_dir: Path, writer: MetricsWriter, bar: tqdm, nan_ok: tuple[str, ...],
-                    record_time: Callable[[str], float]) -> None:
+                    record_time: Callable[[str], float], diverged: set[str]) -> None:
     """Run `units` in up to `jobs` spawned worker processes of `threads` torch threads each, the longest first of
     those whose needs (:func:`needs_of`) have finished; this process writes every record (a unit's in its order)
     and owns run.json. A unit computes exactly what it computes in this process (its seeds, its config, any
     thread count), so only the interleaving of the units' lines in metrics.jsonl differs. A failing unit stops the
     others (their records so far are kept, and a resume replays them) and raises here: UnitFailed with its
-    traceback, or as the runner's own errors would."""
+    traceback, or as the runner's own errors would. `diverged` (the units ended diverged so far) gains those that
+    diverge here; a unit that needs one of them is recorded as diverged without being started."""
     queue = sorted(units, key=lambda u: -steps_of(exp, cfg, u))
     data = {k: meta[k] for k in ("data_source", "data_fingerprint") if k in meta}
     workers = []
@@ -732,10 +757,18 @@ def _run_in_workers(exp: ModuleType, cfg: Any, units: list[str], jobs: int, thre
     try:
         while queue or busy:
             for conn, _ in workers:
-                if conn not in busy and (unit := _ready(exp, cfg, queue, busy.values())) is not None:
+                while conn not in busy and (unit := _ready(exp, cfg, queue, busy.values())) is not None:
                     queue.remove(unit)
+                    if metric := diverged_need(exp, cfg, unit, diverged):
+                        writer.write({"unit": unit, "event": "diverged", "step": 0, "metric": metric})
+                        bar.write(_skip_warning(exp.NAME, unit, metric), file=sys.stderr)
+                        diverged.add(unit)
+                        bar.update(steps_of(exp, cfg, unit))
+                        continue
                     busy[conn] = unit
                     conn.send(unit)
+            if not busy and not queue:  # the last units were not started: they needed a diverged one
+                break
             if not busy:  # units left, none startable: they need each other
                 raise ValueError(f"{exp.NAME}: units {', '.join(queue)} wait for each other (unit_needs has a cycle)")
             bar.set_postfix_str("+".join(busy.values()))
@@ -770,6 +803,7 @@ def _run_in_workers(exp: ModuleType, cfg: Any, units: list[str], jobs: int, thre
                 elif kind == "diverged":
                     step, metric = message[1:]
                     writer.write({"unit": unit, "event": "diverged", "step": step, "metric": metric})
+                    diverged.add(unit)
                     bar.write(f"warning: {exp.NAME} unit {unit} diverged at step {step} ({metric} is NaN/inf); it is "
                               "recorded as diverged, not done, and the run goes on", file=sys.stderr)
                     bar.update(steps_of(exp, cfg, unit) - advanced[unit])  # its bar as if it had finished
