@@ -325,11 +325,7 @@ def units(cfg: Config) -> list[str]:
     return ([WARMSTART] if cfg.warmstart_steps > 0 else []) + rl
 
 
-def unit_steps(cfg: Config, unit: str) -> int:
-    return cfg.warmstart_steps if unit == WARMSTART else cfg.steps
-
-
-unit_needs = rlvr.unit_needs  # every arm starts from the warm start's checkpoint, as in rlvr
+unit_steps, unit_needs = rlvr.unit_steps, rlvr.unit_needs  # the warm start's steps, then every arm's from it
 
 
 def trainer_config(cfg: Config, method: str, s: int) -> TrainerConfig:
