@@ -48,6 +48,15 @@ def gsm8k_dir() -> Path:
 DATA_FIXTURES = {"mnist_dir", "gsm8k_dir"}
 
 
+def pytest_configure(config):
+    # Under pytest-xdist (`make test`: one worker per core) each worker takes its share of the cores as torch
+    # threads. At every core's threads the workers oversubscribe the machine and each parallel op waits for a
+    # descheduled thread (BENCHMARKS.md, "Threads"): the README's 7-second token example took 31 s that way.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if DATA_FIXTURES & set(getattr(item, "fixturenames", ())):

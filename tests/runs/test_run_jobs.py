@@ -289,7 +289,7 @@ def test_run_without_jobs_spreads_units_over_the_idle_cores(kw, expected):
 
 def test_run_without_jobs_uses_workers_on_idle_cores_with_the_sequential_records(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(runner, "default_threads", lambda: 2)        # two idle cores, whatever this machine has
-    config = ["episodes=3", "etas=0.5,2"]
+    config = ["episodes=3", "etas=0.5,2", "length=6", "batch=20"]  # a cpu preset (so workers), small
     assert main(["run", "token-temperature", "--out", str(tmp_path / "auto"), "--no-progress", "--no-report",
                  *config]) == 0
     assert "(2 seeds, 2 units, 2 processes)" in capsys.readouterr().out
