@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -164,6 +165,31 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_run_resumes(tmp_path):
     meta = json.loads((out / "run.json").read_text())
     assert meta["status"] == "complete" and len(meta["runs"]) == 2
     assert meta["wall_time_s"] == pytest.approx(sum(r["wall_time_s"] for r in meta["runs"]))  # every segment counted
+
+
+def test_ctrl_c_while_the_cli_starts_prints_one_line_and_exits_130(tmp_path):
+    # The CLI's imports (torch, every experiment module for --help) take seconds; a Ctrl-C there printed
+    # KeyboardInterrupt's traceback and ended with the signal (-2). Sent 0.3 s after the start, it lands in them on
+    # a 2-core machine; where it lands later, the run's own handler answers, also in one line.
+    cmd = [sys.executable, "-m", "targetpo", "run", "token-dense", "--preset", "cpu", "--out", str(tmp_path / "r"),
+           "--no-progress", "--no-report", "--jobs", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("targetpo: interrupted"), err
+
+
+def test_the_script_entry_point_is_the_one_that_answers_ctrl_c_during_the_imports():
+    import tomllib
+
+    from targetpo.__main__ import script
+
+    scripts = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"targetpo": "targetpo.__main__:script"} and callable(script)
 
 
 def test_an_interrupt_while_the_metrics_file_is_created_leaves_the_run_interrupted(tmp_path, monkeypatch):
