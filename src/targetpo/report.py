@@ -34,8 +34,8 @@ import numpy as np
 from targetpo.experiments import EXPERIMENTS, UnknownExperiment, load, suite_of  # noqa: E402
 from targetpo.runs import plots  # noqa: E402
 from targetpo.runs.config import config_class, config_fields, make_config, show  # noqa: E402
-from targetpo.runs.runner import (DATA_LOCATION, Progress, config_differences, file_in_the_way,  # noqa: E402
-                                  run_is_live, run_progress, stored_config)
+from targetpo.runs.runner import (DATA_LOCATION, NEEDS_DIVERGED, Progress, config_differences,  # noqa: E402
+                                  file_in_the_way, run_is_live, run_progress, stored_config)
 from targetpo.runs.stats import FAIL_CLASSES, NOT_REPRODUCED, SCALE, SETTINGS, Failure, Verdict, count  # noqa: E402
 from targetpo.runs.store import METRICS_FILE, RUN_FILE, Run, RunFileError, find_runs, seed_count  # noqa: E402
 
@@ -196,7 +196,7 @@ class Section:
                      "value stopped the unit there, so its curves end before that step and its numbers below "
                      "cover only the steps before it"
                      + ("; a unit that needs a diverged one was not run" if any(
-                         str(m).startswith("needs ") for _, m in diverged.values()) else "") + ".", ""]
+                         str(m).startswith(NEEDS_DIVERGED) for _, m in diverged.values()) else "") + ".", ""]
         if self.claims:
             na = ("n/a (run incomplete)" if not self.complete else
                   "n/a" if self.gives_verdicts else f"n/a ({meta.get('preset')} preset)")

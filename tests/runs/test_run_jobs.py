@@ -43,17 +43,26 @@ TOY = textwrap.dedent('''
 ''')
 
 
-@pytest.fixture
-def toy(tmp_path, monkeypatch):
-    """The toy experiment as a module the spawned workers can import (its folder is on sys.path, which a spawned
+def _toy_module(tmp_path, monkeypatch, name: str, text: str):
+    """`text` as module `name` that the spawned workers can import (its folder is on sys.path, which a spawned
     process inherits)."""
     import importlib
 
     folder = tmp_path / "toy_module"
     folder.mkdir()
-    (folder / "jobs_toy.py").write_text(TOY)
+    (folder / f"{name}.py").write_text(text)
     monkeypatch.syspath_prepend(str(folder))
-    return importlib.import_module("jobs_toy")
+    return importlib.import_module(name)
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    return _toy_module(tmp_path, monkeypatch, "jobs_toy", TOY)
+
+
+@pytest.fixture
+def needs_toy(tmp_path, monkeypatch):
+    return _toy_module(tmp_path, monkeypatch, "needs_toy", NEEDS_TOY)
 
 
 def _per_unit(path) -> dict[str, list[dict]]:
@@ -201,17 +210,10 @@ NEEDS_TOY = textwrap.dedent('''
 ''')
 
 
-def test_a_unit_waits_in_the_queue_for_the_units_it_needs(tmp_path, monkeypatch):
+def test_a_unit_waits_in_the_queue_for_the_units_it_needs(tmp_path, needs_toy):
     # The rlvr and llm-length units start from their warm-start unit's checkpoint: two workers used to start one
     # beside the warm start, both built it into the same folder, and the run failed.
-    import importlib
-
-    folder = tmp_path / "toy_module"
-    folder.mkdir()
-    (folder / "needs_toy.py").write_text(NEEDS_TOY)
-    monkeypatch.syspath_prepend(str(folder))
-    toy = importlib.import_module("needs_toy")
-    out = runner.run_experiment(toy, "smoke", out=tmp_path / "t", progress=False, quiet=True, jobs=2)
+    out = runner.run_experiment(needs_toy, "smoke", out=tmp_path / "t", progress=False, quiet=True, jobs=2)
     lines = read_metrics(out / "metrics.jsonl")
     base_done = lines.index({"unit": "base", "event": "done"})
     assert {r["unit"] for r in lines[:base_done]} == {"base"} and len(lines) == 7 + 4 + 4  # records + done lines
@@ -219,17 +221,12 @@ def test_a_unit_waits_in_the_queue_for_the_units_it_needs(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
-def test_units_that_need_a_diverged_unit_are_recorded_as_diverged_and_not_started(tmp_path, monkeypatch, jobs):
+def test_units_that_need_a_diverged_unit_are_recorded_as_diverged_and_not_started(tmp_path, monkeypatch,
+                                                                                   needs_toy, jobs):
     # A diverged warm start used to be rebuilt by the first RL unit that found none (unchecked for NaN, and
     # under --jobs by several units into one folder); now its dependents are not started (the toy's x and y
     # raise if they are) and say why.
-    import importlib
-
-    folder = tmp_path / "toy_module"
-    folder.mkdir()
-    (folder / "needs_toy.py").write_text(NEEDS_TOY)
-    monkeypatch.syspath_prepend(str(folder))
-    toy = importlib.import_module("needs_toy")
+    toy = needs_toy
     monkeypatch.setitem(experiments.EXPERIMENTS, "needs-toy", "needs_toy")  # for the report
     out = runner.run_experiment(toy, "diverging", out=tmp_path / "t", progress=False, quiet=True, jobs=jobs)
     events = {r["unit"]: r for r in read_metrics(out / "metrics.jsonl") if "event" in r}

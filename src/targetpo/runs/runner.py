@@ -259,17 +259,24 @@ def needs_of(exp: ModuleType, cfg: Any, unit: str) -> list[str]:
     return list(exp.unit_needs(cfg, unit)) if hasattr(exp, "unit_needs") else []
 
 
-def diverged_need(exp: ModuleType, cfg: Any, unit: str, diverged: set[str]) -> str | None:
-    """The diverged-record metric of a `unit` that reads the output of a unit in `diverged`, or None: such a unit
-    is not started, since what it would start from holds NaN/inf or was never written (and a unit left to build
-    it itself would do so unchecked, and under --jobs beside its siblings)."""
+NEEDS_DIVERGED = "needs "  # how the diverged-line metric of a unit not started begins (the report reads it)
+
+
+def skipped_for_diverged_need(exp: ModuleType, cfg: Any, unit: str, diverged: set[str], writer, bar) -> bool:
+    """Whether `unit` reads the output of a unit in `diverged`; if so it is not started but recorded as diverged
+    at step 0 (metric "needs U, which diverged"), with a warning, its bar as if finished, and joins `diverged`:
+    what it would start from holds NaN/inf or was never written (and a unit left to build it itself would do so
+    unchecked, and under --jobs beside its siblings)."""
     bad = [n for n in needs_of(exp, cfg, unit) if n in diverged]
-    return f"needs {', '.join(bad)}, which diverged" if bad else None
-
-
-def _skip_warning(name: str, unit: str, metric: str) -> str:
-    return (f"warning: {name} unit {unit} is not run: it {metric}; it is recorded as diverged at step 0, and the "
-            "run goes on")
+    if not bad:
+        return False
+    metric = f"{NEEDS_DIVERGED}{', '.join(bad)}, which diverged"
+    writer.write({"unit": unit, "event": "diverged", "step": 0, "metric": metric})
+    bar.write(f"warning: {exp.NAME} unit {unit} is not run: it {metric}; it is recorded as diverged at step 0, and "
+              "the run goes on", file=sys.stderr)
+    diverged.add(unit)
+    bar.update(steps_of(exp, cfg, unit))
+    return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -607,11 +614,7 @@ def _run_experiment(
             for i, pending in enumerate([list(todo)] if batched else [[u] for u in todo]):
                 if i:
                     record_time("running")  # the batches before this one are finished
-                if not batched and (metric := diverged_need(exp, cfg, pending[0], diverged_now)):
-                    writer.write({"unit": pending[0], "event": "diverged", "step": 0, "metric": metric})
-                    bar.write(_skip_warning(name, pending[0], metric), file=sys.stderr)
-                    diverged_now.add(pending[0])
-                    bar.update(steps_of(exp, cfg, pending[0]))
+                if not batched and skipped_for_diverged_need(exp, cfg, pending[0], diverged_now, writer, bar):
                     continue
                 while pending:
                     bar.set_postfix_str("+".join(pending))
@@ -759,11 +762,7 @@ def _run_in_workers(exp: ModuleType, cfg: Any, units: list[str], jobs: int, thre
             for conn, _ in workers:
                 while conn not in busy and (unit := _ready(exp, cfg, queue, busy.values())) is not None:
                     queue.remove(unit)
-                    if metric := diverged_need(exp, cfg, unit, diverged):
-                        writer.write({"unit": unit, "event": "diverged", "step": 0, "metric": metric})
-                        bar.write(_skip_warning(exp.NAME, unit, metric), file=sys.stderr)
-                        diverged.add(unit)
-                        bar.update(steps_of(exp, cfg, unit))
+                    if skipped_for_diverged_need(exp, cfg, unit, diverged, writer, bar):
                         continue
                     busy[conn] = unit
                     conn.send(unit)
