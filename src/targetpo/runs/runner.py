@@ -259,6 +259,14 @@ def needs_of(exp: ModuleType, cfg: Any, unit: str) -> list[str]:
     return list(exp.unit_needs(cfg, unit)) if hasattr(exp, "unit_needs") else []
 
 
+def record_diverged(name: str, unit: str, step: int, metric: str, diverged: set[str], writer, bar) -> None:
+    """A unit that turned NaN/inf at `step`: its diverged line, a warning, and `unit` into `diverged`."""
+    writer.write({"unit": unit, "event": "diverged", "step": step, "metric": metric})
+    diverged.add(unit)
+    bar.write(f"warning: {name} unit {unit} diverged at step {step} ({metric} is NaN/inf); it is recorded as "
+              "diverged, not done, and the run goes on", file=sys.stderr)
+
+
 NEEDS_DIVERGED = "needs "  # how the diverged-line metric of a unit not started begins (the report reads it)
 
 
@@ -623,10 +631,7 @@ def _run_experiment(
                         run_units(cfg, list(pending), {u: RunContext(u, writer, bar, dev, meta, run_dir, nan_ok)
                                                        for u in pending})
                     except _Diverged as d:
-                        writer.write({"unit": d.unit, "event": "diverged", "step": d.step, "metric": d.metric})
-                        diverged_now.add(d.unit)
-                        bar.write(f"warning: {name} unit {d.unit} diverged at step {d.step} ({d.metric} is NaN/inf); "
-                                  "it is recorded as diverged, not done, and the run goes on", file=sys.stderr)
+                        record_diverged(name, d.unit, d.step, d.metric, diverged_now, writer, bar)
                         pending.remove(d.unit)
                         bar.n = start + steps_of(exp, cfg, d.unit)  # the diverged unit's bar as if it had finished
                         bar.refresh()
@@ -801,10 +806,7 @@ def _run_in_workers(exp: ModuleType, cfg: Any, units: list[str], jobs: int, thre
                     writer.write({"unit": unit, "event": "done"})
                 elif kind == "diverged":
                     step, metric = message[1:]
-                    writer.write({"unit": unit, "event": "diverged", "step": step, "metric": metric})
-                    diverged.add(unit)
-                    bar.write(f"warning: {exp.NAME} unit {unit} diverged at step {step} ({metric} is NaN/inf); it is "
-                              "recorded as diverged, not done, and the run goes on", file=sys.stderr)
+                    record_diverged(exp.NAME, unit, step, metric, diverged, writer, bar)
                     bar.update(steps_of(exp, cfg, unit) - advanced[unit])  # its bar as if it had finished
                 else:
                     _, why, text = message
