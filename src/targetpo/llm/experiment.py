@@ -286,19 +286,26 @@ def _evaluator(cfg: Config, model, tok, task, template, heldout):
 def warm_start(cfg: Config, run_dir: Path, device, ctx=None) -> Path:
     """Build (or reuse) the warm-started model in RUN_DIR/warmstart: deterministic, so a rebuild is identical. The
     warm-start unit's work; RL units read it through :func:`warm_started`."""
+    return build_warm_start(cfg, run_dir, device, ctx, problems(cfg), _evaluator, eval_every=cfg.eval_every * 10)
+
+
+def build_warm_start(cfg, run_dir: Path, device, ctx, problem_sets: tuple, evaluator, *, eval_every: int) -> Path:
+    """The supervised warm start of an experiment on the rlvr config fields (`rlvr`, `llm-length`) into
+    RUN_DIR/warmstart, unless a finished one is there: `problem_sets` its (task, template, train, heldout),
+    `evaluator(cfg, model, tok, task, template, heldout)` its held-out evaluation, run every `eval_every` steps."""
     from targetpo.llm.warmstart import save_checkpoint, supervised_warmstart
 
     out = Path(run_dir) / WARMSTART
     if (out / "COMPLETE").exists():
         return out
-    task, template, train, heldout = problems(cfg)
+    task, template, train, heldout = problem_sets
     model, tok = base_model(cfg, device)
     log = ctx.log if ctx is not None else (lambda r: None)
     advance = ctx.advance if ctx is not None else (lambda n: None)
     supervised_warmstart(model, tok, template, train, steps=cfg.warmstart_steps, batch_size=cfg.warmstart_batch,
                          lr=cfg.warmstart_lr, seed=cfg.seed, log=log, advance=advance,
-                         evaluate=_evaluator(cfg, model, tok, task, template, heldout),
-                         eval_every=cfg.eval_every * 10, chunk_tokens=cfg.chunk_tokens)
+                         evaluate=evaluator(cfg, model, tok, task, template, heldout),
+                         eval_every=eval_every, chunk_tokens=cfg.chunk_tokens)
     return save_checkpoint(model, tok, out)
 
 

@@ -376,19 +376,8 @@ def make_evaluator(cfg: Config, model, tok, task, template, heldout: list[Proble
 def warm_start(cfg: Config, run_dir: Path, device, ctx=None) -> Path:
     """Build (or reuse) the warm-started model in RUN_DIR/warmstart (deterministic, so a rebuild is identical); the
     warm-start unit's work. RL units read it through :func:`rlvr.warm_started`."""
-    from targetpo.llm.warmstart import save_checkpoint, supervised_warmstart
-
-    out = Path(run_dir) / WARMSTART
-    if (out / "COMPLETE").exists():
-        return out
-    task, template, train, heldout = problems(cfg)
-    model, tok = rlvr.base_model(cfg, device)
-    supervised_warmstart(model, tok, template, train, steps=cfg.warmstart_steps, batch_size=cfg.warmstart_batch,
-                         lr=cfg.warmstart_lr, seed=cfg.seed, log=ctx.log if ctx else (lambda r: None),
-                         advance=ctx.advance if ctx else (lambda n: None),
-                         evaluate=make_evaluator(cfg, model, tok, task, template, heldout),
-                         eval_every=max(1, cfg.warmstart_steps // 4), chunk_tokens=cfg.chunk_tokens)
-    return save_checkpoint(model, tok, out)
+    return rlvr.build_warm_start(cfg, run_dir, device, ctx, problems(cfg), make_evaluator,
+                                 eval_every=max(1, cfg.warmstart_steps // 4))
 
 
 def run_unit(cfg: Config, unit: str, ctx) -> None:
