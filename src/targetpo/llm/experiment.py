@@ -283,10 +283,10 @@ def _evaluator(cfg: Config, model, tok, task, template, heldout):
                    batch_size=cfg.eval_batch, sampler=cfg.sampler)
 
 
-def warm_start(cfg: Config, run_dir: Path, device, ctx=None) -> Path:
+def warm_start(cfg: Config, run_dir: Path, device, ctx, problem_sets: tuple) -> Path:
     """Build (or reuse) the warm-started model in RUN_DIR/warmstart: deterministic, so a rebuild is identical. The
-    warm-start unit's work; RL units read it through :func:`warm_started`."""
-    return build_warm_start(cfg, run_dir, device, ctx, problems(cfg), _evaluator, eval_every=cfg.eval_every * 10)
+    warm-start unit's work, on the unit's :func:`problems`; RL units read it through :func:`warm_started`."""
+    return build_warm_start(cfg, run_dir, device, ctx, problem_sets, _evaluator, eval_every=cfg.eval_every * 10)
 
 
 def build_warm_start(cfg, run_dir: Path, device, ctx, problem_sets: tuple, evaluator, *, eval_every: int) -> Path:
@@ -300,10 +300,8 @@ def build_warm_start(cfg, run_dir: Path, device, ctx, problem_sets: tuple, evalu
         return out
     task, template, train, heldout = problem_sets
     model, tok = base_model(cfg, device)
-    log = ctx.log if ctx is not None else (lambda r: None)
-    advance = ctx.advance if ctx is not None else (lambda n: None)
     supervised_warmstart(model, tok, template, train, steps=cfg.warmstart_steps, batch_size=cfg.warmstart_batch,
-                         lr=cfg.warmstart_lr, seed=cfg.seed, log=log, advance=advance,
+                         lr=cfg.warmstart_lr, seed=cfg.seed, log=ctx.log, advance=ctx.advance,
                          evaluate=evaluator(cfg, model, tok, task, template, heldout),
                          eval_every=eval_every, chunk_tokens=cfg.chunk_tokens)
     return save_checkpoint(model, tok, out)
@@ -331,10 +329,10 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
     hf_logging.disable_progress_bar()  # the runner's bar is the one progress bar
     if ctx.run_dir is None:
         raise ValueError("the rlvr experiment keeps model files in the run directory; run it through run_experiment")
-    task, template, train, heldout = problems(cfg)  # the same problems for the fingerprint and the trainer
+    task, template, train, heldout = problems(cfg)  # one set for the fingerprint, the warm start and the trainer
     ctx.set_data_source(data_source(cfg), problems_fingerprint(train, heldout))
     if unit == WARMSTART:
-        warm_start(cfg, ctx.run_dir, ctx.device, ctx)
+        warm_start(cfg, ctx.run_dir, ctx.device, ctx, (task, template, train, heldout))
         return
     method, s = parse_unit(unit)
     if cfg.warmstart_steps > 0:

@@ -373,10 +373,10 @@ def make_evaluator(cfg: Config, model, tok, task, template, heldout: list[Proble
     return evaluate
 
 
-def warm_start(cfg: Config, run_dir: Path, device, ctx=None) -> Path:
+def warm_start(cfg: Config, run_dir: Path, device, ctx, problem_sets: tuple) -> Path:
     """Build (or reuse) the warm-started model in RUN_DIR/warmstart (deterministic, so a rebuild is identical); the
-    warm-start unit's work. RL units read it through :func:`rlvr.warm_started`."""
-    return rlvr.build_warm_start(cfg, run_dir, device, ctx, problems(cfg), make_evaluator,
+    warm-start unit's work, on the unit's :func:`problems`. RL units read it through :func:`rlvr.warm_started`."""
+    return rlvr.build_warm_start(cfg, run_dir, device, ctx, problem_sets, make_evaluator,
                                  eval_every=max(1, cfg.warmstart_steps // 4))
 
 
@@ -390,10 +390,10 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
     if ctx.run_dir is None:
         raise ValueError("the llm-length experiment keeps model files in the run directory; run it through "
                          "run_experiment")
-    task, template, train, heldout = problems(cfg)  # the same problems for the fingerprint and the trainer
+    task, template, train, heldout = problems(cfg)  # one set for the fingerprint, the warm start and the trainer
     ctx.set_data_source(data_source(cfg), problems_fingerprint(train, heldout))
     if unit == WARMSTART:
-        warm_start(cfg, ctx.run_dir, ctx.device, ctx)
+        warm_start(cfg, ctx.run_dir, ctx.device, ctx, (task, template, train, heldout))
         return
     method, s = rlvr.parse_unit(unit)
     if cfg.warmstart_steps > 0:
