@@ -23,9 +23,9 @@ from tqdm.auto import tqdm
 from targetpo.experiments import EXPERIMENTS, SUITES, in_suite, load, suite_of
 from targetpo.runs.config import OneLineParser, config_class, field_lines, first_repeat, make_config, override_key
 from targetpo.runs.data import MissingDataError, MissingExtraError, extra_of, needs_extra
-from targetpo.runs.runner import (DATA_LOCATION, add_runner_arguments, available_cores, computes_on,
+from targetpo.runs.runner import (DATA_LOCATION, add_runner_arguments, available_cores, can_grow, computes_on,
                                   config_differences, file_in_the_way, folder_listing, is_not_run, mark_not_run,
-                                  parse_device, run_experiment, show_differences, stored_config)
+                                  parse_device, run_experiment, show_differences, stored_config, units_of)
 from targetpo.runs.workers import SPAWN, become_worker, exit_on_signal, stop_workers
 from targetpo.runs.store import read_run_json
 from targetpo.runs.stats import count
@@ -152,10 +152,10 @@ def _check_resumable(plan: _Plan, exp, cfg) -> None:
                          "in --out, or use a new --out")
 
 
-def _run_plan(plan: _Plan, progress: bool, threads: int | None = None, quiet: bool = False) -> None:
+def _run_plan(plan: _Plan, progress: bool, threads: int | None = None, quiet: bool = False, grant=None) -> None:
     run_experiment(load(plan.name), plan.preset, out=plan.run_dir, resume=plan.resume, force=plan.force,
                    overrides=list(plan.overrides) or None, device=plan.device, progress=progress, quiet=quiet,
-                   threads=threads)
+                   threads=threads, grant=grant)
 
 
 def _not_run(plan: _Plan, reason: str, extra: bool = False) -> None:
@@ -201,13 +201,16 @@ def _name_worker_logs(name: str) -> logging.Handler:
     return handler
 
 
-def _reproduce_worker(conn, plan: _Plan, threads: int) -> None:
+def _reproduce_worker(conn, plan: _Plan, threads: int, cores=None) -> None:
     """One experiment in its own process with `threads` torch threads; sends ("done", summary), ("missing", reason),
-    ("missing extra", reason) or ("failed", traceback) to the parent."""
+    ("missing extra", reason) or ("failed", traceback) to the parent. `cores` (a shared integer, or None): the
+    worker processes of `threads` threads each its units may run in, raised by the parent as other experiments
+    finish."""
     become_worker()
     _name_worker_logs(plan.name)
     try:
-        _run_plan(plan, progress=False, threads=threads, quiet=True)
+        _run_plan(plan, progress=False, threads=threads, quiet=True,
+                  grant=None if cores is None else lambda: cores.value)
         exp = load(plan.name)
         if hasattr(exp, "summary"):
             from targetpo.runs.store import Run
@@ -227,6 +230,22 @@ def _run_parallel(plans: list[_Plan], jobs: int, progress: bool) -> tuple[list[s
     threads = max(1, available_cores() // jobs)  # the cores shared out: oversubscribed OpenMP threads stall
     queue = sorted(plans, key=lambda p: -estimated_seconds(load(p.name)))
     running: dict[Any, tuple[_Plan, Any, Any, float]] = {}  # sentinel -> (plan, process, connection, start)
+    # Slots of `threads` threads: one per running experiment; once none is queued, a finished experiment's slot
+    # goes to a running one whose units run apart, as one more worker process (the longest estimated, per slot).
+    slots = max(jobs, available_cores() // threads)
+    granted: dict[str, tuple[Any, int]] = {}  # plan name -> (its shared slot count, its units), if it can grow
+
+    def share_out_idle_slots() -> None:
+        idle = slots - sum(granted[p.name][0].value if p.name in granted else 1 for p, *_ in running.values())
+        while idle > 0 and not queue:
+            growable = [p.name for p, *_ in running.values() if p.name in granted and p.name not in replies
+                        and granted[p.name][0].value < granted[p.name][1]]
+            if not growable:
+                return
+            best = max(growable, key=lambda n: estimated_seconds(load(n)) / granted[n][0].value)
+            granted[best][0].value += 1
+            idle -= 1
+
     replies: dict[str, tuple[str, str]] = {}
     missing, failed = [], []
     finished = 0  # counted here: a disabled bar (--no-progress) does not count its updates
@@ -238,10 +257,17 @@ def _run_parallel(plans: list[_Plan], jobs: int, progress: bool) -> tuple[list[s
             while queue and len(running) < jobs:
                 plan = queue.pop(0)
                 recv, send = SPAWN.Pipe(duplex=False)
-                proc = SPAWN.Process(target=_reproduce_worker, args=(send, plan, threads), name=f"reproduce-{plan.name}")
+                exp = load(plan.name)
+                n_units = len(units_of(exp, make_config(exp, plan.preset, overrides=list(plan.overrides) or None)))
+                if n_units > 1 and can_grow(exp, plan.device):
+                    granted[plan.name] = (SPAWN.Value("i", 1), n_units)
+                cores = granted[plan.name][0] if plan.name in granted else None
+                proc = SPAWN.Process(target=_reproduce_worker, args=(send, plan, threads, cores),
+                                     name=f"reproduce-{plan.name}")
                 proc.start()
                 send.close()
                 running[proc.sentinel] = (plan, proc, recv, time.time())
+            share_out_idle_slots()
             bar.set_postfix_str("running: " + ", ".join(p.name for p, *_ in running.values()))
             # A worker's reply, then its exit; a read pipe stays readable at EOF, so it is waited on once.
             ready = multiprocessing.connection.wait(

@@ -38,6 +38,25 @@ def test_parallel_reproduce_matches_sequential(tmp_path, capsys):
     assert "[2/3]" in out or "[3/3]" in out
 
 
+
+def test_a_finished_experiments_core_goes_to_a_running_one_with_the_sequential_records(tmp_path, capsys):
+    # tabular-single ends in a second; its core then runs token-sweeps' units in a second worker process (on a
+    # machine of many cores, the last experiments of a reproduce no longer run on one core each while the others
+    # idle). The records are the sequential run's.
+    common = ["--only", "token-sweeps", "tabular-single", "--preset", "smoke", "--no-progress"]
+    assert main(["reproduce", "--out", str(tmp_path / "seq"), "--jobs", "1", *common]) == 0
+    assert main(["reproduce", "--out", str(tmp_path / "par"), "--jobs", "2", *common]) == 0
+    capsys.readouterr()
+    seq, par = (sorted(map(json.dumps, _stable_records(tmp_path / d / "token-sweeps" / "metrics.jsonl")))
+                for d in ("seq", "par"))
+    assert par == seq and len(seq) > 10
+    run = json.loads((tmp_path / "par" / "token-sweeps" / "run.json").read_text())["runs"][-1]
+    assert run["workers"] == 2 and run["jobs"] == 1  # started on one core, given the finished one's
+    assert "workers" not in json.loads((tmp_path / "seq" / "token-sweeps" / "run.json").read_text())["runs"][-1]
+    # An experiment whose units are batched together (run_units) has nothing to spread: one process.
+    assert "workers" not in json.loads((tmp_path / "par" / "tabular-single" / "run.json").read_text())["runs"][-1]
+
+
 def test_jobs_must_be_positive(tmp_path, capsys):
     assert main(["reproduce", "--out", str(tmp_path / "x"), "--only", "tabular-single", "--jobs", "0"]) == 2
     assert "--jobs=0" in capsys.readouterr().err and not (tmp_path / "x").exists()

@@ -469,6 +469,7 @@ def _run_experiment(
     quiet: bool = False,
     threads: int | None = None,
     jobs: int | None = 1,
+    grant: Callable[[], int] | None = None,
 ) -> Path:
     name = exp.NAME
     if out is not None and not str(out).strip():
@@ -615,10 +616,12 @@ def _run_experiment(
             run_units = exp.run_units if batched else lambda c, units, ctxs: exp.run_unit(c, units[0], ctxs[units[0]])
             # Units diverged in this segment or before it (those --force replays count only once replayed).
             diverged_now = set() if force else set(diverged_before)
-            if jobs > 1 and len(todo) > 1:
-                _run_in_workers(exp, cfg, todo, jobs, torch.get_num_threads(), dev, meta, run_dir, writer, bar,
-                                nan_ok, record_time, diverged_now)
-                workers, todo = min(jobs, len(todo)), []
+            if len(todo) > 1 and (jobs > 1 or (grant is not None and can_grow(exp, device))):
+                workers = _run_in_workers(exp, cfg, todo, jobs, torch.get_num_threads(), dev, meta, run_dir, writer,
+                                          bar, nan_ok, record_time, diverged_now,
+                                          grant if can_grow(exp, device) else None)
+                meta["runs"][-1]["workers"] = workers
+                todo = []
             for i, pending in enumerate([list(todo)] if batched else [[u] for u in todo]):
                 if i:
                     record_time("running")  # the batches before this one are finished
@@ -686,6 +689,14 @@ def _no_workers(exp: ModuleType, device: str) -> str | None:
     return None
 
 
+def can_grow(exp: ModuleType, device: str) -> bool:
+    """Whether a run of `exp` may take on more worker processes while it runs, as cores come free (`reproduce`
+    gives an experiment the cores of those that finished): units that run apart on the CPU, each without a model
+    copy of its own (JOBS_BY_DEFAULT) or a thread count it needs (TORCH_THREADS)."""
+    return (_no_workers(exp, device) is None and getattr(exp, "JOBS_BY_DEFAULT", True)
+            and not getattr(exp, "TORCH_THREADS", None))
+
+
 def check_jobs(exp: ModuleType, jobs: int, device: str) -> None:
     """ValueError unless `jobs` (units run at once, `run --jobs`) is an integer >= 1 that `exp` and `device` allow:
     more than one needs the CPU and an experiment whose units run apart (not batched by `run_units`)."""
@@ -741,29 +752,38 @@ def _unit_worker(conn, module: str, config: dict, threads: int, device: str, run
 
 def _run_in_workers(exp: ModuleType, cfg: Any, units: list[str], jobs: int, threads: int, dev: torch.device,
                     meta: dict, run_dir: Path, writer: MetricsWriter, bar: tqdm, nan_ok: tuple[str, ...],
-                    record_time: Callable[[str], float], diverged: set[str]) -> None:
+                    record_time: Callable[[str], float], diverged: set[str],
+                    grant: Callable[[], int] | None = None) -> int:
     """Run `units` in up to `jobs` spawned worker processes of `threads` torch threads each, the longest first of
     those whose needs (:func:`needs_of`) have finished; this process writes every record (a unit's in its order)
     and owns run.json. A unit computes exactly what it computes in this process (its seeds, its config, any
     thread count), so only the interleaving of the units' lines in metrics.jsonl differs. A failing unit stops the
     others (their records so far are kept, and a resume replays them) and raises here: UnitFailed with its
     traceback, or as the runner's own errors would. `diverged` (the units ended diverged so far) gains those that
-    diverge here; a unit that needs one of them is recorded as diverged without being started."""
+    diverge here; a unit that needs one of them is recorded as diverged without being started.
+
+    `grant` (reproduce): how many workers the run may have now, which grows as the caller's other experiments
+    finish; a worker is added while queued units are left. Returns the number of workers started."""
     queue = sorted(units, key=lambda u: -steps_of(exp, cfg, u))
     data = {k: meta[k] for k in ("data_source", "data_fingerprint") if k in meta}
     workers = []
-    for i in range(min(jobs, len(units))):
-        parent_end, child_end = SPAWN.Pipe()
-        proc = SPAWN.Process(target=_unit_worker, name=f"{exp.NAME}-worker-{i}",
-                             args=(child_end, exp.__name__, dataclasses.asdict(cfg), threads, str(dev), str(run_dir),
-                                   data, nan_ok))
-        proc.start()
-        child_end.close()
-        workers.append((parent_end, proc))
+
+    def add_workers() -> None:
+        allowed = max(jobs, grant()) if grant is not None else jobs
+        while len(workers) < allowed and len(workers) < len(busy) + len(queue):
+            parent_end, child_end = SPAWN.Pipe()
+            proc = SPAWN.Process(target=_unit_worker, name=f"{exp.NAME}-worker-{len(workers)}",
+                                 args=(child_end, exp.__name__, dataclasses.asdict(cfg), threads, str(dev),
+                                       str(run_dir), data, nan_ok))
+            proc.start()
+            child_end.close()
+            workers.append((parent_end, proc))
+
     busy: dict[Any, str] = {}                     # connection -> the unit its worker runs
     advanced = dict.fromkeys(units, 0)
     try:
         while queue or busy:
+            add_workers()
             for conn, _ in workers:
                 while conn not in busy and (unit := _ready(exp, cfg, queue, busy.values())) is not None:
                     queue.remove(unit)
@@ -776,7 +796,9 @@ def _run_in_workers(exp: ModuleType, cfg: Any, units: list[str], jobs: int, thre
             if not busy:  # units left, none startable: they need each other
                 raise ValueError(f"{exp.NAME}: units {', '.join(queue)} wait for each other (unit_needs has a cycle)")
             bar.set_postfix_str("+".join(busy.values()))
-            for conn in multiprocessing.connection.wait(list(busy)):
+            # With a grant and units queued, look again every GRANT_POLL_S for cores handed over meanwhile.
+            timeout = GRANT_POLL_S if grant is not None and queue else None
+            for conn in multiprocessing.connection.wait(list(busy), timeout):
                 unit = busy[conn]
                 try:
                     message = conn.recv()
@@ -822,6 +844,10 @@ def _run_in_workers(exp: ModuleType, cfg: Any, units: list[str], jobs: int, thre
             proc.join(timeout=30)
     finally:
         stop_workers([proc for _, proc in workers])
+    return len(workers)
+
+
+GRANT_POLL_S = 1.0
 
 
 def _ready(exp: ModuleType, cfg: Any, queue: list[str], running) -> str | None:
