@@ -258,9 +258,10 @@ def _run_parallel(plans: list[_Plan], jobs: int, progress: bool) -> tuple[list[s
                 plan = queue.pop(0)
                 recv, send = SPAWN.Pipe(duplex=False)
                 exp = load(plan.name)
-                n_units = len(units_of(exp, make_config(exp, plan.preset, overrides=list(plan.overrides) or None)))
-                if n_units > 1 and can_grow(exp, plan.device):
-                    granted[plan.name] = (SPAWN.Value("i", 1), n_units)
+                if can_grow(exp, plan.device):
+                    n_units = len(units_of(exp, make_config(exp, plan.preset, overrides=list(plan.overrides) or None)))
+                    if n_units > 1:
+                        granted[plan.name] = (SPAWN.Value("i", 1), n_units)
                 cores = granted[plan.name][0] if plan.name in granted else None
                 proc = SPAWN.Process(target=_reproduce_worker, args=(send, plan, threads, cores),
                                      name=f"reproduce-{plan.name}")
@@ -468,8 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true", help="discard existing runs instead of resuming them")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     p.add_argument("--jobs", type=int, default=None, help="experiments run at once, each in its own process with "
-                   "cores // jobs torch threads, longest first (default: the number of CPU cores; 1 runs them one after "
-                   "another in this process); the results are the same for any value")
+                   "cores // jobs torch threads, longest first; once none is left to start, a finished one's share "
+                   "runs units of a running one in another process (default: the number of CPU cores; 1 runs them "
+                   "one after another in this process); the results are the same for any value")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     _add_data_flags(p, reproduce=True)
     p.set_defaults(func=cmd_reproduce)

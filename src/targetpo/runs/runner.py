@@ -449,7 +449,9 @@ def run_experiment(exp: ModuleType, preset: str | None = None, **kwargs) -> Path
     """Run (or resume) one experiment (its module, see :mod:`targetpo.experiments`) and return its run
     directory. `preset` None means the stored run's preset on resume and "cpu" otherwise; a resume that asks for
     another preset, seed count or overrides than the stored run is refused, naming the fields that differ. The
-    run folder is locked while the run writes to it (:func:`_run_dir_lock`)."""
+    run folder is locked while the run writes to it (:func:`_run_dir_lock`). `grant` (what `reproduce` passes): a
+    callable giving how many worker processes the run may use now; an experiment that :func:`can_grow` then runs
+    its units in worker processes and starts another each time the count grows while units are queued."""
     with contextlib.ExitStack() as held:
         return _run_experiment(exp, preset, hold=lambda d: held.enter_context(_run_dir_lock(d)), **kwargs)
 
@@ -616,10 +618,10 @@ def _run_experiment(
             run_units = exp.run_units if batched else lambda c, units, ctxs: exp.run_unit(c, units[0], ctxs[units[0]])
             # Units diverged in this segment or before it (those --force replays count only once replayed).
             diverged_now = set() if force else set(diverged_before)
-            if len(todo) > 1 and (jobs > 1 or (grant is not None and can_grow(exp, device))):
+            grow = grant if grant is not None and can_grow(exp, device) else None
+            if len(todo) > 1 and (jobs > 1 or grow is not None):
                 workers = _run_in_workers(exp, cfg, todo, jobs, torch.get_num_threads(), dev, meta, run_dir, writer,
-                                          bar, nan_ok, record_time, diverged_now,
-                                          grant if can_grow(exp, device) else None)
+                                          bar, nan_ok, record_time, diverged_now, grow)
                 meta["runs"][-1]["workers"] = workers
                 todo = []
             for i, pending in enumerate([list(todo)] if batched else [[u] for u in todo]):
