@@ -120,13 +120,15 @@ class _Plan:
     resume: bool
     force: bool
     device: str
+    spread: int = 1  # worker processes its units could use at most (1: it cannot take a freed core)
 
 
-def _plan(out: Path, name: str, preset: str, overrides: list[str], fresh: bool, device: str) -> _Plan:
+def _plan(out: Path, name: str, preset: str, overrides: list[str], fresh: bool, device: str,
+          spread: int = 1) -> _Plan:
     run_dir = out / name
     placeholder = is_not_run(run_dir)  # an earlier reproduce lacked the data: start this one afresh
     resume = (run_dir / "run.json").exists() and not fresh and not placeholder
-    return _Plan(name, preset, tuple(overrides), run_dir, resume, fresh or placeholder, device)
+    return _Plan(name, preset, tuple(overrides), run_dir, resume, fresh or placeholder, device, spread)
 
 
 def _holds_reproduce(out: Path) -> bool:
@@ -233,20 +235,20 @@ def _run_parallel(plans: list[_Plan], jobs: int, progress: bool) -> tuple[list[s
     # Slots of `threads` threads: one per running experiment; once none is queued, a finished experiment's slot
     # goes to a running one whose units run apart, as one more worker process (the longest estimated, per slot).
     slots = max(jobs, available_cores() // threads)
-    granted: dict[str, tuple[Any, int]] = {}  # plan name -> (its shared slot count, its units), if it can grow
+    granted: dict[str, Any] = {}  # plan name -> its shared slot count, for plans whose units can spread
+    replies: dict[str, tuple[str, str]] = {}
 
     def share_out_idle_slots() -> None:
-        idle = slots - sum(granted[p.name][0].value if p.name in granted else 1 for p, *_ in running.values())
+        idle = slots - sum(granted[p.name].value if p.name in granted else 1 for p, *_ in running.values())
         while idle > 0 and not queue:
-            growable = [p.name for p, *_ in running.values() if p.name in granted and p.name not in replies
-                        and granted[p.name][0].value < granted[p.name][1]]
+            growable = [p for p, *_ in running.values() if p.name in granted and p.name not in replies
+                        and granted[p.name].value < p.spread]
             if not growable:
                 return
-            best = max(growable, key=lambda n: estimated_seconds(load(n)) / granted[n][0].value)
-            granted[best][0].value += 1
+            best = max(growable, key=lambda p: estimated_seconds(load(p.name)) / granted[p.name].value)
+            granted[best.name].value += 1
             idle -= 1
 
-    replies: dict[str, tuple[str, str]] = {}
     missing, failed = [], []
     finished = 0  # counted here: a disabled bar (--no-progress) does not count its updates
     start = time.time()
@@ -257,13 +259,9 @@ def _run_parallel(plans: list[_Plan], jobs: int, progress: bool) -> tuple[list[s
             while queue and len(running) < jobs:
                 plan = queue.pop(0)
                 recv, send = SPAWN.Pipe(duplex=False)
-                exp = load(plan.name)
-                if can_grow(exp, plan.device):
-                    n_units = len(units_of(exp, make_config(exp, plan.preset, overrides=list(plan.overrides) or None)))
-                    if n_units > 1:
-                        granted[plan.name] = (SPAWN.Value("i", 1), n_units)
-                cores = granted[plan.name][0] if plan.name in granted else None
-                proc = SPAWN.Process(target=_reproduce_worker, args=(send, plan, threads, cores),
+                if plan.spread > 1:
+                    granted[plan.name] = SPAWN.Value("i", 1)
+                proc = SPAWN.Process(target=_reproduce_worker, args=(send, plan, threads, granted.get(plan.name)),
                                      name=f"reproduce-{plan.name}")
                 proc.start()
                 send.close()
@@ -359,7 +357,8 @@ def cmd_reproduce(args) -> int:
         device = args.device if computes_on(exp, dev) else "cpu"
         if device != args.device:
             cpu_only.append(name)  # an experiment that computes on the CPU only runs there, and is named below
-        plans.append(_plan(out, name, preset, overrides, args.fresh, device))
+        spread = len(units_of(exp, cfg)) if can_grow(exp, device) else 1
+        plans.append(_plan(out, name, preset, overrides, args.fresh, device, spread))
         if plans[-1].resume:
             _check_resumable(plans[-1], exp, cfg)
     if cpu_only:

@@ -38,7 +38,6 @@ def test_parallel_reproduce_matches_sequential(tmp_path, capsys):
     assert "[2/3]" in out or "[3/3]" in out
 
 
-
 def test_a_finished_experiments_core_goes_to_a_running_one_with_the_sequential_records(tmp_path, capsys):
     # tabular-single ends in a second; its core then runs token-sweeps' units in a second worker process (on a
     # machine of many cores, the last experiments of a reproduce no longer run on one core each while the others

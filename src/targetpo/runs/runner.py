@@ -673,8 +673,7 @@ def auto_jobs(exp: ModuleType, preset: str, device: str, units: int, cores: int,
     each unit computes the same numbers either way. One process for a smoke preset (seconds of work, less than
     starting a worker costs), a batched experiment, an accelerator, when --threads asks for a thread count, or an
     experiment that sets JOBS_BY_DEFAULT = False (the LM experiments: a model copy per worker)."""
-    if threads_asked or preset == "smoke" or _no_workers(exp, device) or getattr(exp, "TORCH_THREADS", None) \
-            or not getattr(exp, "JOBS_BY_DEFAULT", True):
+    if threads_asked or preset == "smoke" or not can_grow(exp, device):
         return 1
     return max(1, min(cores, units))
 
@@ -692,9 +691,9 @@ def _no_workers(exp: ModuleType, device: str) -> str | None:
 
 
 def can_grow(exp: ModuleType, device: str) -> bool:
-    """Whether a run of `exp` may take on more worker processes while it runs, as cores come free (`reproduce`
-    gives an experiment the cores of those that finished): units that run apart on the CPU, each without a model
-    copy of its own (JOBS_BY_DEFAULT) or a thread count it needs (TORCH_THREADS)."""
+    """Whether a run of `exp` may spread its units over worker processes unasked: `run` over the idle cores
+    (:func:`auto_jobs`), `reproduce` over the cores of experiments that finished. Units that run apart on the CPU,
+    each without a model copy of its own (JOBS_BY_DEFAULT) or a thread count it needs (TORCH_THREADS)."""
     return (_no_workers(exp, device) is None and getattr(exp, "JOBS_BY_DEFAULT", True)
             and not getattr(exp, "TORCH_THREADS", None))
 
