@@ -229,12 +229,14 @@ def _reproduce_worker(conn, plan: _Plan, threads: int, cores=None) -> None:
 def _run_parallel(plans: list[_Plan], jobs: int, progress: bool) -> tuple[list[str], list[str]]:
     """Run `plans` in up to `jobs` worker processes, longest first (by RUNTIME). Prints one line per finished
     experiment under an overall bar. Returns (names not run for lack of data, names that failed)."""
-    threads = max(1, available_cores() // jobs)  # the cores shared out: oversubscribed OpenMP threads stall
-    queue = sorted(plans, key=lambda p: -estimated_seconds(load(p.name)))
+    cores = available_cores()
+    threads = max(1, cores // jobs)  # the cores shared out: oversubscribed OpenMP threads stall
+    estimate = {p.name: estimated_seconds(load(p.name)) for p in plans}  # RUNTIME notes, read once
+    queue = sorted(plans, key=lambda p: -estimate[p.name])
     running: dict[Any, tuple[_Plan, Any, Any, float]] = {}  # sentinel -> (plan, process, connection, start)
     # Slots of `threads` threads: one per running experiment; once none is queued, a finished experiment's slot
     # goes to a running one whose units run apart, as one more worker process (the longest estimated, per slot).
-    slots = max(jobs, available_cores() // threads)
+    slots = max(jobs, cores // threads)
     granted: dict[str, Any] = {}  # plan name -> its shared slot count, for plans whose units can spread
     replies: dict[str, tuple[str, str]] = {}
 
@@ -245,7 +247,7 @@ def _run_parallel(plans: list[_Plan], jobs: int, progress: bool) -> tuple[list[s
                         and granted[p.name].value < p.spread]
             if not growable:
                 return
-            best = max(growable, key=lambda p: estimated_seconds(load(p.name)) / granted[p.name].value)
+            best = max(growable, key=lambda p: estimate[p.name] / granted[p.name].value)
             granted[best.name].value += 1
             idle -= 1
 
