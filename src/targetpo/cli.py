@@ -26,7 +26,7 @@ from targetpo.runs.data import MissingDataError, MissingExtraError, extra_of, ne
 from targetpo.runs.runner import (DATA_LOCATION, add_runner_arguments, available_cores, can_grow, computes_on,
                                   config_differences, file_in_the_way, folder_listing, is_not_run, mark_not_run,
                                   parse_device, run_experiment, show_differences, stored_config, units_of)
-from targetpo.runs.workers import SPAWN, become_worker, exit_on_signal, stop_workers
+from targetpo.runs.workers import CONTEXT, become_worker, exit_on_signal, start_worker, stop_workers
 from targetpo.runs.store import read_run_json
 from targetpo.runs.stats import count
 
@@ -260,12 +260,11 @@ def _run_parallel(plans: list[_Plan], jobs: int, progress: bool) -> tuple[list[s
         while queue or running:
             while queue and len(running) < jobs:
                 plan = queue.pop(0)
-                recv, send = SPAWN.Pipe(duplex=False)
+                recv, send = CONTEXT.Pipe(duplex=False)
                 if plan.spread > 1:
-                    granted[plan.name] = SPAWN.Value("i", 1)
-                proc = SPAWN.Process(target=_reproduce_worker, args=(send, plan, threads, granted.get(plan.name)),
-                                     name=f"reproduce-{plan.name}")
-                proc.start()
+                    granted[plan.name] = CONTEXT.Value("i", 1)
+                proc = start_worker(_reproduce_worker, (send, plan, threads, granted.get(plan.name)),
+                                    name=f"reproduce-{plan.name}")
                 send.close()
                 running[proc.sentinel] = (plan, proc, recv, time.time())
             share_out_idle_slots()

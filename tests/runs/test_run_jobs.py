@@ -18,7 +18,7 @@ from targetpo.runs import runner
 from targetpo.runs.store import read_metrics
 
 TOY = textwrap.dedent('''
-    """A toy experiment for the `run --jobs` tests (imported by name in the spawned workers)."""
+    """A toy experiment for the `run --jobs` tests (imported by name in the workers)."""
     from targetpo.runs.config import RunConfig, config, default, param
 
     NAME, TITLE, PAPER_REF = "jobs-toy", "toy", "-"
@@ -44,8 +44,8 @@ TOY = textwrap.dedent('''
 
 
 def _toy_module(tmp_path, monkeypatch, name: str, text: str):
-    """`text` as module `name` that the spawned workers can import (its folder is on sys.path, which a spawned
-    process inherits)."""
+    """`text` as module `name` that the workers can import (its folder is on sys.path, which a worker
+    inherits)."""
     import importlib
 
     folder = tmp_path / "toy_module"
@@ -166,7 +166,7 @@ def test_ctrl_c_stops_the_workers_and_the_run_resumes_to_the_sequential_records(
 
 
 NEEDS_TOY = textwrap.dedent('''
-    """A toy experiment whose units read what its first unit wrote (imported by name in the spawned workers)."""
+    """A toy experiment whose units read what its first unit wrote (imported by name in the workers)."""
     import time
     from pathlib import Path
 
@@ -240,6 +240,40 @@ def test_units_that_need_a_diverged_unit_are_recorded_as_diverged_and_not_starte
     # A resume finds every unit finished; --force replays base first, and x, y only after it.
     runner.run_experiment(toy, "diverging", out=out, progress=False, quiet=True, jobs=jobs, resume=True)
     assert len(read_metrics(out / "metrics.jsonl")) == 1 + 3
+
+
+ENV_TOY = textwrap.dedent('''
+    """A toy experiment whose units log an environment variable."""
+    import os
+
+    from targetpo.runs.config import RunConfig, config, default, param
+
+    NAME, TITLE, PAPER_REF = "env-toy", "toy", "-"
+
+
+    @config
+    class Config(RunConfig):
+        steps: int = param(1, "steps", ge=1)
+        methods = default(("a", "b"))
+
+
+    PRESETS = {"smoke": Config()}
+
+
+    def run_unit(cfg, unit, ctx):
+        ctx.log({"step": 0, "x": float(os.environ.get("ENV_TOY_X", "-1"))})
+        ctx.advance()
+''')
+
+
+def test_workers_see_the_environment_their_parent_has_when_it_starts_them(tmp_path, monkeypatch):
+    # Workers fork from one server per process, which keeps the environment of the parent's first worker start
+    # (`runs.workers.start_worker`); a spawned worker would see the parent's environment of the moment.
+    toy = _toy_module(tmp_path, monkeypatch, "env_toy", ENV_TOY)
+    for value in ("1", "2"):
+        monkeypatch.setenv("ENV_TOY_X", value)
+        out = runner.run_experiment(toy, "smoke", out=tmp_path / value, progress=False, quiet=True, jobs=2)
+        assert [r["x"] for r in read_metrics(out / "metrics.jsonl") if "x" in r] == [float(value)] * 2
 
 
 def test_unit_needs_of_every_experiment_name_its_own_earlier_units():

@@ -33,8 +33,8 @@ from targetpo.runs.config import (config_class, config_fields, config_from_dict,
                                   override_key, validated)
 from targetpo.runs.stats import count
 from targetpo.runs.data import require_extra
-from targetpo.runs.workers import (SPAWN, _STOP, become_worker, exit_if_stopping as _exit_if_stopping,  # noqa: F401
-                                   request_stop, stop_workers)
+from targetpo.runs.workers import (CONTEXT, _STOP, become_worker, exit_if_stopping as _exit_if_stopping,  # noqa: F401
+                                   request_stop, start_worker, stop_workers)
 
 
 class _Diverged(Exception):
@@ -726,7 +726,7 @@ class _ToParent:
 
 def _unit_worker(conn, module: str, config: dict, threads: int, device: str, run_dir: str, data: dict,
                  nan_ok: tuple[str, ...]) -> None:
-    """A `run --jobs` worker: a spawned process with `threads` torch threads that runs the units its parent sends
+    """A `run --jobs` worker: a process (`runs.workers.start_worker`) with `threads` torch threads that runs the units its parent sends
     over `conn` (None: stop), one at a time. A unit's records, progress and data source go to the parent, then
     ("done",), ("diverged", step, metric) or ("failed", kind, text) with kind "memory", "data" or "error"."""
     become_worker()
@@ -755,7 +755,7 @@ def _run_in_workers(exp: ModuleType, cfg: Any, units: list[str], jobs: int, thre
                     meta: dict, run_dir: Path, writer: MetricsWriter, bar: tqdm, nan_ok: tuple[str, ...],
                     record_time: Callable[[str], float], diverged: set[str],
                     grant: Callable[[], int] | None = None) -> int:
-    """Run `units` in up to `jobs` spawned worker processes of `threads` torch threads each, the longest first of
+    """Run `units` in up to `jobs` worker processes of `threads` torch threads each, the longest first of
     those whose needs (:func:`needs_of`) have finished; this process writes every record (a unit's in its order)
     and owns run.json. A unit computes exactly what it computes in this process (its seeds, its config, any
     thread count), so only the interleaving of the units' lines in metrics.jsonl differs. A failing unit stops the
@@ -772,11 +772,9 @@ def _run_in_workers(exp: ModuleType, cfg: Any, units: list[str], jobs: int, thre
     def add_workers() -> None:
         allowed = max(jobs, grant()) if grant is not None else jobs
         while len(workers) < allowed and len(workers) < len(busy) + len(queue):
-            parent_end, child_end = SPAWN.Pipe()
-            proc = SPAWN.Process(target=_unit_worker, name=f"{exp.NAME}-worker-{len(workers)}",
-                                 args=(child_end, exp.__name__, dataclasses.asdict(cfg), threads, str(dev),
-                                       str(run_dir), data, nan_ok))
-            proc.start()
+            parent_end, child_end = CONTEXT.Pipe()
+            proc = start_worker(_unit_worker, (child_end, exp.__name__, dataclasses.asdict(cfg), threads, str(dev),
+                                               str(run_dir), data, nan_ok), name=f"{exp.NAME}-worker-{len(workers)}")
             child_end.close()
             workers.append((parent_end, proc))
 

@@ -1,7 +1,8 @@
 """Worker processes of the CLI and the runner: `reproduce --jobs` runs experiments in them, `run --jobs` the units
-of one experiment. A worker is a spawned interpreter (no forked OpenMP or torch state) that ignores Ctrl-C (it
-reaches the whole process group; the parent stops its workers), ends cleanly on SIGTERM, and stops when its
-parent dies (an orphan would go on appending to a run folder that the next run resumes)."""
+of one experiment. A worker starts clean (no OpenMP thread pool or torch state of its parent's), sees its parent's
+environment as it is when the worker starts, ignores Ctrl-C (it reaches the whole process group; the parent
+stops its workers), ends cleanly on SIGTERM, and stops when its parent dies (an orphan would go on appending to
+a run folder that the next run resumes)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,16 @@ import signal
 import threading
 import time
 
-# A fresh interpreter per worker: forked OpenMP thread pools and torch state misbehave in the child.
-SPAWN = multiprocessing.get_context("spawn")
+# Workers are forked from Python's fork server, a clean process started once per parent that has imported torch
+# and the runner but run no torch op (a forked OpenMP thread pool or torch state would misbehave in the child):
+# a worker then starts in milliseconds instead of the ~2.5 s of CPU an interpreter takes to import torch. Where
+# the platform has no fork server (Windows), each worker is a fresh spawned interpreter.
+CONTEXT = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods()
+                                      else "spawn")
+# What the fork server imports before its first fork. Set when targetpo starts its first worker, not at import
+# (it is the process's one fork server); a server already running keeps its own list and its workers import it.
+PRELOAD = ["targetpo.runs.runner"]
+_PRELOADED = threading.Event()
 
 # Set when this process must stop (a worker got SIGTERM): the SystemExit raised by the signal handler normally
 # ends the run at once, but it is lost where it lands in code that swallows it (seen inside an import), and the
@@ -64,6 +73,24 @@ def stop_with_parent() -> None:
         os._exit(128 + signal.SIGTERM)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def start_worker(target, args: tuple, name: str) -> multiprocessing.process.BaseProcess:
+    """Start `target(*args)` in a worker process (see the module's docstring) and return the process."""
+    if CONTEXT.get_start_method() == "forkserver" and not _PRELOADED.is_set():
+        CONTEXT.set_forkserver_preload(PRELOAD)
+        _PRELOADED.set()
+    proc = CONTEXT.Process(target=_in_parents_environment, args=(dict(os.environ), target, args), name=name)
+    proc.start()
+    return proc
+
+
+def _in_parents_environment(environ: dict, target, args: tuple) -> None:
+    # The fork server's environment is its parent's when the server started; a spawned worker's would be the
+    # parent's now. The parent may have changed it since (a test's monkeypatch, a notebook), so it is set again.
+    os.environ.clear()
+    os.environ.update(environ)
+    target(*args)
 
 
 def become_worker() -> None:
