@@ -726,9 +726,10 @@ class _ToParent:
 
 def _unit_worker(conn, module: str, config: dict, threads: int, device: str, run_dir: str, data: dict,
                  nan_ok: tuple[str, ...]) -> None:
-    """A `run --jobs` worker: a process (`runs.workers.start_worker`) with `threads` torch threads that runs the units its parent sends
-    over `conn` (None: stop), one at a time. A unit's records, progress and data source go to the parent, then
-    ("done",), ("diverged", step, metric) or ("failed", kind, text) with kind "memory", "data" or "error"."""
+    """A `run --jobs` worker (started by `runs.workers.start_worker`) with `threads` torch threads that runs the
+    units its parent sends over `conn` (None: stop), one at a time. A unit's records, progress and data source go
+    to the parent, then ("done",), ("diverged", step, metric) or ("failed", kind, text) with kind "memory", "data"
+    or "error"."""
     become_worker()
     torch.set_num_threads(threads)
     exp = importlib.import_module(module)
