@@ -49,7 +49,7 @@ def main() -> None:
     results: dict[str, list[dict]] = {"library": [], "spawn": []}
     for _ in range(args.repeats):
         for method in results:
-            out, wall, cpu = run_timed([sys.executable, "-c", CHILD, method, str(args.workers), str(args.rounds)],
+            out, wall, _ = run_timed([sys.executable, "-c", CHILD, method, str(args.workers), str(args.rounds)],
                                        capture_output=True, text=True)
             if out.returncode:
                 sys.exit(f"the {method} child failed:\n{out.stderr}")

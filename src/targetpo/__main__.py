@@ -17,13 +17,13 @@ def script() -> int:
     try:
         from targetpo.cli import build_parser, main
 
-        build_parser()  # imports every experiment module (and the LLM extra, where installed) for --help
+        parser = build_parser()  # imports every experiment module (and the LLM extra, where installed) for --help
     finally:
         signal.signal(signal.SIGINT, previous)
     try:
         if held:
             raise KeyboardInterrupt
-        return main()
+        return main(parser=parser)
     except KeyboardInterrupt:  # before main's own handler is in place (once it is, main returns 130 itself)
         print("\ntargetpo: interrupted", file=sys.stderr)
         return 130

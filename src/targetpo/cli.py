@@ -511,8 +511,10 @@ def _refuse_empty_strings(args) -> None:
 POSITIONAL = ("dir",)  # the free-text positional arguments (`report DIR`, `data NAME DIR`); the others have choices
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    """The `targetpo` command on `argv` (default sys.argv[1:]); `parser`: one :func:`build_parser` already built
+    (the script builds it while it holds Ctrl-C, `targetpo.__main__`)."""
+    parser = parser or build_parser()
     args, extra = parser.parse_known_args(argv)
     # key=value overrides may follow options (`run NAME --preset paper steps=10`); argparse leaves those over.
     # Any word that is not a flag joins them, so `steps` reads "must look like key=value" wherever it stands.

@@ -19,10 +19,9 @@ import time
 # the platform has no fork server (Windows), each worker is a fresh spawned interpreter.
 CONTEXT = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods()
                                       else "spawn")
-# What the fork server imports before its first fork. Set when targetpo starts its first worker, not at import
-# (it is the process's one fork server); a server already running keeps its own list and its workers import it.
+# What the fork server imports before its first fork. Set when targetpo starts a worker, not at import (it is
+# the process's one fork server); a server already running keeps its own list and its workers import it.
 PRELOAD = ["targetpo.runs.runner"]
-_PRELOADED = threading.Event()
 
 # Set when this process must stop (a worker got SIGTERM): the SystemExit raised by the signal handler normally
 # ends the run at once, but it is lost where it lands in code that swallows it (seen inside an import), and the
@@ -77,9 +76,8 @@ def stop_with_parent() -> None:
 
 def start_worker(target, args: tuple, name: str) -> multiprocessing.process.BaseProcess:
     """Start `target(*args)` in a worker process (see the module's docstring) and return the process."""
-    if CONTEXT.get_start_method() == "forkserver" and not _PRELOADED.is_set():
-        CONTEXT.set_forkserver_preload(PRELOAD)
-        _PRELOADED.set()
+    if CONTEXT.get_start_method() == "forkserver":
+        CONTEXT.set_forkserver_preload(PRELOAD)  # read only when the server starts
     proc = CONTEXT.Process(target=_in_parents_environment, args=(dict(os.environ), target, args), name=name)
     proc.start()
     return proc
