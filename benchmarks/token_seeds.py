@@ -6,9 +6,11 @@ optimizer and losses). Running the methods of a configuration as one batch too (
 methods × 2 seeds as 8 models) can save at most what 8 vectorised seeds save over 2: the per-episode work that
 does not grow with the seed count (Python, op dispatch, small-op overhead). This times `--episodes` episodes of
 one method of the authors' smoke configuration (H = 10, V = 2, B = 100, K = 8) at each seed count of `--seeds`,
-`--repeats` rounds interleaved, and prints the median seconds per episode and per seed-episode. Batching
-different methods would cost more than this bound shows: their epochs differ (DG steps once, the others four
-times), and each seed's distinct rows are padded to the widest seed's, so the records would move by rounding.
+`--repeats` rounds interleaved (a run's median episode after its first, from the start of training: a confident
+policy repeats rows, which the engine computes once), and prints the median over the rounds per episode and per
+seed-episode. Batching different methods would cost more than this bound shows: their epochs differ (DG steps
+once, the others four times), and each seed's distinct rows are padded to the widest seed's, so the records would
+move by rounding.
 
     python benchmarks/token_seeds.py --threads 2 --method tpo_token --seeds 2,8 --repeats 3
 """
@@ -16,27 +18,15 @@ times), and each seed's distinct rows are padded to the widest seed's, so the re
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
-from tokens import SMOKE, TOKEN_METHODS  # the configuration benchmarks/tokens.py times
-
-from targetpo.tokens import engine as te
+from tokens import SMOKE, TOKEN_METHODS, episode_seconds  # the configuration benchmarks/tokens.py times
 
 
 def seed_counts(text: str) -> list[int]:
     """A `type=` for a comma-separated list of seed counts >= 1."""
     return [positive_int(part) for part in text.split(",")]
-
-
-def episode_seconds(method: str, seeds: int, episodes: int) -> float:
-    """Mean wall seconds of an episode over `episodes` episodes of `method` with seeds 0..seeds−1 (from the
-    start, as a run goes: a confident policy repeats rows, which the engine computes once)."""
-    cfg = te.trial_config(SMOKE, episodes=episodes)
-    t0 = time.perf_counter()
-    te.run_trial(cfg, method, list(range(seeds)))
-    return (time.perf_counter() - t0) / episodes
 
 
 def main() -> None:
@@ -45,18 +35,19 @@ def main() -> None:
                         "tpo_token)")
     parser.add_argument("--seeds", type=seed_counts, default=[1, 2, 4, 8], help="comma-separated seed counts "
                         "(default 1,2,4,8)")
-    parser.add_argument("--episodes", type=positive_int, default=15, help="episodes per run (default 15)")
+    parser.add_argument("--episodes", type=positive_int, default=15, help="episodes timed per run, after a first "
+                        "one (default 15)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="rounds over the seed counts, interleaved "
                         "(default 3)")
     parser.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    episode_seconds(args.method, 1, 2)  # warm-up: first-call allocations and lazy initialisation
+    episode_seconds(SMOKE, args.method, [0], 2)  # warm-up: first-call allocations and lazy initialisation
     runs: dict[int, list[float]] = {s: [] for s in args.seeds}
     for _ in range(args.repeats):
         for s in args.seeds:
-            runs[s].append(episode_seconds(args.method, s, args.episodes))
-    print(f"{args.method}, smoke configuration, {args.episodes} episodes from the start, {args.threads} thread(s), "
+            runs[s].append(episode_seconds(SMOKE, args.method, list(range(s)), args.episodes))
+    print(f"{args.method}, smoke configuration, {args.episodes} episodes after the first, {args.threads} thread(s), "
           f"median of {args.repeats} interleaved rounds\n")
     print("| seeds | ms an episode | ms a seed-episode | runs (ms an episode) |")
     print("|---|---|---|---|")

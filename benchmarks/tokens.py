@@ -54,7 +54,7 @@ SMOKE = te.TrialConfig(task="reverse_copy", reward="bag", length=10, vocab=2, ba
 JAX_SMOKE_S = (169, 173)
 
 
-def _episode_timer(cfg: te.TrialConfig, method: str, seeds: list[int], episodes: int) -> float:
+def episode_seconds(cfg: te.TrialConfig, method: str, seeds: list[int], episodes: int) -> float:
     """Median seconds of one episode (after one warm-up episode) of `method` for the S seeds."""
     marks: list[float] = []
     te.run_trial(te.trial_config(cfg, episodes=episodes + 1), method, seeds, advance=lambda: marks.append(time.perf_counter()))
@@ -66,12 +66,12 @@ def per_seed_costs(seeds: int, episodes: int) -> dict[str, float]:
     out = {}
     dense = te.TrialConfig(task="reverse_copy", reward="bag", length=10, vocab=2, batch=100, k=8)
     for m in TOKEN_METHODS:
-        out[f"{m} (dense)"] = _episode_timer(dense, m, ids, episodes) / seeds
+        out[f"{m} (dense)"] = episode_seconds(dense, m, ids, episodes) / seeds
     terminal = te.TrialConfig(task="reverse_copy", reward="terminal", length=10, vocab=2, batch=100, k=8)
     for spec in SEQUENCE_METHODS:
         m, _, match = spec.partition("@")
         cfg = te.trial_config(terminal, match=match or "prompts")
-        out[f"{spec} (terminal)"] = _episode_timer(cfg, m, ids, episodes) / seeds
+        out[f"{spec} (terminal)"] = episode_seconds(cfg, m, ids, episodes) / seeds
     return out
 
 
