@@ -50,7 +50,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for method in results:
             out, wall, _ = run_timed([sys.executable, "-c", CHILD, method, str(args.workers), str(args.rounds)],
-                                       capture_output=True, text=True)
+                                     capture_output=True, text=True)
             if out.returncode:
                 sys.exit(f"the {method} child failed:\n{out.stderr}")
             results[method].append({**json.loads(out.stdout), "wall": wall})
