@@ -123,6 +123,22 @@ def test_the_fingerprint_covers_every_array_and_the_description_its_counts():
     assert "3 train / 2 test" in _data().description
 
 
+def test_the_data_and_the_networks_go_to_the_device_asked():
+    """What `train` does for `--device cuda` (mnist, mnist-mechanism), checked on the meta device, which every torch
+    build has: the four arrays move and nothing else changes; the networks are leaves on that device, drawn on the
+    CPU first (so a seed starts from the same weights everywhere), and Adam holds those very tensors."""
+    data, moved = _data(), _data().to("meta")
+    assert {t.device.type for t in (moved.train_x, moved.train_y, moved.test_x, moved.test_y)} == {"meta"}
+    assert (moved.dataset, moved.protocol, moved.directory) == (data.dataset, data.protocol, data.directory)
+    assert data.to("cpu").train_x is data.train_x                      # already there: no copy
+    cfg = train.Config(seeds=2, steps=20, eval_every=20)
+    params, opt = train.init_policies(cfg, 3, "meta")
+    on_cpu, _ = train.init_policies(cfg, 3)
+    assert [p.shape for p in params] == [p.shape for p in on_cpu]
+    assert all(p.device.type == "meta" and p.is_leaf and p.requires_grad for p in params)
+    assert all(a is b for a, b in zip(opt.param_groups[0]["params"], params, strict=True))
+
+
 def test_the_test_split_of_the_shared_data_is_pinned(mnist_dir):
     """The seeded 8,000 / 2,000 split every cpu number was computed on (a changed split seed moves them all)."""
     d = mnist_data.load(mnist_dir)

@@ -103,17 +103,25 @@ def test_a_device_this_machine_lacks_is_refused_before_the_run_folder(tmp_path, 
     assert not out.exists()
 
 
-def test_cpu_only_experiments_refuse_another_device_instead_of_ignoring_it():
-    """MNIST and the tabular bandits keep their tensors on the CPU: `--device cuda` was recorded in run.json
-    and ignored. The token and LLM experiments compute on the device they are given."""
-    meta = torch.device("meta")  # a device every torch build has, which no experiment computes on
-    for name in ("tabular-single", "tabular-multi", "mnist", "mnist-staleness"):
+def test_experiments_refuse_a_device_they_do_not_compute_on_instead_of_ignoring_it():
+    """The tabular bandits and most MNIST experiments keep their tensors on the CPU: `--device cuda` was recorded
+    in run.json and ignored. `mnist` and `mnist-mechanism` compute on the CPU or a CUDA device; the token and LLM
+    experiments on the device they are given."""
+    meta, cuda = torch.device("meta"), torch.device("cuda")  # both can be named on any torch build
+    for name in ("tabular-single", "tabular-multi", "mnist", "mnist-mechanism", "mnist-staleness"):
         assert not computes_on(load(name), meta)
         assert computes_on(load(name), torch.device("cpu"))
+    for name in ("mnist", "mnist-mechanism"):
+        assert computes_on(load(name), cuda)
+    for name in ("tabular-single", "mnist-staleness", "mnist-replay", "mnist-friction", "mnist-projections"):
+        assert not computes_on(load(name), cuda)
     for name in ("token-terminal", "token-dense"):
         assert computes_on(load(name), meta)
-    with pytest.raises(ValueError, match="--device meta: mnist computes on cpu only; drop --device"):
+    with pytest.raises(ValueError, match="--device meta: mnist computes on cpu or cuda only; give --device cpu or "
+                       "cuda"):
         resolve_device(load("mnist"), "meta")
+    with pytest.raises(ValueError, match="--device meta: mnist-staleness computes on cpu only; drop --device"):
+        resolve_device(load("mnist-staleness"), "meta")
 
 
 def test_data_flag_and_its_field_together_are_refused(tmp_path, capsys):

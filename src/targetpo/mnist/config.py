@@ -13,7 +13,9 @@ GROUP_PG_ETA_MIN = 1e-15
 
 @config
 class MnistConfig(RunConfig):
-    DEVICES = ("cpu",)  # the MLPs of every seed are one batched CPU computation; nothing moves to --device
+    # The loops of these experiments keep their tensors on the CPU; `mnist` and `mnist-mechanism` (mnist.train.train)
+    # take --device cuda as well.
+    DEVICES = ("cpu",)
     seeds = default(10, help="independent seeds, vectorised as one batched network")
     steps: int = param(4000, "Adam updates (one batch each)", ge=1)
     batch: int = param(100, "images per update, drawn uniformly with replacement (GRPO standardizes over it)",

@@ -22,6 +22,7 @@ import gzip
 import hashlib
 import os
 import zlib
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +81,11 @@ class MnistData:
     protocol: str  # "official" (train/test files) or "test-split" (seeded split of the test file)
     directory: Path
 
+    def to(self, device: torch.device | str) -> MnistData:
+        """The same data with its four arrays on `device` (itself where they are there already)."""
+        return dataclasses.replace(self, train_x=self.train_x.to(device), train_y=self.train_y.to(device),
+                                   test_x=self.test_x.to(device), test_y=self.test_y.to(device))
+
     @property
     def fingerprint(self) -> str:
         """The first 16 hex digits of a SHA-256 over the arrays a run reads: a resume on other data (another copy,
@@ -87,7 +93,7 @@ class MnistData:
         h = hashlib.sha256()
         for t in (self.train_x, self.train_y, self.test_x, self.test_y):
             h.update(str((tuple(t.shape), t.dtype)).encode())
-            h.update(t.contiguous().numpy().tobytes())
+            h.update(t.contiguous().cpu().numpy().tobytes())
         return h.hexdigest()[:16]
 
     @property

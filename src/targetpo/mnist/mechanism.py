@@ -45,6 +45,7 @@ units = base.units  # one unit: all methods and seeds stacked, as in `mnist`
 
 @config
 class Config(MnistConfig):
+    DEVICES = base.TRAIN_DEVICES
     # Per-bin statistics are NaN when a concentration bin is empty: not a divergence.
     NAN_MEANS_EMPTY: ClassVar[tuple[str, ...]] = (".surplus", ".exact", ".scalar")
     steps = default(3000, note="the checkpoint needs checkpoint_label + eval_every of them")
@@ -96,7 +97,7 @@ def make_diagnostics(methods: list[str], eta: float):
             p = probs[:, i].double()  # [S, T, C]
             wrong = p.argmax(-1) != y
             conc = concentration(p, y)
-            bins = torch.bucketize(conc, inner, right=True)
+            bins = torch.bucketize(conc, inner.to(conc.device), right=True)
             _, counts = bin_statistics(conc, bins, wrong, nbins)
             rec[f"{m}.count"] = counts
             if m in NO_CLOSED_FORM:

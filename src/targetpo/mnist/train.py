@@ -42,10 +42,14 @@ TITLE = "MNIST contextual bandit (paper §3.3, Fig. 4a)"
 PAPER_REF = "§3.3, Fig. 4a, App. C; docs/experiments.md §E3"
 METHODS = ON_POLICY
 UNIT = "bandit"  # one unit: all methods and seeds are stacked into one batched network
+# `mnist` and `mnist-mechanism` run :func:`train`, which moves its tensors to the run's --device; the other MNIST
+# experiments' loops keep theirs on the CPU (MnistConfig.DEVICES).
+TRAIN_DEVICES = ("cpu", "cuda")
 
 
 @config
 class Config(MnistConfig):
+    DEVICES = TRAIN_DEVICES
     methods = default(METHODS, choices=METHODS)
     READ_BY = {"eta": READS_ETA}
 
@@ -85,9 +89,13 @@ def seed_values(cfg) -> list[int]:
     return list(range(cfg.seed, cfg.seed + cfg.seeds))
 
 
-def init_policies(cfg, copies: int) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
+def init_policies(cfg, copies: int,
+                  device: torch.device | str = "cpu") -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
+    """`copies` networks per seed on `device`, and their Adam. The weights are drawn on the CPU, so a seed starts
+    from the same weights on every device."""
     params = init_bank((784, cfg.hidden, cfg.hidden, mnist_data.NUM_CLASSES),
                        seed_generators(seed_values(cfg), STREAM_INIT), copies)
+    params = [p.detach().to(device).requires_grad_(True) for p in params]
     # Adam is elementwise, so one Adam over the stacked tensors is exactly per-network Adam.
     return params, torch.optim.Adam(params, lr=cfg.lr, fused=True)
 
@@ -132,14 +140,17 @@ def bandit_step(params, opt, methods: list[str], x, y, noise, eta: float, check=
 
 
 def train(cfg, data: mnist_data.MnistData, ctx, diagnostics=None) -> None:
-    """Train every (seed, method) network together and log test error every `eval_every` updates.
-    `diagnostics(probs [S, M, T, C], test_y)` may add fields to each evaluation record (mnist-mechanism)."""
-    methods = list(cfg.methods)
-    params, opt = init_policies(cfg, len(methods))
+    """Train every (seed, method) network together on `ctx.device` and log test error every `eval_every` updates.
+    `diagnostics(probs [S, M, T, C], test_y)` may add fields to each evaluation record (mnist-mechanism).
+    The minibatches and action noise are drawn on the CPU (:class:`BatchStream`) and moved, so every device sees
+    the same draws; only the arithmetic's rounding differs between devices."""
+    methods, dev = list(cfg.methods), ctx.device
+    data = data.to(dev)
+    params, opt = init_policies(cfg, len(methods), dev)
     stream = BatchStream(seed_values(cfg), len(data.train_y), cfg.batch)
-    reward = torch.zeros(cfg.seeds, len(methods), dtype=torch.float32)
+    reward = torch.zeros(cfg.seeds, len(methods), dtype=torch.float32, device=dev)
     for t in range(1, cfg.steps + 1):
-        idx, noise = stream.next()
+        idx, noise = (v.to(dev) for v in stream.next())
         x, y = gather_batch(data, idx)
         # Checked every step: weights blown up between evaluations would reach the losses, whose input checks
         # fail the run instead of ending the unit as diverged.

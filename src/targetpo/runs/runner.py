@@ -879,8 +879,9 @@ def resolve_device(exp: ModuleType, device: str) -> torch.device:
     experiment that runs on the CPU only (Config.DEVICES), or see :func:`parse_device`."""
     dev = parse_device(device)
     if not computes_on(exp, dev):
-        raise ValueError(f"--device {device}: {exp.NAME} computes on {' or '.join(config_class(exp).DEVICES)} "
-                         "only; drop --device")
+        allowed = config_class(exp).DEVICES
+        fix = "drop --device" if tuple(allowed) == ("cpu",) else f"give --device {' or '.join(allowed)}"
+        raise ValueError(f"--device {device}: {exp.NAME} computes on {' or '.join(allowed)} only; {fix}")
     return dev
 
 
