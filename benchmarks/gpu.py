@@ -122,15 +122,16 @@ def main() -> None:
     lines = [f"device: {name}; torch {torch.__version__}; python {sys.version.split()[0]}", "",
              "| smoke preset | device status | device wall (s) | cpu wall (s) | largest error difference | peak GPU "
              "memory (GiB) |", "|---|---|---|---|---|---|"]
-    failed = False
+    failed, tag = False, args.device.replace(":", "")  # run folders: NAME-PRESET-DEVICE
     for exp in SMOKE:
-        dev = run(exp, "smoke", args.device, runs / f"{exp}-smoke-gpu", args.data_dir, None)
+        dev = run(exp, "smoke", args.device, runs / f"{exp}-smoke-{tag}", args.data_dir, None)
         cpu_wall, diff = "–", "–"
         ok = dev.get("status") == "complete"
         if exp in PAIRED:
-            cpu = run(exp, "smoke", "cpu", runs / f"{exp}-smoke-cpu", args.data_dir, None)
+            reference = runs / f"{exp}-smoke-cpu-reference"
+            cpu = run(exp, "smoke", "cpu", reference, args.data_dir, None)
             cpu_wall = f"{cpu.get('wall_time_s', float('nan')):.1f}"
-            d = largest_difference(runs / f"{exp}-smoke-gpu", runs / f"{exp}-smoke-cpu") if ok else float("inf")
+            d = largest_difference(runs / f"{exp}-smoke-{tag}", reference) if ok else float("inf")
             diff = f"{d:.3f}"
             ok = ok and d <= args.tolerance
         failed |= not ok
@@ -141,7 +142,7 @@ def main() -> None:
               "| paper preset | status | runner wall (s) | whole command (s) | steps done | peak GPU memory (GiB) |",
               "|---|---|---|---|---|---|"]
     for exp in args.paper:
-        folder = runs / f"{exp}-paper-gpu"
+        folder = runs / f"{exp}-paper-{tag}"
         meta = run(exp, "paper", args.device, folder, args.data_dir, args.time_limit)
         done, planned = steps_done(exp, folder) if (folder / "metrics.jsonl").exists() else (0, 0)
         lines.append(f"| `{exp}` | {meta.get('status', 'no run.json')} | {meta.get('wall_time_s', float('nan')):.1f} | "
