@@ -1,5 +1,6 @@
-"""On a CUDA device, run.json records each segment's peak GPU memory and the report's run line shows the largest;
-on the CPU neither appears. No GPU is needed: the CUDA counters are replaced by a fake that a unit drives."""
+"""On a CUDA device, run.json records each segment's peak GPU memory and the report's run line shows the largest,
+and the units run with torch's deterministic algorithms; on the CPU none of this happens. No GPU is needed: the
+CUDA counters are replaced by a fake that a unit drives."""
 
 import json
 
@@ -65,3 +66,36 @@ def test_a_cpu_run_records_no_gpu_memory(tmp_path):
     meta = json.loads((out / "run.json").read_text())
     assert "peak_gpu_memory_bytes" not in meta and all("peak_gpu_memory_bytes" not in r for r in meta["runs"])
     assert "peak GPU memory" not in write_report(out).read_text()
+
+
+def test_a_cuda_run_computes_with_deterministic_kernels_and_restores_the_setting(tmp_path, monkeypatch):
+    """A seed and config give the same numbers again on a GPU, and a resume replays exactly, only with torch's
+    deterministic kernels (CUDA's index_add_ adds with atomics); a user's own setting is back after the run."""
+    seen = {}
+
+    def run_unit(cfg, unit, ctx):
+        seen[unit] = (torch.are_deterministic_algorithms_enabled(),
+                      torch.is_deterministic_algorithms_warn_only_enabled(),
+                      runner.os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+        for t in range(2):
+            ctx.log({"step": t, "error": [0.5] * cfg.seeds, "misalignment": [0.1] * cfg.seeds})
+            ctx.advance()
+
+    counters = FakeCudaCounters()
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", counters.reset_peak_memory_stats)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", counters.max_memory_allocated)
+    monkeypatch.delattr(multi, "run_units")
+    monkeypatch.setattr(multi, "run_unit", run_unit)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # records the variable's state, so the run's setting is undone
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    assert not torch.are_deterministic_algorithms_enabled()
+    run_experiment("tabular-multi", "smoke", out=tmp_path / "cpu", progress=False, quiet=True)
+    assert set(seen.values()) == {(False, False, None)}                      # the CPU: nothing changes
+    monkeypatch.setattr(runner, "resolve_device", lambda exp, device: torch.device("cuda"))
+    run_experiment("tabular-multi", "smoke", out=tmp_path / "cuda", device="cuda", progress=False, quiet=True)
+    assert set(seen.values()) == {(True, True, ":4096:8")}
+    assert not torch.are_deterministic_algorithms_enabled()                  # restored
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")                   # the user's own cuBLAS setting is kept
+    run_experiment("tabular-multi", "smoke", out=tmp_path / "cuda", device="cuda", force=True, progress=False,
+                   quiet=True)
+    assert set(seen.values()) == {(True, True, ":16:8")}

@@ -604,6 +604,7 @@ def _run_experiment(
     with (_on_interrupt(lambda: record_time("interrupted")),
           _on_failure(name, cfg, record_time,
                       restore=None if stored is None else lambda: restore_run_json(run_dir, stored)),
+          deterministic_kernels(dev),
           contextlib.ExitStack() as open_files):
         write_run_json(run_dir, meta)
         total = sum(steps_of(exp, cfg, u) for u in todo)
@@ -854,6 +855,27 @@ def _ready(exp: ModuleType, cfg: Any, queue: list[str], running) -> str | None:
     """The first unit of `queue` (longest first) whose needs are all finished: none still queued or running."""
     waiting = set(queue) | set(running)
     return next((u for u in queue if not waiting.intersection(needs_of(exp, cfg, u))), None)
+
+
+@contextlib.contextmanager
+def deterministic_kernels(dev: torch.device):
+    """On a CUDA device, the block runs with torch's deterministic algorithms, so that a seed and config give the
+    same numbers again and a resume replays exactly (docs/architecture.md, "Resume"): e.g. the token engine's
+    gathers differentiate through `index_add_`, whose CUDA kernel adds with atomics in no fixed order. An op with
+    no deterministic kernel warns (`warn_only`) rather than stopping a run. cuBLAS needs a fixed workspace for
+    it, `CUBLAS_WORKSPACE_CONFIG=:4096:8`, set unless the environment already sets it (read when cuBLAS starts:
+    in a process that used cuBLAS before, set it yourself). On other devices nothing changes: the CPU kernels
+    these experiments use are deterministic."""
+    if dev.type != "cuda":
+        yield
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
 
 
 def reset_peak_memory(dev: torch.device) -> None:
