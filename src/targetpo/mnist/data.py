@@ -18,11 +18,11 @@ the official MD5 of every file before it is used.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import os
 import zlib
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
