@@ -305,7 +305,8 @@ def main():
         "The authors' `transformer --smoke` configuration (2 seeds × 50 episodes, H = 10, V = 2, B = 100, K = 8; "
         f"ppo, dg, tpo_token, grpo_token), in one process (interpreter start-up excluded), median of {args.repeats} "
         f"runs ({', '.join(f'{w:.1f}' for w in smoke_all)} s):", "",
-        "| | wall (s) | vs authors' JAX (169–173 s) |", "|---|---|---|",
+        "| | wall (s) | vs authors' JAX, timed on the 2-core Intel machine (169–173 s; elsewhere time it with "
+        "--authors) |", "|---|---|---|",
         f"| targetpo engine | {smoke_s:.1f} | {JAX_SMOKE_S[0] / smoke_s:.1f}–{JAX_SMOKE_S[1] / smoke_s:.1f}× faster |", "",
         "Error at episode 50 (2-seed mean): " + ", ".join(f"{m} {v:.3f}" for m, v in finals.items())
         + " (the authors' run: tpo_token ≈ 0.01, the others 0.37–0.43).", "",
