@@ -18,6 +18,7 @@ paper presets take (wall time, peak GPU memory, how much of each was done within
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -29,6 +30,8 @@ import time
 from pathlib import Path
 
 from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
+
+from targetpo.experiments import EXPERIMENTS
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ("mnist", "mnist-mechanism", "token-terminal", "token-dense")
@@ -92,6 +95,17 @@ def largest_difference(a: Path, b: Path) -> float:
     return max(abs(x - y) for k in ea for x, y in zip(ea[k], eb[k], strict=True))
 
 
+def share(text: str) -> float:
+    """A `type=` for a number in [0, 1] (an error-rate difference)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be between 0 and 1")
+    return value
+
+
 def gib(meta: dict) -> str:
     peak = meta.get("peak_gpu_memory_bytes")
     return "–" if peak is None else f"{peak / 2**30:.2f}"
@@ -104,9 +118,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="the accelerator (default cuda)")
     ap.add_argument("--time-limit", type=positive_int, default=150,
                     help="seconds after which a paper preset's run is stopped (default 150)")
-    ap.add_argument("--paper", nargs="*", default=list(PAPER), metavar="NAME",
+    ap.add_argument("--paper", nargs="*", default=list(PAPER), metavar="NAME", choices=EXPERIMENTS,
                     help=f"experiments whose paper preset is timed (default: {' '.join(PAPER)}; none: skip)")
-    ap.add_argument("--tolerance", type=float, default=0.05,
+    ap.add_argument("--tolerance", type=share, default=0.05,
                     help="largest allowed difference of a seed's test error between the CPU and the device in the "
                     "paired smoke runs (default 0.05)")
     args = ap.parse_args()
