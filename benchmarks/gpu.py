@@ -9,7 +9,7 @@ paper presets take (wall time, peak GPU memory, how much of each was done within
 2. Paper presets (default `token-terminal`, `token-dense`, `mnist`), each stopped by SIGTERM after --time-limit
    seconds if it has not ended: run.json then says "interrupted", every record is kept, and
    `targetpo run NAME --preset paper --out DIR --device cuda --resume` continues it. The table gives the runner's
-   wall time, the peak GPU memory and the share of the preset's steps done.
+   wall time, the peak GPU memory and how far the run got.
 3. Every run folder packed into one runs.tar.gz in --out, beside summary.md (the tables, also printed), so that
    `targetpo report` can be run on them elsewhere.
 
@@ -20,18 +20,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
+import torch
 from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
+from _timing import run_timed
+from presets import run_command
 
-from targetpo.experiments import EXPERIMENTS
+from targetpo.experiments import EXPERIMENTS, load
+from targetpo.runs.runner import run_progress
+from targetpo.runs.store import Run
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ("mnist", "mnist-mechanism", "token-terminal", "token-dense")
@@ -40,52 +42,29 @@ PAPER = ("token-terminal", "token-dense", "mnist")
 
 
 def run(name: str, preset: str, device: str, out: Path, data_dir: str | None, limit: float | None) -> dict:
-    """One fresh `targetpo run`, stopped by SIGTERM after `limit` seconds: its run.json, with the whole command's
-    seconds and exit code added."""
-    cmd = [sys.executable, "-m", "targetpo.cli", "run", name, "--preset", preset, "--out", str(out), "--force",
-           "--no-progress", "--no-report", "--device", device]
-    cmd += ["--data-dir", data_dir] if data_dir and name.startswith("mnist") else []
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
-    try:
-        code = proc.wait(timeout=limit)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)  # the runner records "interrupted" and its wall time, keeping every line
-        try:
-            code = proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
+    """One fresh `targetpo run` (benchmarks/presets.py's command), stopped by SIGTERM after `limit` seconds: its
+    run.json, with the whole command's seconds and exit code added."""
+    extra = ["--device", device] + (["--data-dir", data_dir] if data_dir and name.startswith("mnist") else [])
+    cmd, env = run_command(ROOT / "src", name, preset, out, extra)
+    done, whole, _ = run_timed(cmd, stop_after=limit, env=env, stdout=subprocess.DEVNULL)
     meta = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
-    return {**meta, "whole_s": time.perf_counter() - t0, "exit_code": code}
+    return {**meta, "whole_s": whole, "exit_code": done.returncode}
 
 
-def steps_done(name: str, out: Path) -> tuple[int, int]:
-    """(steps done, steps planned) over the run's units (targetpo.runs.runner.run_progress)."""
-    from targetpo.experiments import load
-    from targetpo.runs.config import config_from_dict
-    from targetpo.runs.runner import run_progress, steps_of
-    from targetpo.runs.store import Run
-
-    exp, stored = load(name), Run.load(out)
-    progress, cfg = run_progress(exp, stored), config_from_dict(exp, stored.config)
-    done = sum(steps_of(exp, cfg, u) for u in progress.finished)
-    done += sum(min(last + 1, n) for last, n in progress.partial.values())
-    planned = done + sum(n - min(last + 1, n) for last, n in progress.partial.values())
-    planned += sum(steps_of(exp, cfg, u) for u in progress.missing)
-    return done, planned
+def progress_text(name: str, out: Path) -> str:
+    """How far a run got (targetpo.runs.runner.run_progress): units finished, and each partial unit's last logged
+    step against its planned steps (a step as the experiment counts it: an update for mnist, an episode from 0 for
+    the token experiments)."""
+    progress = run_progress(load(name), Run.load(out))
+    planned = len(progress.finished) + len(progress.partial) + len(progress.missing)
+    partial = "".join(f"; {u} at {last:,} of {n:,}" for u, (last, n) in progress.partial.items())
+    return f"{len(progress.finished)} of {planned} units finished{partial}"
 
 
 def errors(out: Path) -> dict[tuple[int, str], list[float]]:
-    """(step, metric) -> per-seed values of every `*.error` metric in a run's metrics.jsonl."""
-    found = {}
-    for line in (out / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        for k, v in rec.items():
-            if k.endswith(".error") and isinstance(v, list):
-                found[(rec["step"], k)] = v
-    return found
+    """(step, metric) -> per-seed values of every `*.error` metric of a run."""
+    return {(r["step"], k): v for r in Run.load(out).records for k, v in r.items()
+            if k.endswith(".error") and isinstance(v, list)}
 
 
 def largest_difference(a: Path, b: Path) -> float:
@@ -124,8 +103,6 @@ def main() -> None:
                     help="largest allowed difference of a seed's test error between the CPU and the device in the "
                     "paired smoke runs (default 0.05)")
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT / "src"))
-    import torch
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: torch {torch.__version__} sees no CUDA device here")
@@ -153,14 +130,14 @@ def main() -> None:
                      f"{dev.get('wall_time_s', float('nan')):.1f} | {cpu_wall} | {diff} | {gib(dev)} |")
         print(lines[-1], flush=True)
     lines += ["", f"Paper presets, each stopped after {args.time_limit} s if it had not ended:", "",
-              "| paper preset | status | runner wall (s) | whole command (s) | steps done | peak GPU memory (GiB) |",
+              "| paper preset | status | runner wall (s) | whole command (s) | progress | peak GPU memory (GiB) |",
               "|---|---|---|---|---|---|"]
     for exp in args.paper:
         folder = runs / f"{exp}-paper-{tag}"
         meta = run(exp, "paper", args.device, folder, args.data_dir, args.time_limit)
-        done, planned = steps_done(exp, folder) if (folder / "metrics.jsonl").exists() else (0, 0)
+        done = progress_text(exp, folder) if (folder / "metrics.jsonl").exists() else "nothing logged"
         lines.append(f"| `{exp}` | {meta.get('status', 'no run.json')} | {meta.get('wall_time_s', float('nan')):.1f} | "
-                     f"{meta['whole_s']:.1f} | {done:,} of {planned:,} | {gib(meta)} |")
+                     f"{meta['whole_s']:.1f} | {done} | {gib(meta)} |")
         print(lines[-1], flush=True)
     with tarfile.open(out / "runs.tar.gz", "w:gz") as tar:
         tar.add(runs, arcname="runs")

@@ -32,13 +32,18 @@ from _timing import run_timed
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def run_command(src: Path, name: str, preset: str, out: Path, extra: list[str]) -> tuple[list[str], dict[str, str]]:
+    """(command, environment) of one fresh `targetpo run NAME --preset PRESET` into `out` from the tree `src`."""
+    cmd = [sys.executable, "-m", "targetpo.cli", "run", name, "--preset", preset, "--out", str(out), "--force",
+           "--no-progress", "--no-report", *extra]
+    return cmd, {**os.environ, "PYTHONPATH": str(src)}
+
+
 def run_once(src: Path, name: str, preset: str, out: Path, extra: list[str]) -> tuple[float, float, float, int | None]:
     """(runner wall_time_s, whole-command seconds, whole-command CPU seconds, peak GPU memory in bytes or None off
     a GPU) of one fresh run. On a shared machine the CPU time (user + sys) is the steadier number: it leaves out
     the time spent waiting for a core."""
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    cmd = [sys.executable, "-m", "targetpo.cli", "run", name, "--preset", preset, "--out", str(out), "--force",
-           "--no-progress", "--no-report", *extra]
+    cmd, env = run_command(src, name, preset, out, extra)
     _, whole, cpu = run_timed(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
     meta = json.loads((out / "run.json").read_text())
     return meta["wall_time_s"], whole, cpu, meta.get("peak_gpu_memory_bytes")

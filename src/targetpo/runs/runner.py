@@ -902,7 +902,7 @@ def resolve_device(exp: ModuleType, device: str) -> torch.device:
     dev = parse_device(device)
     if not computes_on(exp, dev):
         allowed = config_class(exp).DEVICES
-        fix = "drop --device" if tuple(allowed) == ("cpu",) else f"give --device {' or '.join(allowed)}"
+        fix = "drop --device" if allowed == ("cpu",) else f"give --device {' or '.join(allowed)}"
         raise ValueError(f"--device {device}: {exp.NAME} computes on {' or '.join(allowed)} only; {fix}")
     return dev
 
