@@ -97,6 +97,11 @@ def one_hot_scores(advantages: Tensor, actions: Tensor, num_classes: int = NUM_C
     return advantages.unsqueeze(-1) * torch.nn.functional.one_hot(actions, num_classes).to(advantages.dtype)
 
 
+def _sampled(values: Tensor, actions: Tensor) -> Tensor:
+    """values [..., C] at the sampled classes actions [...]."""
+    return values.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+
+
 def bandit_loss(
     method: str,
     logits: Tensor,
@@ -134,34 +139,32 @@ def bandit_loss(
     """
     o = objective(method)
     s, b, c = logits.shape
-    logp_all = log_softmax(logits)
-    logp_a = logp_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
     old = behaviour_logp.detach()
-    base = old if baseline_logp is None else baseline_logp.detach()
-    anchor = old if anchor_logp is None else anchor_logp.detach()
+    # Each method computes only what its loss reads (the same operations as ever, so the same bits).
+    if o.name == "ce":  # the label alone: no reward, advantage or sampled log-prob is computed
+        return o.fn(logits.reshape(-1, c), labels.reshape(-1)).loss * s
     rewards = (actions == labels).to(logits.dtype)
+    if o.name == "grpo_single":
+        out = o.fn(_sampled(log_softmax(logits), actions), rewards)  # standardized within each seed's batch (last dim)
+        return out.loss * s
+    base = old if baseline_logp is None else baseline_logp.detach()
     adv = rewards - expected_baseline(base.exp())
     flat = lambda t: t.reshape(-1)  # noqa: E731  (S·B single-sample contexts; mean = mean over seeds of means)
-    old_a = old.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-    if o.name == "ce":
-        out = o.fn(logits.reshape(-1, c), flat(labels))
-    elif o.needs_groups:
-        # The group is all C classes, scored A·onehot(a) (§E3).
+    if o.name == "tpo":  # the group is all C classes, scored A·onehot(a) (§E3)
+        anchor = old if anchor_logp is None else anchor_logp.detach()
         scores = one_hot_scores(adv, actions, c)
-        if o.name == "group_pg":
-            # The paper's single-sample form: REINFORCE on the sampled class's standardized score (§E3, §5.15).
-            u_a = standardize_scores(scores).gather(-1, actions.unsqueeze(-1)).squeeze(-1) / eta
-            out = reinforce_loss(flat(logp_a), flat(u_a))
-        else:
-            out = o.fn(logits.reshape(-1, c), anchor.reshape(-1, c), scores.reshape(-1, c), eta=eta)
-    elif o.name == "grpo_single":
-        out = o.fn(logp_a, rewards)  # standardized within each seed's batch (last dim)
+        return o.fn(logits.reshape(-1, c), anchor.reshape(-1, c), scores.reshape(-1, c), eta=eta).loss * s
+    logp_a = _sampled(log_softmax(logits), actions)
+    if o.name == "group_pg":
+        # The paper's single-sample form: REINFORCE on the sampled class's standardized score (§E3, §5.15).
+        u_a = _sampled(standardize_scores(one_hot_scores(adv, actions, c)), actions) / eta
+        out = reinforce_loss(flat(logp_a), flat(u_a))
     elif o.name == "dg":
         out = o.fn(flat(logp_a), flat(adv), eta=eta)
     elif o.name == "ppo":
-        out = o.fn(flat(logp_a), flat(old_a), flat(adv), clip_eps=clip_eps)
+        out = o.fn(flat(logp_a), flat(_sampled(old, actions)), flat(adv), clip_eps=clip_eps)
     elif o.name == "pg_is":
-        out = o.fn(flat(logp_a), flat(old_a), flat(adv))
+        out = o.fn(flat(logp_a), flat(_sampled(old, actions)), flat(adv))
     else:
         out = o.fn(flat(logp_a), flat(adv))
     return out.loss * s

@@ -125,7 +125,9 @@ def forward_losses(params, methods: list[str], x, y, noise, eta: float,
     with torch.no_grad():
         logp = log_softmax(logits.detach())
         actions = sample_actions(logp.exp(), noise.unsqueeze(1))
-    loss = sum(bandit_loss(m, logits[:, i], actions[:, i], y, logp[:, i], eta=eta) for i, m in enumerate(methods))
+    # unbind: one backward node stacks the methods' gradients (indexing would add one full-size gradient per method).
+    loss = sum(bandit_loss(m, lg, actions[:, i], y, logp[:, i], eta=eta)
+               for i, (m, lg) in enumerate(zip(methods, logits.unbind(1))))
     return loss, actions
 
 

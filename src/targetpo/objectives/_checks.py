@@ -48,8 +48,10 @@ def as_float(name: str, x: Tensor, *, inf_ok: bool = False) -> Tensor:
 
 
 def check_finite(name: str, x: Tensor, *, inf_ok: bool = False) -> None:
-    # One reduction instead of isfinite().all(): it allocates no bool tensor of the input's size.
-    if not torch.isfinite(x.detach().sum()):
+    # One reduction instead of isfinite().all(): it allocates no bool tensor of the input's size; its value read as a
+    # Python number (the same one host sync as bool() of a tensor, without an isfinite op: objectives run it on
+    # every input of every call).
+    if not math.isfinite(x.detach().sum().item()):
         bad = (torch.isnan(x.detach()) if inf_ok else ~torch.isfinite(x.detach())).sum().item()
         if bad:
             what = "NaN" if inf_ok else "NaN/inf"

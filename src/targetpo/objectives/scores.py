@@ -51,7 +51,8 @@ def _zero_variance(s: Tensor, mask: Tensor | None, std: Tensor, eps: float) -> T
     std of equal scores is rounding (the mean of K copies of 0.7 is one ulp off, so σ ≈ 6e-8, and ≈ 6e-5 for
     1000.7), which a threshold on σ alone reads as spread once the scores are large or ε = 0."""
     if mask is None:
-        equal = s.amax(dim=-1, keepdim=True) == s.amin(dim=-1, keepdim=True)
+        low, high = torch.aminmax(s, dim=-1, keepdim=True)  # one pass for both (exact, like amin and amax)
+        equal = low == high
     else:
         equal = s.masked_fill(~mask, float("-inf")).amax(dim=-1, keepdim=True) == \
             s.masked_fill(~mask, float("inf")).amin(dim=-1, keepdim=True)
