@@ -195,6 +195,32 @@ def test_bank_matches_independent_networks_and_shares_init_per_seed():
     torch.testing.assert_close(network_params(alone, 0, 0, 1)[2], network_params(params, 1, 2, 3)[2])
 
 
+def test_the_stacked_update_is_each_methods_loss_on_its_own_logits_bit_for_bit():
+    """forward_losses hands every method its slice of the stacked logits (one unbind, one backward node): the loss
+    and every parameter's gradient are those of the per-method sum written out with indexing, bit for bit."""
+    from targetpo.mnist import train as T
+
+    methods = list(T.METHODS)
+    x, y = torch.rand(2, 16, 784), torch.randint(0, 10, (2, 16), generator=torch.Generator().manual_seed(3))
+    noise = torch.rand(2, 16, generator=torch.Generator().manual_seed(4))
+    grads = []
+    for stacked in (True, False):
+        params = init_bank((784, 8, 8, 10), MB.seed_generators([0, 1], 0), copies=len(methods))
+        if stacked:
+            loss, actions = T.forward_losses(params, methods, x, y, noise, eta=0.7)
+        else:
+            logits = bank_forward(params, x, len(methods))
+            logp = MB.log_softmax(logits.detach())
+            actions = MB.sample_actions(logp.exp(), noise.unsqueeze(1))
+            loss = sum(MB.bandit_loss(m, logits[:, i], actions[:, i], y, logp[:, i], eta=0.7)
+                       for i, m in enumerate(methods))
+        loss.backward()
+        grads.append((loss.detach(), actions, [p.grad for p in params]))
+    (l1, a1, g1), (l2, a2, g2) = grads
+    assert torch.equal(l1, l2) and torch.equal(a1, a2)
+    assert all(torch.equal(u, v) for u, v in zip(g1, g2)) and all(u.abs().sum() > 0 for u in g1)
+
+
 def test_per_network_gradients_are_independent():
     params = init_bank((784, 8, 8, 10), MB.seed_generators([0, 1], 0), copies=2)
     x = torch.rand(2, 4, 784, dtype=torch.float32)
