@@ -97,9 +97,9 @@ def one_hot_scores(advantages: Tensor, actions: Tensor, num_classes: int = NUM_C
     return advantages.unsqueeze(-1) * torch.nn.functional.one_hot(actions, num_classes).to(advantages.dtype)
 
 
-def _sampled(values: Tensor, actions: Tensor) -> Tensor:
-    """values [..., C] at the sampled classes actions [...]."""
-    return values.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+def _at_class(values: Tensor, classes: Tensor) -> Tensor:
+    """values [..., C] at one class per context, classes [...] (a sampled action or a label)."""
+    return values.gather(-1, classes.unsqueeze(-1)).squeeze(-1)
 
 
 def bandit_loss(
@@ -144,27 +144,27 @@ def bandit_loss(
     if o.name == "ce":  # the label alone: no reward, advantage or sampled log-prob is computed
         return o.fn(logits.reshape(-1, c), labels.reshape(-1)).loss * s
     rewards = (actions == labels).to(logits.dtype)
-    if o.name == "grpo_single":
-        out = o.fn(_sampled(log_softmax(logits), actions), rewards)  # standardized within each seed's batch (last dim)
-        return out.loss * s
-    base = old if baseline_logp is None else baseline_logp.detach()
-    adv = rewards - expected_baseline(base.exp())
+    if o.name != "grpo_single":  # GRPO standardizes the rewards themselves
+        base = old if baseline_logp is None else baseline_logp.detach()
+        adv = rewards - expected_baseline(base.exp())
     flat = lambda t: t.reshape(-1)  # noqa: E731  (S·B single-sample contexts; mean = mean over seeds of means)
     if o.name == "tpo":  # the group is all C classes, scored A·onehot(a) (§E3)
         anchor = old if anchor_logp is None else anchor_logp.detach()
         scores = one_hot_scores(adv, actions, c)
         return o.fn(logits.reshape(-1, c), anchor.reshape(-1, c), scores.reshape(-1, c), eta=eta).loss * s
-    logp_a = _sampled(log_softmax(logits), actions)
-    if o.name == "group_pg":
+    logp_a = _at_class(log_softmax(logits), actions)
+    if o.name == "grpo_single":
+        out = o.fn(logp_a, rewards)  # standardized within each seed's batch (last dim)
+    elif o.name == "group_pg":
         # The paper's single-sample form: REINFORCE on the sampled class's standardized score (§E3, §5.15).
-        u_a = _sampled(standardize_scores(one_hot_scores(adv, actions, c)), actions) / eta
+        u_a = _at_class(standardize_scores(one_hot_scores(adv, actions, c)), actions) / eta
         out = reinforce_loss(flat(logp_a), flat(u_a))
     elif o.name == "dg":
         out = o.fn(flat(logp_a), flat(adv), eta=eta)
     elif o.name == "ppo":
-        out = o.fn(flat(logp_a), flat(_sampled(old, actions)), flat(adv), clip_eps=clip_eps)
+        out = o.fn(flat(logp_a), flat(_at_class(old, actions)), flat(adv), clip_eps=clip_eps)
     elif o.name == "pg_is":
-        out = o.fn(flat(logp_a), flat(_sampled(old, actions)), flat(adv))
+        out = o.fn(flat(logp_a), flat(_at_class(old, actions)), flat(adv))
     else:
         out = o.fn(flat(logp_a), flat(adv))
     return out.loss * s
@@ -257,5 +257,5 @@ def concentration(probs: Tensor, labels: Tensor) -> Tensor:
     """Fraction of the wrong-class mass on the most likely wrong class: max_{j≠y} π_j / max(1 − π_y, 1e-8)."""
     onehot = torch.nn.functional.one_hot(labels, probs.shape[-1]).bool()
     wrong_max = probs.masked_fill(onehot, -1.0).amax(-1)
-    p = probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    p = _at_class(probs, labels)
     return wrong_max / (1.0 - p).clamp_min(1e-8)
