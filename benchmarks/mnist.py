@@ -39,7 +39,7 @@ from targetpo.mnist.mlp import bank_forward
 
 def make(cfg, seeds: list[int], methods: list[str]):
     c = replace(cfg, seed=seeds[0], seeds=len(seeds), methods=tuple(methods))
-    params, opt = E.init_policies(c, len(methods))
+    params, opt = E.init_policies(c, len(methods), inputs=PIXELS)
     return params, opt, methods, BatchStream(seeds, N_TRAIN, cfg.batch)
 
 
@@ -192,7 +192,7 @@ def compiled(cfg, seeds: list[int], data, steps: int, repeats: int, threads: int
 
 
 def main() -> None:
-    global N_TRAIN
+    global N_TRAIN, PIXELS
     ap = Parser(description=__doc__)
     ap.add_argument("--data-dir", default=None, help="MNIST folder (default: $TARGETPO_MNIST_DIR)")
     ap.add_argument("--seeds", type=positive_int, default=20, help="seeds S per network (default 20, the paper's)")
@@ -204,11 +204,14 @@ def main() -> None:
                     "three layouts")
     ap.add_argument("--compile", action="store_true", help="time the stacked update eager against its forward "
                     "and losses under torch.compile instead of the three layouts")
+    ap.add_argument("--all-pixels", action="store_true", help="the networks on all 784 pixels, not only the inked "
+                    "ones the experiments read (MnistData.inked)")
     ap.add_argument("--write", default=None, help="append the table to this markdown file")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     data = D.load(args.data_dir)
-    N_TRAIN = len(data.train_y)
+    data = data if args.all_pixels else data.inked()
+    N_TRAIN, PIXELS = len(data.train_y), data.pixels
     cfg = E.PRESETS["paper"]
     seeds = list(range(args.seeds))
     if args.parts and args.compile:

@@ -5,6 +5,7 @@ import gzip
 import hashlib
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -193,6 +194,53 @@ def test_bank_matches_independent_networks_and_shares_init_per_seed():
     # A seed's weights depend only on its seed value, not on which seeds run beside it.
     alone = init_bank((784, 50, 50, 10), MB.seed_generators([7], MB.STREAM_INIT), copies=1)
     torch.testing.assert_close(network_params(alone, 0, 0, 1)[2], network_params(params, 1, 2, 3)[2])
+
+
+def test_a_network_on_the_inked_pixels_is_the_full_network_on_the_same_data():
+    """MnistData.inked drops the pixels blank in every image, train and test; init_bank(inputs=) keeps the rows of W1
+    the full network draws for the rest. The two compute the same logits on every image the data holds, get the
+    same gradients for the kept weights (the blank pixels' rows get exactly zero: Adam leaves them where they
+    started), and so train to the same weights, up to the rounding of the first layer's shorter sums."""
+    from targetpo.mnist import train as T
+
+    g = torch.Generator().manual_seed(0)
+    blank = torch.zeros(784, dtype=torch.bool)
+    blank[torch.randperm(784, generator=g)[:120]] = True
+    train_x, test_x = torch.rand(40, 784, generator=g), torch.rand(12, 784, generator=g)
+    train_x[:, blank], test_x[:, blank] = 0.0, 0.0
+    test_x[3, 17 if not blank[17] else 18] = 0.0  # a pixel blank in one image only stays
+    data = D.MnistData(train_x, torch.randint(0, 10, (40,), generator=g), test_x,
+                                torch.randint(0, 10, (12,), generator=g), "mnist", "test-split", Path("."))
+    inked = data.inked()
+    assert torch.equal(inked.pixels, (~blank).nonzero().squeeze(1)) and inked.inked() is inked
+    assert torch.equal(inked.train_x, train_x[:, ~blank]) and torch.equal(inked.test_x, test_x[:, ~blank])
+    assert inked.train_x.is_contiguous() and data.pixels is None
+
+    methods = list(T.METHODS)
+    gens = lambda: MB.seed_generators([0, 1], MB.STREAM_INIT)  # noqa: E731
+    full = init_bank((784, 8, 8, 10), gens(), copies=len(methods))
+    part = init_bank((784, 8, 8, 10), gens(), copies=len(methods), inputs=inked.pixels)
+    assert torch.equal(part[0], full[0][:, ~blank]) and all(torch.equal(a, b) for a, b in zip(part[1:], full[1:]))
+    idx = torch.randint(0, 40, (2, 16), generator=g)
+    noise = torch.rand(2, 16, generator=g)
+    torch.testing.assert_close(T.test_probs(part, inked.test_x, len(methods)),
+                               T.test_probs(full, data.test_x, len(methods)))
+    nets = []
+    for params, d in ((full, data), (part, inked)):
+        params = [p.detach().clone().requires_grad_(True) for p in params]
+        opt = torch.optim.Adam(params, lr=1e-2)
+        for _ in range(3):
+            T.bandit_step(params, opt, methods, *T.gather_batch(d, idx), noise, eta=0.7)
+        nets.append(params)
+    (f, p) = nets
+    assert torch.equal(f[0][:, blank], full[0][:, blank])           # the blank pixels' weights never moved
+    torch.testing.assert_close(p[0], f[0][:, ~blank], rtol=1e-4, atol=1e-5)
+    for a, b in zip(p[1:], f[1:]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match=r"inputs must be ascending indices in \[0, 784\)"):
+        init_bank((784, 8, 10), gens(), 1, inputs=torch.tensor([3, 2]))
+    with pytest.raises(ValueError, match=r"inputs must be ascending indices in \[0, 784\)"):
+        init_bank((784, 8, 10), gens(), 1, inputs=torch.tensor([0, 784]))
 
 
 def test_the_stacked_update_is_each_methods_loss_on_its_own_logits_bit_for_bit():
@@ -485,9 +533,9 @@ def test_staleness_actor_uses_the_parameters_from_d_updates_ago(mnist_dir, refer
     ctx = Ctx()
     ST.run_unit(cfg, ST.UNIT, ctx)
 
-    data = D.load(mnist_dir)
+    data = D.load(mnist_dir).inked()
     groups, per = len(cfg.delays), len(cfg.methods)
-    params, opt = E.init_policies(cfg, groups * per)
+    params, opt = E.init_policies(cfg, groups * per, inputs=data.pixels)
     stream = MB.BatchStream(E.seed_values(cfg), len(data.train_y), cfg.batch)
     batches = [stream.next() for _ in range(cfg.steps)]
     history = [[p.detach().clone() for p in params]]  # history[k] = θ_k

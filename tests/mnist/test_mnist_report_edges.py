@@ -132,8 +132,8 @@ def test_the_data_and_the_networks_go_to_the_device_asked():
     assert (moved.dataset, moved.protocol, moved.directory) == (data.dataset, data.protocol, data.directory)
     assert data.to("cpu").train_x is data.train_x                      # already there: no copy
     cfg = train.Config(seeds=2, steps=20, eval_every=20)
-    params, opt = train.init_policies(cfg, 3, "meta")
-    on_cpu, _ = train.init_policies(cfg, 3)
+    params, opt = train.init_policies(cfg, 3, "meta", inputs=None)
+    on_cpu, _ = train.init_policies(cfg, 3, inputs=None)
     assert [p.shape for p in params] == [p.shape for p in on_cpu]
     assert all(p.device.type == "meta" and p.is_leaf and p.requires_grad for p in params)
     assert all(a is b for a, b in zip(opt.param_groups[0]["params"], params, strict=True))
@@ -168,7 +168,7 @@ def test_train_logs_the_mean_reward_per_update_and_the_unclamped_test_error(logg
     as (argmax + 1) mod 10 make every greedy answer wrong: an error of exactly 1."""
     g = torch.Generator().manual_seed(0)
     cfg = train.Config(seeds=2, steps=40, eval_every=20, batch=100, lr=1e-12, methods=["pg"])
-    params, _ = train.init_policies(cfg, 1)
+    params, _ = train.init_policies(cfg, 1, inputs=None)
     train_x, test_x = torch.rand(300, 784, generator=g), torch.rand(50, 784, generator=g)
     train_y = torch.randint(0, 10, (300,), generator=g)
     greedy = train.test_probs(params, test_x, 1).argmax(-1)                    # [S, 1, T]

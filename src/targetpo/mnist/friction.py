@@ -144,7 +144,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
     data = load_data(cfg, ctx)
     conds, methods = conditions(cfg), list(cfg.methods)
     groups, per, s, c = len(conds), len(methods), cfg.seeds, mnist_data.NUM_CLASSES
-    params, opt = init_policies(cfg, groups * per)
+    params, opt = init_policies(cfg, groups * per, inputs=data.pixels)
     with torch.no_grad():  # rare discovery: the decoy class starts with bias β (Adam's state is still empty)
         bias = params[-1].view(s, groups, per, c)
         for g, (_, kind, level) in enumerate(conds):
@@ -153,7 +153,8 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
     frozen = None
     if any(kind == "frozen" for _, kind, _ in conds):  # θ_0, the same initial weights as every learner of a seed
         sizes = (784, cfg.hidden, cfg.hidden, c)
-        frozen = [p.detach() for p in init_bank(sizes, seed_generators(seed_values(cfg), STREAM_INIT), 1)]
+        frozen = [p.detach() for p in init_bank(sizes, seed_generators(seed_values(cfg), STREAM_INIT), 1,
+                                                    data.pixels)]
     stream = BatchStream(seed_values(cfg), len(data.train_y), cfg.batch)
     draws = seed_generators(seed_values(cfg), STREAM_FRICTION)
     reward = torch.zeros(s, groups, per)

@@ -12,6 +12,9 @@ A network's numbers are reproducible for a given M, but not across M: the first 
 [in, B] @ [B, M·h] matmul whose kernel, and so its rounding (~1e-10 after one step), depends on M·h; a run
 of a method alone and beside others can part in the last bits, which training may amplify.
 
+The experiments feed only the pixels with ink somewhere in their data (``MnistData.inked``) and keep the
+matching rows of W1 (``init_bank(inputs=)``): the same network on that data, with a shorter first-layer sum.
+
 Init is Flax's ``lecun_normal`` (variance scaling 1/fan_in, truncated normal at ±2σ with the std corrected
 for the truncation) for kernels and zeros for biases, as the authors' ``PolicyMLP``.
 """
@@ -33,20 +36,31 @@ def lecun_normal(fan_in: int, shape: tuple[int, ...], generator: torch.Generator
     return torch.nn.init.trunc_normal_(w, 0.0, std, -2.0 * std, 2.0 * std, generator=generator)
 
 
-def init_bank(sizes: tuple[int, ...], generators: list[torch.Generator], copies: int) -> list[Tensor]:
+def init_bank(sizes: tuple[int, ...], generators: list[torch.Generator], copies: int,
+              inputs: Tensor | None = None) -> list[Tensor]:
     """Parameters for len(generators) seeds × `copies` networks of layer widths `sizes` (e.g. 784, 50, 50, 10).
 
     Seed s's weights come from generators[s] alone (so a seed's network does not depend on how many seeds run
     beside it) and are repeated for its `copies`. Returns [W1 [S, in, M·h1], b1 [S, 1, M·h1], then for each
-    later layer W [S·M, h, h'], b [S·M, 1, h']], all leaf tensors requiring grad."""
+    later layer W [S·M, h, h'], b [S·M, 1, h']], all leaf tensors requiring grad.
+
+    `inputs` (ascending indices into the `sizes[0]` inputs, e.g. `MnistData.pixels`) keeps only those rows of W1,
+    for inputs that hold only those columns: the weights are drawn for all `sizes[0]` inputs first, so every kept
+    weight is the one the full network starts from."""
     if len(sizes) < 3:
         raise ValueError(f"sizes needs at least input, one hidden and output width; got {sizes}")
+    if inputs is not None and (inputs.dim() != 1 or len(inputs) == 0 or int(inputs.min()) < 0
+                               or int(inputs.max()) >= sizes[0] or bool((inputs.diff() <= 0).any())):
+        raise ValueError(f"inputs must be ascending indices in [0, {sizes[0]}), got {inputs.tolist()}")
     per_seed = []
     for g in generators:
         layers = [lecun_normal(i, (i, o), g) for i, o in zip(sizes[:-1], sizes[1:])]
         per_seed.append(layers)
     s, m, h1 = len(generators), copies, sizes[1]
-    w1 = torch.stack([ls[0] for ls in per_seed]).repeat(1, 1, m)  # [S, in, M·h1], copy-major columns
+    w1 = torch.stack([ls[0] for ls in per_seed])  # [S, in, h1]
+    if inputs is not None:
+        w1 = w1.index_select(1, inputs)
+    w1 = w1.repeat(1, 1, m)  # [S, in, M·h1], copy-major columns
     params = [w1, torch.zeros(s, 1, m * h1, dtype=torch.float32)]
     for k, (i, o) in enumerate(zip(sizes[1:-1], sizes[2:]), start=1):
         w = torch.stack([ls[k] for ls in per_seed]).repeat_interleave(m, dim=0)  # [S·M, i, o], seed-major

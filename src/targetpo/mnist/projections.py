@@ -116,7 +116,7 @@ def step(params, opt, settings: list[str], x, y, noise, eta: float, check=None) 
 def run_unit(cfg: Config, unit: str, ctx) -> None:
     data = base.load_data(cfg, ctx)
     settings = list(cfg.methods)
-    params, opt = base.init_policies(cfg, len(settings))
+    params, opt = base.init_policies(cfg, len(settings), inputs=data.pixels)
     stream = BatchStream(base.seed_values(cfg), len(data.train_y), cfg.batch)
     for t in range(1, cfg.steps + 1):
         idx, noise = stream.next()

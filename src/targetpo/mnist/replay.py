@@ -126,7 +126,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
     data = load_data(cfg, ctx)
     reps, var = list(cfg.replays), variants(cfg.methods, cfg.is_clips)
     groups, per, s = len(reps), len(var), cfg.seeds
-    params, opt = init_policies(cfg, groups * per)
+    params, opt = init_policies(cfg, groups * per, inputs=data.pixels)
     batches = Lookahead(BatchStream(seed_values(cfg), len(data.train_y), cfg.batch))
     draws = seed_generators(seed_values(cfg), STREAM_REPLAY)
     buffers = [deque(maxlen=r) for r in reps]  # (indices [S, B], actions [S, K, B], behaviour log-probs [S, K, B, C])

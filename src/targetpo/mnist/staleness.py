@@ -124,7 +124,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
     data = load_data(cfg, ctx)
     delays, methods = list(cfg.delays), list(cfg.methods)
     groups, per = len(delays), len(methods)
-    params, opt = init_policies(cfg, groups * per)
+    params, opt = init_policies(cfg, groups * per, inputs=data.pixels)
     batches = Lookahead(BatchStream(seed_values(cfg), len(data.train_y), cfg.batch))
 
     @torch.no_grad()

@@ -74,9 +74,10 @@ def check_data(cfg) -> None:
 
 
 def load_data(cfg, ctx) -> mnist_data.MnistData:
+    """The run's data on its inked pixels (:meth:`MnistData.inked`; the networks take `data.pixels` as inputs)."""
     data = mnist_data.load(cfg.data_dir, cfg.dataset, download=cfg.download)
     ctx.set_data_source(data.description, data.fingerprint)
-    return data
+    return data.inked()
 
 
 # ----------------------------------------------------------------------------- training
@@ -89,12 +90,13 @@ def seed_values(cfg) -> list[int]:
     return list(range(cfg.seed, cfg.seed + cfg.seeds))
 
 
-def init_policies(cfg, copies: int,
-                  device: torch.device | str = "cpu") -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
-    """`copies` networks per seed on `device`, and their Adam. The weights are drawn on the CPU, so a seed starts
-    from the same weights on every device."""
+def init_policies(cfg, copies: int, device: torch.device | str = "cpu", *,
+                  inputs: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
+    """`copies` networks per seed on `device`, and their Adam; `inputs`: the pixels the data holds
+    (`MnistData.pixels`, None for all 784). The weights are drawn on the CPU, so a seed starts from the same
+    weights on every device."""
     params = init_bank((784, cfg.hidden, cfg.hidden, mnist_data.NUM_CLASSES),
-                       seed_generators(seed_values(cfg), STREAM_INIT), copies)
+                       seed_generators(seed_values(cfg), STREAM_INIT), copies, inputs)
     params = [p.detach().to(device).requires_grad_(True) for p in params]
     # Adam is elementwise, so one Adam over the stacked tensors is exactly per-network Adam.
     return params, torch.optim.Adam(params, lr=cfg.lr, fused=True)
@@ -148,7 +150,7 @@ def train(cfg, data: mnist_data.MnistData, ctx, diagnostics=None) -> None:
     the same draws; only the arithmetic's rounding differs between devices."""
     methods, dev = list(cfg.methods), ctx.device
     data = data.to(dev)
-    params, opt = init_policies(cfg, len(methods), dev)
+    params, opt = init_policies(cfg, len(methods), dev, inputs=data.pixels)
     stream = BatchStream(seed_values(cfg), len(data.train_y), cfg.batch)
     reward = torch.zeros(cfg.seeds, len(methods), dtype=torch.float32, device=dev)
     for t in range(1, cfg.steps + 1):
