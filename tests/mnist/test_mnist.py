@@ -1,6 +1,7 @@
 """MNIST: the IDX loader, the batched policy bank, each method's MNIST loss against the App. C closed forms,
 and smoke runs of the three MNIST experiments on the real test digits."""
 
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -239,8 +240,12 @@ def test_a_network_on_the_inked_pixels_is_the_full_network_on_the_same_data():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match=r"inputs must be ascending indices in \[0, 784\)"):
         init_bank((784, 8, 10), gens(), 1, inputs=torch.tensor([3, 2]))
-    with pytest.raises(ValueError, match=r"inputs must be ascending indices in \[0, 784\)"):
+    with pytest.raises(ValueError, match=r"inputs must be ascending indices in \[0, 784\), one or more; got \[0, 784\]"):
         init_bank((784, 8, 10), gens(), 1, inputs=torch.tensor([0, 784]))
+    with pytest.raises(ValueError, match=r"got 10 values, \[9, 8, 7, 6\] …"):
+        init_bank((784, 8, 10), gens(), 1, inputs=torch.arange(9, -1, -1))
+    blank_data = dataclasses.replace(data, train_x=torch.zeros(40, 784), test_x=torch.zeros(12, 784))
+    assert torch.equal(blank_data.inked().pixels, torch.arange(784))    # no ink anywhere: every pixel stays
 
 
 def test_the_stacked_update_is_each_methods_loss_on_its_own_logits_bit_for_bit():

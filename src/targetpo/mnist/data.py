@@ -90,13 +90,15 @@ class MnistData:
 
     def inked(self) -> MnistData:
         """The same data on only the pixels with ink in at least one of its images, train or test (`pixels`
-        names them, ascending): 668 of 784 for the seeded split of the MNIST test file. A pixel blank in every image multiplies its first-layer weights by 0 in every forward pass
-        a run makes, on training batches and test digits alike, and gives them a zero gradient, so the network
-        computes the same function of the same trained weights without them and its first layer does 15 % fewer
-        multiply-adds here (docs/experiments.md §E3). Only the rounding of the first layer's sums changes."""
+        names them, ascending): 668 of 784 for the seeded split of the MNIST test file. A pixel blank in every
+        image multiplies its first-layer weights by 0 in every forward pass a run makes, on training batches and
+        test digits alike, and gives them a zero gradient, so the network computes the same function of the same
+        trained weights without them and its first layer does 15 % fewer multiply-adds here (docs/experiments.md
+        §E3). Only the rounding of the first layer's sums changes. Data without any ink keeps every pixel."""
         if self.pixels is not None:
             return self
-        keep = ((self.train_x != 0).any(0) | (self.test_x != 0).any(0)).nonzero().squeeze(1)
+        inked = (self.train_x != 0).any(0) | (self.test_x != 0).any(0)
+        keep = (inked if bool(inked.any()) else torch.ones_like(inked)).nonzero().squeeze(1)
         return dataclasses.replace(self, train_x=self.train_x.index_select(1, keep).contiguous(),
                                    test_x=self.test_x.index_select(1, keep).contiguous(), pixels=keep.cpu())
 

@@ -51,7 +51,8 @@ def init_bank(sizes: tuple[int, ...], generators: list[torch.Generator], copies:
         raise ValueError(f"sizes needs at least input, one hidden and output width; got {sizes}")
     if inputs is not None and (inputs.dim() != 1 or len(inputs) == 0 or int(inputs.min()) < 0
                                or int(inputs.max()) >= sizes[0] or bool((inputs.diff() <= 0).any())):
-        raise ValueError(f"inputs must be ascending indices in [0, {sizes[0]}), got {inputs.tolist()}")
+        shown = inputs.tolist() if inputs.numel() <= 8 else f"{inputs.numel()} values, {inputs.flatten()[:4].tolist()} …"
+        raise ValueError(f"inputs must be ascending indices in [0, {sizes[0]}), one or more; got {shown}")
     per_seed = []
     for g in generators:
         layers = [lecun_normal(i, (i, o), g) for i, o in zip(sizes[:-1], sizes[1:])]
