@@ -211,7 +211,7 @@ def test_a_network_on_the_inked_pixels_is_the_full_network_on_the_same_data():
     train_x[:, blank], test_x[:, blank] = 0.0, 0.0
     test_x[3, 17 if not blank[17] else 18] = 0.0  # a pixel blank in one image only stays
     data = D.MnistData(train_x, torch.randint(0, 10, (40,), generator=g), test_x,
-                                torch.randint(0, 10, (12,), generator=g), "mnist", "test-split", Path("."))
+                       torch.randint(0, 10, (12,), generator=g), "mnist", "test-split", Path("."))
     inked = data.inked()
     assert torch.equal(inked.pixels, (~blank).nonzero().squeeze(1)) and inked.inked() is inked
     assert torch.equal(inked.train_x, train_x[:, ~blank]) and torch.equal(inked.test_x, test_x[:, ~blank])

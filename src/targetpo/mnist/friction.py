@@ -29,12 +29,13 @@ import torch
 from targetpo.mnist import data as mnist_data
 from targetpo.mnist import train as base
 from targetpo.mnist.bandit import (
-    READS_ETA, STREAM_INIT, BatchStream, bandit_loss, log_softmax, sample_actions, seed_generators,
+    READS_ETA, BatchStream, bandit_loss, log_softmax, sample_actions, seed_generators,
 )
 from targetpo.mnist.config import MnistConfig
-from targetpo.mnist.mlp import bank_forward, init_bank
+from targetpo.mnist.mlp import bank_forward
 from targetpo.mnist.replay import paired, pm, pm_text
-from targetpo.mnist.train import LABELS, gather_batch, init_policies, load_data, seed_values, test_probs
+from targetpo.mnist.train import (LABELS, gather_batch, init_policies, initial_networks, load_data, seed_values,
+                                  test_probs)
 from targetpo.runs import plots
 from targetpo.runs.config import check_named_values, config, default, param
 from targetpo.runs.stats import count, fmt
@@ -152,9 +153,7 @@ def run_unit(cfg: Config, unit: str, ctx) -> None:
                 bias[:, g, :, DECOY] = level
     frozen = None
     if any(kind == "frozen" for _, kind, _ in conds):  # θ_0, the same initial weights as every learner of a seed
-        sizes = (784, cfg.hidden, cfg.hidden, c)
-        frozen = [p.detach() for p in init_bank(sizes, seed_generators(seed_values(cfg), STREAM_INIT), 1,
-                                                    data.pixels)]
+        frozen = [p.detach() for p in initial_networks(cfg, 1, data.pixels)]
     stream = BatchStream(seed_values(cfg), len(data.train_y), cfg.batch)
     draws = seed_generators(seed_values(cfg), STREAM_FRICTION)
     reward = torch.zeros(s, groups, per)

@@ -90,14 +90,18 @@ def seed_values(cfg) -> list[int]:
     return list(range(cfg.seed, cfg.seed + cfg.seeds))
 
 
+def initial_networks(cfg, copies: int, inputs: torch.Tensor | None) -> list[torch.Tensor]:
+    """θ_0 of every seed, `copies` networks each, on the CPU (:func:`init_bank`); `inputs`: the pixels the data
+    holds (`MnistData.pixels`, None for all 784)."""
+    return init_bank((784, cfg.hidden, cfg.hidden, mnist_data.NUM_CLASSES),
+                     seed_generators(seed_values(cfg), STREAM_INIT), copies, inputs)
+
+
 def init_policies(cfg, copies: int, device: torch.device | str = "cpu", *,
                   inputs: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
-    """`copies` networks per seed on `device`, and their Adam; `inputs`: the pixels the data holds
-    (`MnistData.pixels`, None for all 784). The weights are drawn on the CPU, so a seed starts from the same
-    weights on every device."""
-    params = init_bank((784, cfg.hidden, cfg.hidden, mnist_data.NUM_CLASSES),
-                       seed_generators(seed_values(cfg), STREAM_INIT), copies, inputs)
-    params = [p.detach().to(device).requires_grad_(True) for p in params]
+    """`copies` networks per seed on `device` (:func:`initial_networks`), and their Adam. The weights are drawn on
+    the CPU, so a seed starts from the same weights on every device."""
+    params = [p.detach().to(device).requires_grad_(True) for p in initial_networks(cfg, copies, inputs)]
     # Adam is elementwise, so one Adam over the stacked tensors is exactly per-network Adam.
     return params, torch.optim.Adam(params, lr=cfg.lr, fused=True)
 
