@@ -21,7 +21,7 @@ import torch
 from targetpo import paper
 from targetpo.mnist.mlp import bank_forward, bank_forward_shared, init_bank
 from targetpo.runs import plots
-from targetpo.runs.stats import (RATE, above, all_of, at_least, below, bootstrap_interval, count, fmt, mean_se,
+from targetpo.runs.stats import (RATE, above, all_of, at_least, below, bootstrap_hits, count, fmt, mean_se,
                                  oracle_floor, paired_interval, seed_interval, seed_noise, within)
 from targetpo.mnist import data as mnist_data
 from targetpo.mnist.bandit import (
@@ -353,25 +353,21 @@ def report(run, section) -> None:
                       ev(("tpo", "group_pg")) + f"; Group PG − TPO {gap.show(2, 100)} points" + scope)
 
 
-def _first_label(c: dict, values: np.ndarray, threshold: float) -> float:
-    """First paper-style label at which the seed mean of `values` is ≤ threshold; never = one eval past the run."""
-    hit = first_at_or_below(c["label"], values.mean(axis=-1), threshold)
-    return float(hit) if hit is not None else float(c["label"][-1] + (c["label"][-1] - c["label"][-2]
-                                                                       if len(c["label"]) > 1 else 1))
+def _past_the_run(c: dict) -> float:
+    """One eval past the run's last label: where "never" counts in a lead, so the lead is a number."""
+    label = c["label"]
+    return float(label[-1] + (label[-1] - label[-2] if len(label) > 1 else 1))
 
 
 def label_interval(c: dict, threshold: float):
     """First label ≤ threshold of the seed-mean curve with a percentile bootstrap over seeds (runs/stats.py);
     inf = never."""
-    def hit(v):
-        h = first_at_or_below(c["label"], v.mean(axis=-1), threshold)
-        return np.inf if h is None else float(h)
-
-    return bootstrap_interval(hit, c["values"])
+    return bootstrap_hits(lambda hit: hit, [(c["label"], c["values"])], threshold, or_equal=True)
 
 
 def label_lead(slow: dict, fast: dict, threshold: float):
     """Paired bootstrap over the shared seeds of slow's first label ≤ threshold minus fast's (never = one eval
     past the run, so the lead is a number)."""
-    return bootstrap_interval(lambda a, b: _first_label(slow, a, threshold) - _first_label(fast, b, threshold),
-                              slow["values"], fast["values"])
+    return bootstrap_hits(lambda a, b: np.minimum(a, _past_the_run(slow)) - np.minimum(b, _past_the_run(fast)),
+                          [(slow["label"], slow["values"]), (fast["label"], fast["values"])], threshold,
+                          or_equal=True)

@@ -220,11 +220,23 @@ def paired_interval(a, b, level: float = LEVEL) -> Interval:
     return seed_interval(a - b, level, kind="paired t")
 
 
+def bootstrap_indices(n: int, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """[resamples, n] seed indices of a percentile bootstrap over n seeds, from a fixed generator: every statistic
+    of n seeds is resampled by the same rows, so paired samples stay paired and a report is reproducible."""
+    return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+
+
+def _percentile_interval(estimate: float, stats: np.ndarray, n: int, level: float) -> Interval:
+    lo, hi = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2], method="inverted_cdf")
+    return Interval(estimate, float(lo), float(hi), n, "bootstrap")
+
+
 def bootstrap_interval(statistic, *samples, level: float = LEVEL, resamples: int = BOOTSTRAP_RESAMPLES,
                        seed: int = BOOTSTRAP_SEED) -> Interval:
     """Percentile bootstrap over seeds for a statistic that is not a plain mean. Each sample is an array whose
     last axis is seeds (all the same length: resampled together, so paired samples stay paired);
-    `statistic(*samples)` returns a float (inf allowed, e.g. "never"). Fixed generator: same data, same interval."""
+    `statistic(*samples)` returns a float (inf allowed, e.g. "never"). Fixed generator: same data, same interval.
+    A statistic of first-hit steps ("steps to x", leads) is :func:`bootstrap_hits`, the same numbers faster."""
     _check_level(level)
     if not samples:
         raise ValueError("bootstrap_interval needs at least one sample")
@@ -235,11 +247,9 @@ def bootstrap_interval(statistic, *samples, level: float = LEVEL, resamples: int
     estimate = float(statistic(*arrays))
     if n == 1:
         return Interval(estimate, float("nan"), float("nan"), 1, "none")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(resamples, n))
+    idx = bootstrap_indices(n, resamples, seed)
     stats = np.array([statistic(*(a[..., i] for a in arrays)) for i in idx], dtype=float)
-    lo, hi = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2], method="inverted_cdf")
-    return Interval(estimate, float(lo), float(hi), n, "bootstrap")
+    return _percentile_interval(estimate, stats, n, level)
 
 
 def hit_step(steps, values, threshold: float) -> float:
@@ -248,10 +258,83 @@ def hit_step(steps, values, threshold: float) -> float:
     return np.inf if s is None else float(s)
 
 
+# Elements of the [steps, resamples] means first_hits computes at once (2 MB: the fastest block here).
+_HIT_BLOCK = 1 << 18
+_TWO_U = 2.0 ** -52  # twice float64's unit roundoff
+
+
+def _first_hit(steps: np.ndarray, means: np.ndarray, threshold: float, or_equal: bool) -> float:
+    idx = np.flatnonzero(means <= threshold if or_equal else means < threshold)
+    return float(steps[idx[0]]) if idx.size else np.inf
+
+
+def first_hits(steps, values, threshold: float, idx: np.ndarray, *, or_equal: bool = False) -> np.ndarray:
+    """[R] first step at which the mean of `values` [steps, seeds] over the seeds of each row of `idx` [R, n] is
+    below `threshold` (at or below with `or_equal`); inf = never: for every row the answer of :func:`hit_step`
+    on ``values[:, row]``, whose means NumPy sums in an order of its own.
+
+    All resamples' means come from one matrix product with the seed counts (values @ countsᵀ / n), thousands of
+    times cheaper than resampling the curves one by one. Its rounding differs from NumPy's, so a mean within
+    their joint error bound of the threshold (2·(n + 16)·u·Σ c_j |v_j| / n with u the unit roundoff: a bound for
+    any order of summation, products and the division included) is recomputed the old way; every comparison is
+    then the old one's. Curves with a NaN or inf (0 · inf in the product) are resampled the old way throughout."""
+    steps, values = np.asarray(steps), np.asarray(values, dtype=float)
+    if values.ndim != 2 or len(steps) != len(values):
+        raise ValueError(f"values must be [steps, seeds] with one row per step, got shape {values.shape} for "
+                         f"{len(steps)} steps")
+    if not np.isfinite(values).all():
+        return np.array([_first_hit(steps, values[:, row].mean(axis=-1), threshold, or_equal) for row in idx])
+    resamples, n = idx.shape
+    counts = np.bincount((idx + n * np.arange(resamples)[:, None]).ravel(),
+                         minlength=resamples * n).reshape(resamples, n).T.astype(float)  # [n, R]
+    old: dict[int, np.ndarray] = {}  # a resample's means as the old way computes them, where a tie needs them
+    out, pending = np.full(resamples, np.inf), np.ones(resamples, dtype=bool)
+    block = max(1, _HIT_BLOCK // resamples)
+    for start in range(0, len(values), block):
+        rows = values[start:start + block]
+        means = rows @ counts / n
+        unsure = np.abs(means - threshold) <= (np.abs(rows) @ counts) * ((n + 16) * _TWO_U / n)
+        for t, r in zip(*np.nonzero(unsure)):
+            if r not in old:
+                old[r] = values[:, idx[r]].mean(axis=-1)
+            means[t, r] = old[r][start + t]
+        hit = (means <= threshold if or_equal else means < threshold) & pending
+        found = hit.any(axis=0)
+        out[found] = steps[start + hit.argmax(axis=0)[found]]
+        pending &= ~found
+        if not pending.any():
+            break
+    return out
+
+
+def bootstrap_hits(statistic, curves, threshold: float, *, or_equal: bool = False, level: float = LEVEL) -> Interval:
+    """Percentile bootstrap over seeds of a statistic of first-hit steps: `curves` is a list of (steps, values
+    [steps, seeds]) sharing their seeds (resampled together, so paired curves stay paired); `statistic(*hits)`
+    gets each curve's first step below `threshold` (at or below with `or_equal`; inf = never) as arrays of one
+    shape, 0-d for the estimate and [resamples] for the bootstrap (:func:`first_hits`), so it is written with
+    NumPy's elementwise functions (np.minimum, not min). The numbers are those of :func:`bootstrap_interval` with
+    a statistic that takes :func:`hit_step` of each resample (the same resamples, the same comparisons; tested)."""
+    _check_level(level)
+    if not curves:
+        raise ValueError("bootstrap_hits needs at least one curve")
+    curves = [(np.asarray(s), np.asarray(v, dtype=float)) for s, v in curves]
+    n = curves[0][1].shape[-1]
+    if any(v.ndim != 2 or v.shape[-1] != n for _, v in curves):
+        raise ValueError(f"curves must be [steps, seeds] sharing their seed axis, got shapes "
+                         f"{[v.shape for _, v in curves]}")
+    estimate = float(statistic(*(np.asarray(_first_hit(s, v.mean(axis=-1), threshold, or_equal)) for s, v in curves)))
+    if n == 1:
+        return Interval(estimate, float("nan"), float("nan"), 1, "none")
+    idx = bootstrap_indices(n)
+    stats = np.asarray(statistic(*(first_hits(s, v, threshold, idx, or_equal=or_equal) for s, v in curves)),
+                       dtype=float)
+    return _percentile_interval(estimate, stats, n, level)
+
+
 def steps_to_interval(steps, values, threshold: float, level: float = LEVEL) -> Interval:
     """The first step at which the seed-mean curve is below `threshold` ("steps to x", docs/method.md §6), with a
     percentile-bootstrap interval over seeds; inf = never within the run."""
-    return bootstrap_interval(lambda v: hit_step(steps, v, threshold), np.asarray(values, dtype=float), level=level)
+    return bootstrap_hits(lambda hit: hit, [(steps, values)], threshold, level=level)
 
 
 def reached_by_any(hits) -> bool:

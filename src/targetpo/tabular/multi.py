@@ -19,8 +19,8 @@ from targetpo import paper
 from targetpo.runs.config import config, default, param
 from targetpo.tabular.config import TabularConfig, claims_blocked_by_divergence, error_rows
 from targetpo.runs import plots
-from targetpo.runs.stats import (MISALIGNMENT, RATE, all_of, at_least, below, bootstrap_interval, curves, exact,
-                                 final_interval, first_below, fmt, hit_step, interval_at, ours_vs_paper,
+from targetpo.runs.stats import (MISALIGNMENT, RATE, all_of, at_least, below, bootstrap_hits, curves, exact,
+                                 final_interval, first_below, fmt, interval_at, ours_vs_paper,
                                  paired_interval, reached_by_any, seed_interval, steps_to_interval)
 from targetpo.objectives.tpo import one_hot_inv_lambda
 from targetpo.tabular.bandit import beta, beta_dg, beta_grpo, beta_pg, beta_tpo, correct_direction, exact_update
@@ -339,12 +339,11 @@ def report(run, section) -> None:
         return
     steps = err["ce"].steps
 
-    def hit(v):  # first step < 1% of the seed-mean curve; "never" = one step past the run
-        return min(hit_step(steps, v, 0.01), float(steps[-1] + 1))
+    end = float(steps[-1] + 1)  # "never" below 1% counts as one step past the run
 
     others = [m for m in err if m != "ce"]
-    lead = bootstrap_interval(lambda ce, *rl: min(hit(v) for v in rl) - hit(ce), err["ce"].values,
-                              *(err[m].values for m in others))
+    lead = bootstrap_hits(lambda ce, *rl: np.minimum(np.minimum.reduce(rl), end) - np.minimum(ce, end),
+                          [(err[m].steps, err[m].values) for m in ("ce", *others)], 0.01)
     hits = {m: steps_to_interval(steps, err[m].values, 0.01) for m in err}
     section.claim("CE is fastest (first error < 1%, no RL method earlier)",
                   at_least(lead, 0) if reached_by_any(hits.values()) else None,

@@ -16,6 +16,7 @@ recorded *before* the step; misalignment is 1 − cos(g, g*_PG) with g*_PG = π(
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from targetpo import paper
@@ -23,8 +24,8 @@ from targetpo.runs.config import config, default, param
 from targetpo.tabular.config import TabularConfig, claims_blocked_by_divergence, error_rows
 from targetpo.objectives import dg_loss, reinforce_loss, tpo_loss
 from targetpo.runs import plots
-from targetpo.runs.stats import (MISALIGNMENT, above, all_of, below, bootstrap_interval, curves, final_interval,
-                                 first_below, fmt, hit_step, ours_vs_paper, paired_interval, reached_by_any,
+from targetpo.runs.stats import (MISALIGNMENT, above, all_of, below, bootstrap_hits, bootstrap_interval, curves,
+                                 final_interval, first_below, fmt, ours_vs_paper, paired_interval, reached_by_any,
                                  steps_to_interval)
 from targetpo.tabular.bandit import correct_direction, misalignment, normalized_step, squared_norm
 
@@ -156,11 +157,9 @@ def _claims(err, mis, section) -> None:
     hits = {m: steps_to_interval(steps, err[m].values, 0.01) for m in err}
     # Paired bootstrap over the shared seeds of the lead (in steps) of the slower of TPO/DG over the faster of
     # PG/GRPO; "never" counts as one step past the run, so the lead is always a number.
-    def hit(v):
-        return min(hit_step(steps, v, 0.01), float(steps[-1] + 1))
-
-    lead = bootstrap_interval(lambda t, d, p, g: min(hit(p), hit(g)) - max(hit(t), hit(d)),
-                              *(err[m].values for m in ("tpo", "dg", "pg", "grpo")))
+    end = float(steps[-1] + 1)
+    lead = bootstrap_hits(lambda t, d, p, g: np.minimum(np.minimum(p, g), end) - np.minimum(np.maximum(t, d), end),
+                          [(err[m].steps, err[m].values) for m in ("tpo", "dg", "pg", "grpo")], 0.01)
     section.claim("TPO and DG converge fastest (first ε < 1% before PG and GRPO)",
                   above(lead, 0) if reached_by_any(hits.values()) else None,
                   "first step < 1%: " + ", ".join(f"{LABELS[m]} {h.show(-1)}" for m, h in hits.items())

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from targetpo.runs import plots
-from targetpo.runs.stats import (RATE, Curve, Interval, Verdict, above, all_of, bootstrap_interval, curves, first_below, fmt,
-                                 hit_step, mean_se, paired_interval, reached_by_any, seed_interval, steps_to_interval)
+from targetpo.runs.stats import (RATE, Curve, Interval, Verdict, above, all_of, bootstrap_hits, curves, first_below, fmt,
+                                 mean_se, paired_interval, reached_by_any, seed_interval, steps_to_interval)
 
 LABELS = {"reinforce": "REINFORCE", "ppo": "PPO", "dg": "DG", "tpo": "TPO", "tpo_no_anchor": "TPO (no anchor)",
           "group_pg": "Group PG", "grpo": "GRPO", "grpo_no_kl": "GRPO (no KL)", "grpo_masked": "GRPO (masked)",
@@ -121,11 +121,8 @@ def lead_iv(slow: Curve, fast: Curve, threshold: float = 0.01) -> Interval:
     """Paired bootstrap over seeds of slow's episodes-to-threshold minus fast's; "never" counts as one episode past
     the run so the lead stays a number (a method that never gets there loses to one that does)."""
     end = float(max(slow.steps[-1], fast.steps[-1]) + 1)
-
-    def hit(steps, v):
-        return min(hit_step(steps, v, threshold), end)
-
-    return bootstrap_interval(lambda a, b: hit(slow.steps, a) - hit(fast.steps, b), slow.values, fast.values)
+    return bootstrap_hits(lambda a, b: np.minimum(a, end) - np.minimum(b, end),
+                          [(slow.steps, slow.values), (fast.steps, fast.values)], threshold)
 
 
 def fastest_verdict(by_method: dict[str, Curve], method: str, threshold: float = 0.01) -> tuple[Verdict | None, str]:

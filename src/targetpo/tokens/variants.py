@@ -32,8 +32,7 @@ from targetpo import paper
 from targetpo.tokens import common as tc
 from targetpo.tokens import report as tr
 from targetpo.runs.config import config, default, param, swept
-from targetpo.runs.stats import (NOT_REPRODUCED, Verdict, all_of, at_least, below, bootstrap_interval, count, failure,
-                                 hit_step)
+from targetpo.runs.stats import NOT_REPRODUCED, Verdict, all_of, at_least, below, bootstrap_hits, count, failure
 from targetpo.tokens.config import TokenConfig
 from targetpo.tokens.engine import trial_config
 from targetpo.tokens.tasks import TASKS
@@ -210,13 +209,9 @@ def _claims(section, cfg, data) -> None:
             continue
         # TPO_token's seed mean never reaching 1% while another's does is still a seed interval below (an
         # interval FAIL, INCONCLUSIVE at one seed), not a FAIL from point estimates.
-        steps = by_m[tpo].steps
-
-        def reach(x):
-            return min(hit_step(steps, x, 0.01), float(horizon))
-
-        ratio = bootstrap_interval(lambda t, *o: min(reach(x) for x in o) / max(reach(t), 1.0), by_m[tpo].values,
-                                   *(by_m[m].values for m in others))
+        ratio = bootstrap_hits(lambda t, *o: np.minimum(np.minimum.reduce(o), float(horizon))
+                               / np.maximum(np.minimum(t, float(horizon)), 1.0),
+                               [(by_m[m].steps, by_m[m].values) for m in (tpo, *others)], 0.01)
         paper_ratio = table2_ratio(v)
         need = 2.0 if paper_ratio is None else min(2.0, paper_ratio)
         # Undecided if nobody else reached 1% and the horizon is too short to show the gap.
