@@ -344,7 +344,7 @@ def report(run, section) -> None:
     others = [m for m in err if m != "ce"]
     lead = bootstrap_hits(lambda ce, *rl: np.minimum(np.minimum.reduce(rl), end) - np.minimum(ce, end),
                           [(err[m].steps, err[m].values) for m in ("ce", *others)], 0.01)
-    hits = {m: steps_to_interval(steps, err[m].values, 0.01) for m in err}
+    hits = {m: steps_to_interval(err[m].steps, err[m].values, 0.01) for m in err}
     section.claim("CE is fastest (first error < 1%, no RL method earlier)",
                   at_least(lead, 0) if reached_by_any(hits.values()) else None,
                   "first step < 1%: " + ", ".join(f"{LABELS[m]} {h.show(-1)}" for m, h in hits.items())

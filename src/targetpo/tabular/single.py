@@ -154,7 +154,7 @@ def _claims(err, mis, section) -> None:
         section.claim("all four methods present", None, f"ran {sorted(err)}")
         return
     steps = err["tpo"].steps
-    hits = {m: steps_to_interval(steps, err[m].values, 0.01) for m in err}
+    hits = {m: steps_to_interval(err[m].steps, err[m].values, 0.01) for m in err}
     # Paired bootstrap over the shared seeds of the lead (in steps) of the slower of TPO/DG over the faster of
     # PG/GRPO; "never" counts as one step past the run, so the lead is always a number.
     end = float(steps[-1] + 1)
