@@ -21,8 +21,8 @@ import torch
 from targetpo import paper
 from targetpo.mnist.mlp import bank_forward, bank_forward_shared, init_bank
 from targetpo.runs import plots
-from targetpo.runs.stats import (RATE, above, all_of, at_least, below, bootstrap_hits, count, fmt, mean_se,
-                                 oracle_floor, paired_interval, seed_interval, seed_noise, within)
+from targetpo.runs.stats import (RATE, above, all_of, at_least, below, bootstrap_hits, count, first_below, fmt,
+                                 mean_se, oracle_floor, paired_interval, seed_interval, seed_noise, within)
 from targetpo.mnist import data as mnist_data
 from targetpo.mnist.bandit import (
     ON_POLICY,
@@ -224,8 +224,8 @@ THRESHOLDS = (0.10, 0.075, 0.05, 0.04, 0.03)  # fixed in advance: the paper's 5 
 
 
 def first_at_or_below(x: np.ndarray, curve: np.ndarray, threshold: float) -> int | None:
-    idx = np.flatnonzero(np.asarray(curve) <= threshold)
-    return int(x[idx[0]]) if idx.size else None
+    """First x whose value is ≤ threshold (MNIST's levels are "at or below"), or None if never."""
+    return first_below(x, curve, threshold, or_equal=True)
 
 
 def pct(x: float | None, se: float | None = None) -> str:

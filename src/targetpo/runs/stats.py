@@ -18,9 +18,10 @@ def mean_se(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return v.mean(axis=-1), v.std(axis=-1) / np.sqrt(max(n, 1))
 
 
-def first_below(steps: np.ndarray, curve: np.ndarray, threshold: float) -> int | None:
-    """First step whose value is < threshold, or None if never."""
-    idx = np.flatnonzero(np.asarray(curve) < threshold)
+def first_below(steps: np.ndarray, curve: np.ndarray, threshold: float, *, or_equal: bool = False) -> int | None:
+    """First step whose value is < threshold (≤ with `or_equal`), or None if never."""
+    curve = np.asarray(curve)
+    idx = np.flatnonzero(curve <= threshold if or_equal else curve < threshold)
     return int(np.asarray(steps)[idx[0]]) if idx.size else None
 
 
@@ -252,20 +253,16 @@ def bootstrap_interval(statistic, *samples, level: float = LEVEL, resamples: int
     return _percentile_interval(estimate, stats, n, level)
 
 
-def hit_step(steps, values, threshold: float) -> float:
-    """First step at which the seed mean of `values` [steps, seeds] is below `threshold`; inf = never."""
-    s = first_below(np.asarray(steps), np.asarray(values, dtype=float).mean(axis=-1), threshold)
+def hit_step(steps, values, threshold: float, *, or_equal: bool = False) -> float:
+    """First step at which the seed mean of `values` [steps, seeds] is below `threshold` (at or below with
+    `or_equal`); inf = never."""
+    s = first_below(np.asarray(steps), np.asarray(values, dtype=float).mean(axis=-1), threshold, or_equal=or_equal)
     return np.inf if s is None else float(s)
 
 
 # Elements of the [steps, resamples] means first_hits computes at once (2 MB: the fastest block here).
 _HIT_BLOCK = 1 << 18
 _TWO_U = 2.0 ** -52  # twice float64's unit roundoff
-
-
-def _first_hit(steps: np.ndarray, means: np.ndarray, threshold: float, or_equal: bool) -> float:
-    idx = np.flatnonzero(means <= threshold if or_equal else means < threshold)
-    return float(steps[idx[0]]) if idx.size else np.inf
 
 
 def first_hits(steps, values, threshold: float, idx: np.ndarray, *, or_equal: bool = False) -> np.ndarray:
@@ -283,7 +280,7 @@ def first_hits(steps, values, threshold: float, idx: np.ndarray, *, or_equal: bo
         raise ValueError(f"values must be [steps, seeds] with one row per step, got shape {values.shape} for "
                          f"{len(steps)} steps")
     if not np.isfinite(values).all():
-        return np.array([_first_hit(steps, values[:, row].mean(axis=-1), threshold, or_equal) for row in idx])
+        return np.array([hit_step(steps, values[:, row], threshold, or_equal=or_equal) for row in idx])
     resamples, n = idx.shape
     counts = np.bincount((idx + n * np.arange(resamples)[:, None]).ravel(),
                          minlength=resamples * n).reshape(resamples, n).T.astype(float)  # [n, R]
@@ -322,7 +319,7 @@ def bootstrap_hits(statistic, curves, threshold: float, *, or_equal: bool = Fals
     if any(v.ndim != 2 or v.shape[-1] != n for _, v in curves):
         raise ValueError(f"curves must be [steps, seeds] sharing their seed axis, got shapes "
                          f"{[v.shape for _, v in curves]}")
-    estimate = float(statistic(*(np.asarray(_first_hit(s, v.mean(axis=-1), threshold, or_equal)) for s, v in curves)))
+    estimate = float(statistic(*(np.asarray(hit_step(s, v, threshold, or_equal=or_equal)) for s, v in curves)))
     if n == 1:
         return Interval(estimate, float("nan"), float("nan"), 1, "none")
     idx = bootstrap_indices(n)
