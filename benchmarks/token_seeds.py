@@ -10,9 +10,13 @@ one method of the authors' smoke configuration (H = 10, V = 2, B = 100, K = 8) a
 policy repeats rows, which the engine computes once), and prints the median over the rounds per episode and per
 seed-episode. Batching different methods would cost more than this bound shows: their epochs differ (DG steps
 once, the others four times), and each seed's distinct rows are padded to the widest seed's, so the records would
-move by rounding.
+move by rounding. `--set KEY=VALUE ...` times another configuration (any field of the engine's TrialConfig):
+the small-batch units of `reproduce` pay more per-episode work that does not grow with the seeds (the second
+command: `dg-epochs`' variant units, 2 seeds each).
 
     python benchmarks/token_seeds.py --threads 2 --method tpo_token --seeds 2,8 --repeats 3
+    python benchmarks/token_seeds.py --threads 1 --method dg --seeds 2,16 --repeats 2 --episodes 12 \
+        --set task=copy length=6 batch=50 dg_epochs=4
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ import statistics
 import torch
 from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
 from tokens import SMOKE, TOKEN_METHODS, episode_seconds  # the configuration benchmarks/tokens.py times
+
+from targetpo.runs.config import apply_overrides
+from targetpo.tokens.engine import check_trial
 
 
 def seed_counts(text: str) -> list[int]:
@@ -40,14 +47,22 @@ def main() -> None:
     parser.add_argument("--repeats", type=positive_int, default=3, help="rounds over the seed counts, interleaved "
                         "(default 3)")
     parser.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="fields of the smoke "
+                        "configuration to change (the engine's TrialConfig, e.g. batch=50 length=6)")
     args = parser.parse_args()
+    try:
+        cfg = apply_overrides(SMOKE, args.set)
+        check_trial(cfg, args.method)
+    except ValueError as e:
+        parser.error(f"--set: {e}")
     torch.set_num_threads(args.threads)
-    episode_seconds(SMOKE, args.method, [0], 2)  # warm-up: first-call allocations and lazy initialisation
+    episode_seconds(cfg, args.method, [0], 2)  # warm-up: first-call allocations and lazy initialisation
     runs: dict[int, list[float]] = {s: [] for s in args.seeds}
     for _ in range(args.repeats):
         for s in args.seeds:
-            runs[s].append(episode_seconds(SMOKE, args.method, list(range(s)), args.episodes))
-    print(f"{args.method}, smoke configuration, {args.episodes} episodes after the first, {args.threads} thread(s), "
+            runs[s].append(episode_seconds(cfg, args.method, list(range(s)), args.episodes))
+    where = "smoke configuration" + (f" with {' '.join(args.set)}" if args.set else "")
+    print(f"{args.method}, {where}, {args.episodes} episodes after the first, {args.threads} thread(s), "
           f"median of {args.repeats} interleaved rounds\n")
     print("| seeds | ms an episode | ms a seed-episode | runs (ms an episode) |")
     print("|---|---|---|---|")
