@@ -195,3 +195,33 @@ def test_extend_over_the_answers_prefix_tree_equals_the_row_by_row_pass_with_its
         tfm.extend(params, 1 - answers, spec, start=5, past=past, tree=tree)
     with pytest.raises(ValueError, match="not the tokens'"):
         tfm.prefill(params, prompts, spec, tree)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_take_has_index_selects_gradient_bit_for_bit_also_from_a_strided_gradient(threads):
+    """rows.take's backward makes the incoming gradient contiguous before index_add_ (a gathered KV cache's
+    gradient arrives as a slice of a concatenation); the sums stay index_select's own, in index order."""
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(3, 7, 2, 6, 4, generator=gen)                        # [S, N, h, T, hd], like a prompt cache
+    idx = torch.randint(0, 7, (3, 40), generator=gen)                    # [S, M]: many repeats of each row
+    idx[:, :7] = torch.arange(7)                                           # every row gathered at least once
+    upstream = torch.randn(3, 40, 2, 11, 4, generator=gen)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got, want = [], []
+        for slice_ in (upstream[:, :, :, :6], upstream[:, :, :, :6].contiguous()):  # strided, then contiguous
+            a = x.clone().requires_grad_(True)
+            out = rows.take(a, idx)
+            assert torch.equal(out, a.detach()[torch.arange(3)[:, None], idx])
+            got.append(torch.autograd.grad(out, a, slice_)[0])
+            b = x.clone().requires_grad_(True)
+            flat = (idx + 7 * torch.arange(3)[:, None]).reshape(-1)
+            plain = b.reshape(21, 2, 6, 4).index_select(0, flat).view(3, 40, 2, 6, 4)
+            want.append(torch.autograd.grad(plain, b, slice_)[0])
+    finally:
+        torch.set_num_threads(before)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    assert torch.equal(got[0], got[1])
+    assert not rows.take(x, idx).requires_grad                            # no autograd node without a gradient

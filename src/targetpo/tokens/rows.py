@@ -46,6 +46,24 @@ def is_identity(idx: Tensor, n: int) -> bool:
     return idx.shape[1] == n and bool((idx == torch.arange(n, device=idx.device)).all())
 
 
+class _SelectRows(torch.autograd.Function):
+    """`x.index_select(0, flat)` whose backward hands `index_add_` a contiguous gradient. The gradient of a gathered
+    key/value cache arrives as a slice of the concatenation with the rows' own keys, and `index_add_` (a
+    `scatter_add_` in this torch) over that strided slice took ~4× a copy plus the contiguous call (BENCHMARKS.md,
+    "Tenth session"). The sums are the same: each element's repeats are added in index order whatever the layout."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, flat: Tensor) -> Tensor:
+        ctx.save_for_backward(flat)
+        ctx.rows = x.shape[0]
+        return x.index_select(0, flat)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (flat,) = ctx.saved_tensors
+        return grad.new_zeros(ctx.rows, *grad.shape[1:]).index_add_(0, flat, grad.contiguous()), None
+
+
 def take(x: Tensor, idx: Tensor) -> Tensor:
     """x [S, N, ...], idx [S, M] → x[s, idx[s]] as [S, M, ...].
 
@@ -54,7 +72,9 @@ def take(x: Tensor, idx: Tensor) -> Tensor:
     threads, so with 3 seeds on 2 threads the middle seed's gradients rounded differently (BENCHMARKS.md)."""
     s, n = x.shape[:2]
     flat = (idx + n * torch.arange(s, device=x.device).unsqueeze(1)).reshape(-1)
-    return x.reshape(s * n, *x.shape[2:]).index_select(0, flat).view(s, idx.shape[1], *x.shape[2:])
+    rows = x.reshape(s * n, *x.shape[2:])
+    out = _SelectRows.apply(rows, flat) if rows.requires_grad else rows.index_select(0, flat)
+    return out.view(s, idx.shape[1], *x.shape[2:])
 
 
 @dataclass(frozen=True)
