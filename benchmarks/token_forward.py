@@ -24,7 +24,8 @@ from _args import Parser, nonnegative_int, positive_int  # benchmarks/ is on sys
 from targetpo.tokens import engine, rows, tasks
 from targetpo.tokens import transformer as tfm
 
-# The costliest kinds of unit of `reproduce`'s token experiments: (method, TrialConfig fields, seeds).
+# The costliest kinds of unit of `reproduce`'s token experiments: (method, TrialConfig fields, seeds), as the
+# cpu presets of token-variants, token-diagnostics and dg-epochs (its variant units) set them when written.
 CONFIGS = {
     "variants": ("tpo_token", dict(task="reverse_copy", reward="bag", length=10, vocab=2, batch=100, k=8), 4),
     "diagnostics": ("tpo", dict(task="reverse_copy", reward="terminal", length=6, vocab=2, batch=64, k=8), 4),
