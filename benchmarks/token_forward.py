@@ -20,8 +20,9 @@ import time
 
 import torch
 from _args import Parser, nonnegative_int, positive_int  # benchmarks/ is on sys.path when run as a script
+from token_parts import fresh_policy, parts  # the batch and the epoch token_parts.py times
 
-from targetpo.tokens import engine, rows, tasks
+from targetpo.tokens import engine, rows
 from targetpo.tokens import transformer as tfm
 
 # The costliest kinds of unit of `reproduce`'s token experiments: (method, TrialConfig fields, seeds), as the
@@ -61,23 +62,14 @@ def op_table(epoch, top: int) -> str:
 def time_config(name: str, pairs: int, top: int = 0) -> str:
     method, fields, n_seeds = CONFIGS[name]
     cfg = engine.TrialConfig(**fields, episodes=1)
-    seeds = list(range(n_seeds))
-    spec = engine.model_spec(cfg)
-    params = tfm.init_params(spec, seeds, "cpu")
-    for p in params.values():
-        p.requires_grad_(True)
-    names = list(params)
-    prompts = tasks.sample_prompts(engine._generators(seeds, 1, "cpu"), engine.method_batch(cfg, method),
-                                   cfg.length, cfg.vocab, "cpu")
-    batch = engine.collect(params, spec, cfg, method, prompts, engine._generators(seeds, 2, "cpu"), None)
-    plan = engine.answer_plan(batch.prompts, batch.actions, cfg.vocab)
+    spec, params, prompts = fresh_policy(cfg, method, list(range(n_seeds)))
+    _, engine_epoch = parts(engine, params, spec, cfg, method, prompts)
     cached = engine.answer_logp
 
     def epoch(logp_fn):
         engine.answer_logp = logp_fn   # loss_fn looks it up at call time
         try:
-            loss = engine.loss_fn(params, spec, cfg, method, batch, None, plan)
-            return torch.autograd.grad(loss, [params[k] for k in names])
+            return engine_epoch()
         finally:
             engine.answer_logp = cached
 

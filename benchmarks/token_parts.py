@@ -51,10 +51,24 @@ def load_other(src: str, into: Path):
     return importlib.import_module("targetpo_other.tokens.engine")
 
 
+def fresh_policy(cfg, method: str, seeds: list[int]):
+    """(spec, params, prompts): a fresh policy of this checkout's engine for `seeds`, its parameters requiring
+    gradients, and one batch of `method`'s prompts."""
+    te.check_trial(cfg, method)
+    spec = te.model_spec(cfg)
+    params = tfm.init_params(spec, seeds)
+    for p in params.values():
+        p.requires_grad_(True)
+    prompts = tasks.sample_prompts(te._generators(seeds, 1, "cpu"), te.method_batch(cfg, method), cfg.length,
+                                   cfg.vocab, "cpu")
+    return spec, params, prompts
+
+
 def parts(engine, params, spec, cfg, method: str, prompts):
-    """(rollout, epoch): zero-argument functions timing one rollout and one training epoch of `engine`."""
+    """(rollout, epoch): zero-argument functions timing one rollout and one training epoch of `engine` (the epoch
+    returns the parameters' gradients)."""
     cfg = engine.TrialConfig(**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__})
-    gens = engine._generators([0, 1], 2, "cpu")
+    gens = engine._generators(list(range(prompts.shape[0])), 2, "cpu")
     batch = engine.collect(params, spec, cfg, method, prompts, gens)
     plan = engine.answer_plan(batch.prompts, batch.actions, cfg.vocab)
     names = list(params)
@@ -64,7 +78,7 @@ def parts(engine, params, spec, cfg, method: str, prompts):
 
     def epoch():
         loss = engine.loss_fn(params, spec, cfg, method, batch, None, plan)
-        torch.autograd.grad(loss, [params[k] for k in names])
+        return torch.autograd.grad(loss, [params[k] for k in names])
 
     return rollout, epoch
 
@@ -83,13 +97,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         other = load_other(args.against, Path(tmp))
         cfg = te.TrialConfig(**TASKS[args.task])
-        te.check_trial(cfg, args.method)
-        spec = te.model_spec(cfg)
-        params = tfm.init_params(spec, [0, 1])
-        for p in params.values():
-            p.requires_grad_(True)
-        prompts = tasks.sample_prompts(te._generators([0, 1], 1, "cpu"), te.method_batch(cfg, args.method),
-                                       cfg.length, cfg.vocab, "cpu")
+        spec, params, prompts = fresh_policy(cfg, args.method, [0, 1])
         timed = {"old": parts(other, params, spec, cfg, args.method, prompts),
                  "new": parts(te, params, spec, cfg, args.method, prompts)}
         for fs in timed.values():  # warm-up
