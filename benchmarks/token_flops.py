@@ -51,7 +51,7 @@ def gemm_peak(n: int, repeats: int) -> float:
 
 
 # The batched GEMMs of a training pass of the configuration (2 seeds, ~900 tree rows of d = 64): the QKV, output
-# and FFN projections, [S, M, K] x [S, K, N].
+# and FFN projections, [S, M, K] x [S, K, N], timed as `bmm` (the engine's `baddbmm` without its bias).
 ENGINE_GEMMS = ((2, 900, 64, 192), (2, 900, 64, 64), (2, 900, 64, 256), (2, 900, 256, 64))
 
 

@@ -43,19 +43,20 @@ def full_answer_logp(params, spec, prompts, actions, plan=None):
     return rows.take(logp, plan.inverse).view(s, b, g, h, spec.vocab)
 
 
-def op_table(epoch, top: int) -> str:
-    """The `top` costliest ops (self CPU time) of five calls of `epoch`, as markdown rows."""
+def op_table(work, top: int, n: int = 5, what: str = "epoch", by_shape: bool = True) -> str:
+    """The `top` costliest ops (self CPU time) of `work()`, which runs `n` epochs (or episodes: `what`), per one
+    of them, as markdown rows; with `by_shape`, each op's input shapes apart."""
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        for _ in range(5):
-            epoch()
-    ops = prof.key_averages(group_by_input_shape=True)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=by_shape) as prof:
+        work()
+    ops = prof.key_averages(group_by_input_shape=by_shape)
     total = sum(e.self_cpu_time_total for e in ops)
-    lines = [f"\nengine epoch under the profiler: {total / 5e3:.1f} ms of op time an epoch\n",
-             "| op | ms an epoch | share | calls an epoch | input shapes |", "|---|---|---|---|---|"]
+    lines = [f"\nengine {what}s under the profiler: {total / n / 1e3:.1f} ms of op time per {what}\n",
+             f"| op | ms per {what} | share | calls per {what} | input shapes |", "|---|---|---|---|---|"]
     for e in sorted(ops, key=lambda e: -e.self_cpu_time_total)[:top]:
-        lines.append(f"| {e.key} | {e.self_cpu_time_total / 5e3:.2f} | {100 * e.self_cpu_time_total / total:.1f} % | "
-                     f"{e.count // 5} | {str(e.input_shapes)[:100]} |")
+        shapes = str(e.input_shapes)[:100] if by_shape else "–"
+        lines.append(f"| {e.key} | {e.self_cpu_time_total / n / 1e3:.2f} | {100 * e.self_cpu_time_total / total:.1f} % "
+                     f"| {e.count // n} | {shapes} |")
     return "\n".join(lines)
 
 
@@ -84,7 +85,7 @@ def time_config(name: str, pairs: int, top: int = 0) -> str:
     c, f = statistics.median(times["cached"]), statistics.median(times["full"])
     shape = ", ".join(f"{k}={v}" for k, v in fields.items())
     row = f"| {name} ({method}, {n_seeds} seeds, {shape}) | {1e3 * c:.1f} | {1e3 * f:.1f} | {f / c:.2f}× | {rel:.1e} |"
-    return row + ("\n" + op_table(lambda: epoch(cached), top) if top else "")
+    return row + ("\n" + op_table(lambda: [epoch(cached) for _ in range(5)], top) if top else "")
 
 
 def main() -> None:

@@ -12,11 +12,13 @@ seed-episode. Batching different methods would cost more than this bound shows: 
 once, the others four times), and each seed's distinct rows are padded to the widest seed's, so the records would
 move by rounding. `--set KEY=VALUE ...` times another configuration (any field of the engine's TrialConfig):
 the small-batch units of `reproduce` pay more per-episode work that does not grow with the seeds (the second
-command: `dg-epochs`' variant units, 2 seeds each).
+command: `dg-epochs`' variant units, 2 seeds each). `--profile N` then lists the N costliest ops of `--episodes`
+episodes at the first seed count under `torch.profiler` (after a 3-episode warm-up), per episode.
 
     python benchmarks/token_seeds.py --threads 2 --method tpo_token --seeds 2,8 --repeats 3
     python benchmarks/token_seeds.py --threads 1 --method dg --seeds 2,16 --repeats 2 --episodes 12 \
         --set task=copy length=6 batch=50 dg_epochs=4
+    python benchmarks/token_seeds.py --threads 2 --seeds 2 --repeats 1 --episodes 8 --profile 12
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from __future__ import annotations
 import statistics
 
 import torch
-from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
+from _args import Parser, nonnegative_int, positive_int  # benchmarks/ is on sys.path when run as a script
+from token_forward import op_table
 from tokens import SMOKE, TOKEN_METHODS, episode_seconds  # the configuration benchmarks/tokens.py times
 
 from targetpo.runs.config import apply_overrides
-from targetpo.tokens.engine import check_trial
+from targetpo.tokens.engine import check_trial, run_trial, trial_config
 
 
 def seed_counts(text: str) -> list[int]:
@@ -49,6 +52,8 @@ def main() -> None:
     parser.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="fields of the smoke "
                         "configuration to change (the engine's TrialConfig, e.g. batch=50 length=6)")
+    parser.add_argument("--profile", type=nonnegative_int, default=0, metavar="N", help="then the N costliest ops "
+                        "of --episodes episodes at the first seed count, per episode (default 0: none)")
     args = parser.parse_args()
     try:
         cfg = apply_overrides(SMOKE, args.set)
@@ -69,6 +74,11 @@ def main() -> None:
     for s, times in runs.items():
         med = statistics.median(times)
         print(f"| {s} | {1e3 * med:.1f} | {1e3 * med / s:.1f} | {' / '.join(f'{1e3 * t:.1f}' for t in times)} |")
+    if args.profile:
+        seeds = list(range(args.seeds[0]))
+        run_trial(trial_config(cfg, episodes=3), args.method, seeds)  # warm-up, as the timed runs' first episode
+        print(op_table(lambda: run_trial(trial_config(cfg, episodes=args.episodes), args.method, seeds), args.profile,
+                       n=args.episodes, what="episode", by_shape=False))
 
 
 if __name__ == "__main__":
