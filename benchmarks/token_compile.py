@@ -21,7 +21,9 @@ import time
 
 import torch
 from _args import Parser, int_at_least, positive_int  # benchmarks/ is on sys.path when run as a script
+from tokens import SMOKE  # the configuration benchmarks/tokens.py times
 
+from targetpo.tokens import engine as te
 from targetpo.tokens import transformer as tfm
 
 
@@ -37,7 +39,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=positive_int, default=5, help="interleaved rounds (default 5)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    spec = tfm.TransformerSpec(vocab=2, max_len=2 * args.length, heads=2)
+    cfg = te.trial_config(SMOKE, length=args.length)
+    spec = te.model_spec(cfg)
     params = tfm.init_params(spec, list(range(args.seeds)))
     for p in params.values():
         p.requires_grad_(True)
@@ -45,8 +48,8 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
 
     def batch(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens = torch.randint(0, 2, (args.seeds, rows, 2 * args.length), generator=gen)
-        weights = torch.randn(args.seeds, rows, args.length, 2, generator=gen)
+        tokens = torch.randint(0, cfg.vocab, (args.seeds, rows, 2 * args.length), generator=gen)
+        weights = torch.randn(args.seeds, rows, args.length, cfg.vocab, generator=gen)
         return tokens, weights
 
     def step(fn, tokens, weights):

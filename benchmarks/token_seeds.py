@@ -13,7 +13,7 @@ once, the others four times), and each seed's distinct rows are padded to the wi
 move by rounding. `--set KEY=VALUE ...` times another configuration (any field of the engine's TrialConfig):
 the small-batch units of `reproduce` pay more per-episode work that does not grow with the seeds (the second
 command: `dg-epochs`' variant units, 2 seeds each). `--profile N` then lists the N costliest ops of `--episodes`
-episodes at the first seed count under `torch.profiler` (after a 3-episode warm-up), per episode.
+episodes at the first seed count under `torch.profiler` (after the timed runs, which warm it up), per episode.
 
     python benchmarks/token_seeds.py --threads 2 --method tpo_token --seeds 2,8 --repeats 3
     python benchmarks/token_seeds.py --threads 1 --method dg --seeds 2,16 --repeats 2 --episodes 12 \
@@ -76,7 +76,6 @@ def main() -> None:
         print(f"| {s} | {1e3 * med:.1f} | {1e3 * med / s:.1f} | {' / '.join(f'{1e3 * t:.1f}' for t in times)} |")
     if args.profile:
         seeds = list(range(args.seeds[0]))
-        run_trial(trial_config(cfg, episodes=3), args.method, seeds)  # warm-up, as the timed runs' first episode
         print(op_table(lambda: run_trial(trial_config(cfg, episodes=args.episodes), args.method, seeds), args.profile,
                        n=args.episodes, what="episode", by_shape=False))
 
