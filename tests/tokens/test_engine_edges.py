@@ -87,6 +87,37 @@ def test_the_gelu_is_the_tanh_approximation_and_eps_is_read_from_the_spec():
     assert (ours - _plain_forward(p, tokens, other)).abs().max() > 1e-8
 
 
+def test_the_cpu_gelu_is_the_tanh_gelu_with_its_gradient():
+    """The FFN's GELU on a CPU is x·σ(2z) with a hand-written backward (transformer._GeluTanh): in float64 its
+    values and gradients are the tanh formula's (and finite differences'); in float32 it is within rounding of
+    F.gelu(approximate="tanh"); without autograd (sampling) it gives the training pass's values bit for bit."""
+    x = torch.linspace(-12, 8, 2001, dtype=torch.float64).requires_grad_(True)
+    ours, plain = tfm._gelu(x), _plain_gelu_tanh(x)
+    torch.testing.assert_close(ours, plain, rtol=1e-12, atol=1e-14)  # the tanh form cancels below x ≈ −10
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    (d_ours,) = torch.autograd.grad(ours, x, g)
+    (d_plain,) = torch.autograd.grad(plain, x, g)
+    torch.testing.assert_close(d_ours, d_plain, rtol=1e-10, atol=1e-12)
+    assert torch.autograd.gradcheck(tfm._GeluTanh.apply, (x[::97].detach().clone().requires_grad_(True),))
+
+    x32 = (4 * torch.randn(4, 300, 256, generator=torch.Generator().manual_seed(1))).requires_grad_(True)
+    y32 = tfm._gelu(x32)
+    ref = F.gelu(x32, approximate="tanh")
+    assert (y32 - ref).abs().max() < 2e-6
+    g32 = torch.randn(x32.shape, generator=torch.Generator().manual_seed(2))
+    (d32,) = torch.autograd.grad(y32, x32, g32)
+    (dref,) = torch.autograd.grad(ref, x32, g32)
+    assert ((d32 - dref).abs() / (1 + g32.abs())).max() < 2e-5
+    with torch.no_grad():
+        assert torch.equal(tfm._gelu(x32), y32)
+    # Where 1 + tanh z cancels (to 0 in float32 from x ≈ −5, in float64 from x ≈ −8), x·σ(2z) keeps float32's
+    # relative precision: the reference is 0.5·(1 + tanh z) = σ(2z) through float64's log-sigmoid.
+    tail = torch.linspace(-9, -5, 41)
+    t64 = tail.double()
+    exact = t64 * F.logsigmoid(2 * math.sqrt(2 / math.pi) * (t64 + 0.044715 * t64 ** 3)).exp()
+    assert ((tfm._gelu(tail).double() - exact).abs() / exact.abs()).max() < 1e-5
+
+
 def test_extend_over_a_prefix_shared_by_several_rows_matches_a_full_forward():
     """g = N // P > 1 rows attend to one cached prompt as a block with a block-diagonal causal mask: no row may
     see another's tokens, and the heads and rows must come back in place."""

@@ -194,6 +194,45 @@ def _block_mask(g: int, tq: int, q_from: int, tp: int, to: int, t_new: int, devi
     return _MASKS[key]
 
 
+# The tanh-GELU's constants: √(2/π) and the cubic coefficient (docs/method.md §4).
+_GELU_C, _GELU_A = math.sqrt(2.0 / math.pi), 0.044715
+
+
+def _gelu_sigmoid(x: Tensor) -> Tensor:
+    """σ(2z), z = √(2/π)·(x + 0.044715·x³): the tanh-GELU is 0.5·x·(1 + tanh z) = x·σ(2z)."""
+    return (x * x).mul_(2 * _GELU_C * _GELU_A).add_(2 * _GELU_C).mul_(x).sigmoid_()
+
+
+class _GeluTanh(torch.autograd.Function):
+    """The tanh-approximate GELU (the authors' Flax default) as x·σ(2z), with its backward written out:
+    σ + x·σ(1 − σ)·2z′, 2z′ = 2√(2/π)·(1 + 3·0.044715·x²). The same function as F.gelu(approximate="tanh"),
+    rounded differently (within ~1e-6 of float64; for x ≲ −5 this form keeps the tiny negative values that
+    1 + tanh z cancels to 0). On a CPU torch's tanh costs ~4× its sigmoid, and this form's forward and backward
+    together take 0.4–0.7 of torch's (BENCHMARKS.md, "Twelfth session"). It saves σ beside x."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        s = _gelu_sigmoid(x)
+        ctx.save_for_backward(x, s)
+        return x * s
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> Tensor:
+        x, s = ctx.saved_tensors
+        d = (x * x).mul_(6 * _GELU_C * _GELU_A).add_(2 * _GELU_C).mul_(x).mul_(1 - s).add_(1).mul_(s)
+        return d.mul_(g)
+
+
+def _gelu(x: Tensor) -> Tensor:
+    """The FFN's tanh-GELU. On an accelerator torch's fused kernel; on a CPU x·σ(2z) (:class:`_GeluTanh`), whose
+    forward without autograd (sampling) gives the same values as with it."""
+    if x.device.type != "cpu":
+        return F.gelu(x, approximate="tanh")
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _GeluTanh.apply(x)
+    return _gelu_sigmoid(x).mul_(x)
+
+
 class _Softmax(torch.autograd.Function):
     """torch.softmax over the last dim (the same forward), with a backward that does not depend on the thread
     count: torch's CPU softmax backward splits its rows between threads in vectorised blocks, so one row's
@@ -294,7 +333,7 @@ def _blocks(params: dict[str, Tensor], x: Tensor, spec: TransformerSpec, n: int,
             a = _attention(q, k, v, q_from, None if prefix is None else prefix[i], None if past is None else past[i])
         x = x + _linear(a.reshape(s, -1, d), params[p + "attn.out"].view(s, d, d), params[p + "attn.out_bias"])
         y = _layer_norm(x, params[p + "ln2.scale"], params[p + "ln2.bias"], eps)
-        y = F.gelu(_linear(y, params[p + "ffn.up"], params[p + "ffn.up_bias"]), approximate="tanh")
+        y = _gelu(_linear(y, params[p + "ffn.up"], params[p + "ffn.up_bias"]))
         x = x + _linear(y, params[p + "ffn.down"], params[p + "ffn.down_bias"])
     return x, kvs
 
@@ -354,7 +393,7 @@ def prefill(params: dict[str, Tensor], prompts: Tensor, spec: TransformerSpec,
             a = rows.take(a, tree.source)                                            # back to the nodes
         x = x + _linear(a, params[pre + "attn.out"].view(s, d, d), params[pre + "attn.out_bias"])
         y = _layer_norm(x, params[pre + "ln2.scale"], params[pre + "ln2.bias"], eps)
-        y = F.gelu(_linear(y, params[pre + "ffn.up"], params[pre + "ffn.up_bias"]), approximate="tanh")
+        y = _gelu(_linear(y, params[pre + "ffn.up"], params[pre + "ffn.up_bias"]))
         x = x + _linear(y, params[pre + "ffn.down"], params[pre + "ffn.down_bias"])
     return _head(params, x, spec).view(s, p, spec.vocab), kvs
 
@@ -449,6 +488,6 @@ def _extend_shared(params: dict[str, Tensor], tokens: Tensor, spec: TransformerS
         a = rows.take(a.reshape(s, n * t, d), tree.source)                             # back to the nodes
         x = x + _linear(a, params[pre + "attn.out"].view(s, d, d), params[pre + "attn.out_bias"])
         y = _layer_norm(x, params[pre + "ln2.scale"], params[pre + "ln2.bias"], eps)
-        y = F.gelu(_linear(y, params[pre + "ffn.up"], params[pre + "ffn.up_bias"]), approximate="tanh")
+        y = _gelu(_linear(y, params[pre + "ffn.up"], params[pre + "ffn.up_bias"]))
         x = x + _linear(y, params[pre + "ffn.down"], params[pre + "ffn.down_bias"])
     return rows.take(_head(params, x, spec), path).view(s, n, t, spec.vocab)
