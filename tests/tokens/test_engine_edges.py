@@ -99,6 +99,9 @@ def test_the_cpu_gelu_is_the_tanh_gelu_with_its_gradient():
     (d_plain,) = torch.autograd.grad(plain, x, g)
     torch.testing.assert_close(d_ours, d_plain, rtol=1e-10, atol=1e-12)
     assert torch.autograd.gradcheck(tfm._GeluTanh.apply, (x[::97].detach().clone().requires_grad_(True),))
+    (once,) = torch.autograd.grad(tfm._gelu(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError):  # its saved σ is a constant: no silently wrong second derivative
+        once.sum().backward()
 
     x32 = (4 * torch.randn(4, 300, 256, generator=torch.Generator().manual_seed(1))).requires_grad_(True)
     y32 = tfm._gelu(x32)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from targetpo.optim import ParamInfo
 from targetpo.tokens import rows
@@ -206,9 +207,11 @@ def _gelu_sigmoid(x: Tensor) -> Tensor:
 class _GeluTanh(torch.autograd.Function):
     """The tanh-approximate GELU (the authors' Flax default) as x·σ(2z), with its backward written out:
     σ + x·σ(1 − σ)·2z′, 2z′ = 2√(2/π)·(1 + 3·0.044715·x²). The same function as F.gelu(approximate="tanh"),
-    rounded differently (within ~1e-6 of float64; for x ≲ −5 this form keeps the tiny negative values that
-    1 + tanh z cancels to 0). On a CPU torch's tanh costs ~4× its sigmoid, and this form's forward and backward
-    together take 0.4–0.7 of torch's (BENCHMARKS.md, "Twelfth session"). It saves σ beside x."""
+    rounded differently: its values as close to float64 as torch's (and for x ≲ −5 the tiny negative values that
+    1 + tanh z cancels to 0 in float32), its gradients within about twice torch's rounding. On a CPU torch's tanh
+    costs ~4× its sigmoid, so at the engine's shapes this form's forward and backward together take 0.65–0.75 of
+    torch's time at one thread (0.9–1.1 at two), its forward alone 0.4–0.5 (BENCHMARKS.md, "Twelfth session").
+    It saves σ beside x."""
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
@@ -217,6 +220,7 @@ class _GeluTanh(torch.autograd.Function):
         return x * s
 
     @staticmethod
+    @once_differentiable  # σ is saved as a constant: a second derivative through it would be wrong, so it is refused
     def backward(ctx, g: Tensor) -> Tensor:
         x, s = ctx.saved_tensors
         d = (x * x).mul_(6 * _GELU_C * _GELU_A).add_(2 * _GELU_C).mul_(x).mul_(1 - s).add_(1).mul_(s)
