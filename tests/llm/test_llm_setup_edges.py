@@ -121,6 +121,37 @@ def test_warm_start_logs_each_step_and_evaluates_before_the_update_and_after_the
     assert seen == [True, False, False]
 
 
+def test_warm_start_until_stops_at_the_first_evaluation_that_reaches_it_with_the_fixed_run_records(tok):
+    """until > 0: the fit stops at the first evaluation with heldout_accuracy >= until, logged at that step
+    with no update after it, and returns the steps taken; every record before is the fixed-step run's, and the
+    model the fixed-step run's at that step (evaluations draw no random numbers). Never reached: all `steps`."""
+    def curve():
+        accs = iter([0.0, 0.1, 0.3, 0.9, 0.9])
+        return lambda: {"heldout_accuracy": next(accs)}
+
+    fixed_model, stopped_model = build_tiny_model(tok, **SMALL), build_tiny_model(tok, **SMALL)
+    fixed = _warm(tok, fixed_model, steps=4, evaluate=curve(), eval_every=2)
+    advanced, stopped = [], []
+    took = ws.supervised_warmstart(stopped_model, tok, Template("plain"), PROBLEMS, steps=8, batch_size=3, lr=1e-3,
+                                   seed=0, log=stopped.append, advance=advanced.append, evaluate=curve(),
+                                   eval_every=2, until=0.25)
+    assert took == 4 and sum(advanced) == 8  # the progress bar over `steps` ends full
+    assert stopped[:4] == fixed[:4] and stopped[4] == {"step": 4, "heldout_accuracy": 0.3} == fixed[4]
+    assert all(torch.equal(v, stopped_model.state_dict()[k]) for k, v in fixed_model.state_dict().items())
+    never = _warm(tok, build_tiny_model(tok, **SMALL), steps=4, evaluate=curve(), eval_every=2, until=0.95)
+    assert [r["step"] for r in never] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"until": 1.5, "evaluate": lambda: {"heldout_accuracy": 0}, "eval_every": 1}, r"until=1\.5: a held-out accuracy in \[0, 1\]"),
+    ({"until": 0.2}, r"until=0\.2 stops at a held-out evaluation: give `evaluate` and eval_every >= 1 \(got eval_every=0, no evaluate\)"),
+    ({"until": 0.2, "evaluate": lambda: {"acc": 0.5}, "eval_every": 1}, r"its evaluation gave \['acc'\], no heldout_accuracy"),
+])
+def test_warm_start_until_without_a_held_out_accuracy_is_refused(tok, kw, match):
+    with pytest.raises(ValueError, match=match):
+        _warm(tok, build_tiny_model(tok, **SMALL), **kw)
+
+
 def test_warm_start_batches_depend_on_the_seed_and_the_step(tok, monkeypatch):
     """Batches come from a generator seeded by (seed, step): a rerun draws the same ones, each step another."""
     drawn, real = [], ws.supervised_batch

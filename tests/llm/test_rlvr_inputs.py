@@ -172,7 +172,9 @@ def test_rlvr_help_reads_once_and_agrees_with_the_preset_and_readme(capsys):
     assert f"cpu (tiny model on 2 CPU cores, {rlvr.CPU_TIME}; default)" in text and "~10 min" not in text
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     assert rlvr.CPU_TIME in rlvr.RUNTIME and f"GRPO, {rlvr.CPU_TIME})" in readme
-    assert f"warm-started by {rlvr.PRESETS['cpu'].warmstart_steps} supervised steps" in readme
+    cpu = rlvr.PRESETS["cpu"]
+    assert (f"warm-started until its held-out accuracy reaches {cpu.warmstart_until} (at most "
+            f"{cpu.warmstart_steps} supervised steps:") in readme
 
 
 def test_the_paper_preset_reads_gsm8k_only_from_a_path_given_and_runs_generated_tasks_without_one():

@@ -100,6 +100,7 @@ class Config(rlvr.Config):
     # 320, 325, ..., 360, 67 % at 400, 87 % at 600 (docs/experiments.md §E19; lr 3e-3 stalls at 0–6 %). 350 steps
     # start RL inside 20–40 %: room to learn, and groups of 8 sampled at T = 1 still get a spread.
     warmstart_steps = 350
+    warmstart_until = 0.0  # the 350 steps themselves: evaluated every warmstart_steps // 4, a stop would land elsewhere
     warmstart_batch = 32
     warmstart_lr = 1e-3
     steps = 150

@@ -73,13 +73,23 @@ def supervised_warmstart(model, tokenizer, template, problems: list, *, steps: i
                          seed: int, log: Callable[[dict], None] = lambda r: None,
                          advance: Callable[[int], None] = lambda n: None,
                          evaluate: Callable[[], dict] | None = None, eval_every: int = 0,
-                         chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> None:
-    """Fit `model` in place for `steps` AdamW steps on the gold answers of `problems`.
+                         chunk_tokens: int = DEFAULT_CHUNK_TOKENS, until: float = 0.0) -> int:
+    """Fit `model` in place for `steps` AdamW steps on the gold answers of `problems`; returns the steps taken.
 
     `log` receives {"step", "sft_loss"} every step, plus `evaluate()`'s metrics every `eval_every` steps and
-    after the last step (at step = steps). `chunk_tokens`: as in :func:`supervised_loss`."""
+    after the last step (at step = steps). `chunk_tokens`: as in :func:`supervised_loss`. With `until` > 0 the
+    fit stops at the first evaluation whose "heldout_accuracy" is at least `until` (logged as the last record,
+    at that step), and `steps` is the most it takes: where a supervised learning curve climbs steeply, a fixed
+    step count lands at quite different accuracies on CPUs that round differently, and RL's room to learn with
+    it (docs/experiments.md §E12). Evaluations draw no random numbers, so every record up to the stop is the
+    fixed-step run's."""
     if steps < 0 or batch_size < 1 or not lr > 0:
         raise ValueError(f"warm start needs steps >= 0, batch_size >= 1, lr > 0; got {steps}, {batch_size}, {lr}")
+    if not 0.0 <= until <= 1.0:
+        raise ValueError(f"until={until}: a held-out accuracy in [0, 1] (0 = run all `steps`)")
+    if until > 0 and (evaluate is None or eval_every < 1):
+        raise ValueError(f"until={until} stops at a held-out evaluation: give `evaluate` and eval_every >= 1 "
+                         f"(got eval_every={eval_every}{', no evaluate' if evaluate is None else ''})")
     if not problems:
         raise ValueError("warm start needs at least one training problem")
     device = next(model.parameters()).device
@@ -88,7 +98,12 @@ def supervised_warmstart(model, tokenizer, template, problems: list, *, steps: i
     for t in range(steps):
         rec: dict = {"step": t}
         if evaluate is not None and eval_every and t % eval_every == 0:
-            rec.update(evaluate())
+            metrics = evaluate()
+            rec.update(metrics)
+            if until > 0 and _accuracy(metrics) >= until:
+                log(rec)
+                advance(steps - t)  # the steps not taken: a progress bar over `steps` ends full
+                return t
         idx = np.random.default_rng([seed, t, 7]).choice(len(problems), size=batch_size,
                                                          replace=len(problems) < batch_size)
         ids, mask, labels = supervised_batch(tokenizer, template, [problems[i] for i in idx], device)
@@ -100,6 +115,14 @@ def supervised_warmstart(model, tokenizer, template, problems: list, *, steps: i
         log(rec)
         advance(1)
     log({"step": steps, **(evaluate() if evaluate is not None else {})})
+    return steps
+
+
+def _accuracy(metrics: dict) -> float:
+    if "heldout_accuracy" not in metrics:
+        raise ValueError(f"the warm start stops on held-out accuracy, but its evaluation gave {sorted(metrics)}, "
+                         "no heldout_accuracy")
+    return float(metrics["heldout_accuracy"])
 
 
 def save_checkpoint(model, tokenizer, out: Path) -> Path:
