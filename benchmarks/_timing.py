@@ -46,8 +46,9 @@ def _adopt_orphans() -> bool:
 
 
 def _wait_for_orphans(limit_s: float = 60.0) -> None:
-    """Wait for every adopted process to end (the fork server ends once its parent has), so its CPU time is
-    counted; after `limit_s` seconds say which are still running and leave them out of the count."""
+    """Wait for every child of this process to end, adopted ones included (the fork server ends once its parent
+    has), so their CPU time is counted; after `limit_s` seconds say that some still run and leave them out of the
+    count. The benchmarks run one timed command at a time, so no other child is waited for here."""
     end = time.monotonic() + limit_s
     while True:
         try:

@@ -25,16 +25,14 @@ from targetpo.tokens import transformer as tfm
 SHAPES = ((2, 900, 256), (4, 900, 256), (2, 100, 256))
 
 
-def median_ms(fn, calls: int, repeats: int) -> float:
+def round_ms(fn, calls: int) -> float:
+    """Milliseconds per call over one round of `calls` calls, after 3 warm-up calls."""
     for _ in range(3):
         fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - t0) / calls)
-    return 1e3 * statistics.median(times)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return 1e3 * (time.perf_counter() - t0) / calls
 
 
 def main() -> None:
@@ -61,7 +59,7 @@ def main() -> None:
             times: dict[str, list[float]] = {k: [] for k in fns}
             for _ in range(args.repeats):
                 for k, fn in fns.items():
-                    times[k].append(median_ms(fn, args.calls, 1))
+                    times[k].append(round_ms(fn, args.calls))
             a, b = (statistics.median(times[k]) for k in fns)
             print(f"| {list(shape)} | {name} | {a:.3f} | {b:.3f} | {b / a:.2f} |")
     x = (4 * torch.randn(4, 900, 256, generator=gen)).requires_grad_(True)

@@ -4,8 +4,9 @@ Every method trains from the same starting weights: unit `warmstart` fits the ba
 answers until its held-out accuracy reaches `warmstart_until`, for at most `warmstart_steps` supervised steps (so
 RL starts from non-zero reward), and saves it in the run directory; each RL unit loads those identical weights
 and runs :class:`targetpo.llm.trainer.RLVRTrainer` with its objective — TPO with the sequence log-score reduced
-by sum (`tpo_sum`, the paper) or mean (`tpo_mean`), or a baseline (`grpo`, `dapo`, `dr_grpo`, `gspo`, ...). Methods with the same seed draw the same prompts in the same
-order and seed their sampling identically, so the comparison is paired; only the policy loss differs.
+by sum (`tpo_sum`, the paper) or mean (`tpo_mean`), or a baseline (`grpo`, `dapo`, `dr_grpo`, `gspo`, ...).
+Methods with the same seed draw the same prompts in the same order and seed their sampling identically, so the
+comparison is paired; only the policy loss differs.
 
 Each step samples K completions for each of B prompts (temperature 1), scores them with the task's verifier and
 updates for μ epochs. Training reward is measured on those rollouts, before the update; held-out accuracy is
