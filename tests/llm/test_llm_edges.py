@@ -176,13 +176,14 @@ def test_batch_prompts_may_not_exceed_the_training_pool():
 SEEDS = 2
 
 
-def _report(tmp_path, steps: int, reward: dict[str, list[float]], acc: dict[str, dict[int, float]]):
+def _report(tmp_path, steps: int, reward: dict[str, list[float]], acc: dict[str, dict[int, float]],
+            warm_start: list[dict] = ()):
     """The rlvr report of a run whose every seed of method m records reward[m][t] at RL step t and held-out
-    accuracy acc[m][step]; returns ({claim text: claim}, the section's text)."""
+    accuracy acc[m][step], after the records `warm_start`; returns ({claim text: claim}, the section's text)."""
     cfg = rlvr.PRESETS["cpu"]
     config = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)} | {
         "methods": list(reward), "steps": steps, "seeds": SEEDS}
-    records = []
+    records = list(warm_start)
     for s in range(SEEDS):
         for m, rewards in reward.items():
             for t in range(max(len(rewards), *acc[m], 0) + 1):
@@ -245,6 +246,17 @@ def test_reward_table_windows_are_a_fifth_of_the_steps(tmp_path):
     assert "| train reward (first 4) | train reward (last 4) |" in text
     row = next(line for line in text.splitlines() if line.startswith("| GRPO |"))
     assert "| 0.075 | 0.875 |" in row
+
+
+@pytest.mark.parametrize("done, said", [(True, "it took 300 steps"), (False, "still running, 300 steps so far")])
+def test_the_warm_start_is_said_finished_only_once_its_unit_is_done(tmp_path, done, said):
+    """A partial run's warm start, evaluated last at step 300, has not stopped there: only a finished unit
+    "took" its last evaluation's steps."""
+    ws = [{"unit": rlvr.WARMSTART, "step": t, "heldout_accuracy": [0.1, 0.1]} for t in (0, 100, 200, 300)]
+    if done:
+        ws.append({"unit": rlvr.WARMSTART, "event": "done"})
+    _, text = _report(tmp_path, 4, {"grpo": [0.5] * 4}, {"grpo": {0: 0.3, 4: 0.5}}, ws)
+    assert said in text and ("still running" in text) != done
 
 
 # ----------------------------------------------------------------------------- verl reward
