@@ -174,6 +174,7 @@ class Section:
                 + f" · preset **{meta.get('preset')}** · {count(seed_count(meta), 'seed')} · "
                 f"wall time {meta.get('wall_time_s', 0):.1f} s · status {status} · "
                 f"data: {meta.get('data_source')} · torch {meta.get('versions', {}).get('torch')}"
+                + (f" on {meta['versions']['cpu']}" if meta.get("versions", {}).get("cpu") else "")
                 + (f" · device {meta.get('device')}, peak GPU memory {meta['peak_gpu_memory_bytes'] / 2**30:.2f} GiB"
                    if "peak_gpu_memory_bytes" in meta else ""), ""]
         mismatches = meta.get("resume_mismatches") or []

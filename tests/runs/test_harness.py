@@ -16,6 +16,7 @@ from targetpo.experiments import EXPERIMENTS, load, run_experiment
 from targetpo.runs.config import apply_overrides
 from targetpo.tabular.multi import PRESETS
 from targetpo.report import write_report
+from targetpo.runs import store
 from targetpo.runs.store import Run, read_metrics, record_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,8 +105,10 @@ def test_cli_run_writes_run_json_metrics_and_report(tmp_path, capsys):
     meta = json.loads((out / "run.json").read_text())
     assert meta["config"]["steps"] == 50 and meta["status"] == "complete"
     assert meta["versions"]["torch"] == torch.__version__
+    assert meta["versions"]["cpu"].endswith(f"{torch.backends.cpu.get_cpu_capability()} kernels")
     assert meta["data_source"] and meta["wall_time_s"] > 0
     report = (out / "REPORT.md").read_text()
+    assert f"torch {torch.__version__} on {meta['versions']['cpu']}" in report  # records depend on the CPU
     assert "| paper claim | result |" in report and (out / "tabular_multi.png").stat().st_size > 1000
     assert "first step below 1%" in capsys.readouterr().out
     assert main(["run", "tabular-multi", "--preset", "nope", "--out", str(tmp_path / "bad")]) == 2
@@ -299,3 +302,12 @@ def test_a_run_folder_named_otherwise_and_an_open_questions_claims_are_labelled(
 
     assert claims_heading([section]) == "Claims (the paper's, and 1 claim of the open questions)"
     assert claims_heading([Section("t", Run.load(out), tmp_path)]) == "Paper claims"
+
+
+def test_the_cpu_is_described_by_model_family_and_torch_kernels():
+    """A run names the CPU its numbers came from: two CPUs with other kernels give other curves."""
+    info = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel name\t: AMD EPYC\n\nprocessor\t: 1\n"
+    kernels = torch.backends.cpu.get_cpu_capability()
+    assert store.cpu_description(info) == f"AMD EPYC (family 26), {kernels} kernels"
+    assert store.cpu_description("model name : Some CPU\n") == f"Some CPU, {kernels} kernels"
+    assert store.cpu_description("").endswith(f", {kernels} kernels")  # no /proc/cpuinfo: platform's name

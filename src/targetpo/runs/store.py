@@ -212,13 +212,36 @@ RUN_OPTIONAL_FIELDS = {"status": str, "wall_time_s": (int, float), "runs": list}
 _JSON_KIND = {str: "string", dict: "object", (int, float): "number", list: "array"}
 
 
+def cpu_description(cpuinfo: str | None = None) -> str:
+    """The CPU as a run's numbers depend on it: its model name and family (/proc/cpuinfo on Linux, else
+    `platform.processor()`) and the vector kernels torch uses on it. Two CPUs that round differently (AVX2 against
+    AVX-512 kernels, docs/experiments.md "Machines round differently, too") give other token and LLM curves from
+    the same seeds, so a report names the CPU beside the torch version."""
+    import torch
+
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or "unknown CPU"
+    if fields.get("cpu family"):
+        name += f" (family {fields['cpu family']})"
+    return f"{name}, {torch.backends.cpu.get_cpu_capability()} kernels"
+
+
 def versions() -> dict[str, str]:
     import torch
 
     from targetpo import __version__
 
     out = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-           "targetpo": __version__, "platform": platform.platform()}
+           "targetpo": __version__, "platform": platform.platform(), "cpu": cpu_description()}
     try:
         # Only from a checkout (src/targetpo/…): installed from a wheel, parents[3] is site-packages' lib folder,
         # and git would name the commit of whatever repository happens to contain the environment.
