@@ -74,6 +74,8 @@ def main() -> None:
                         "900: the smoke configuration's answer positions)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="end-to-end runs of each (default 3)")
     args = parser.parse_args()
+    if not torch.backends.mkldnn.is_available():
+        parser.error(f"this torch ({torch.__version__}) was built without oneDNN: nothing to compare")
     torch.set_num_threads(args.threads)
     lp = torch.ops.mkldnn._linear_pointwise
     gen = torch.Generator().manual_seed(0)
