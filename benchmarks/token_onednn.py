@@ -26,30 +26,39 @@ from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as
 # (in, out) of the model's linear layers: q/k/v, attention output, FFN up and down (d = 64).
 LINEARS = ((64, 192), (64, 64), (64, 256), (256, 64))
 
-# The smoke configuration's four methods in one process, with or without the oneDNN linear (argv: threads, mode).
-_CHILD = """
-import sys, time, torch
-torch.set_num_threads(int(sys.argv[1]))
-from targetpo.tokens import engine as te, transformer as tfm
-lp, mkl = torch.ops.mkldnn._linear_pointwise, tfm._linear
 
-def per_seed(x, w, b=None):  # x [S, M, k] @ w[s]ᵀ (+ b[s]) for each seed s, w [S, n, k]
-    return torch.stack([lp(x[s], w[s], None if b is None else b[s], "none", [], "") for s in range(x.shape[0])])
+def per_seed(x, w, b=None):
+    """x [S, M, k] @ w[s]ᵀ (+ b[s]) for each seed s, w [S, n, k]: one oneDNN call per seed, stacked."""
+    return torch.stack([torch.ops.mkldnn._linear_pointwise(x[s], w[s], None if b is None else b[s], "none", [], "")
+                        for s in range(x.shape[0])])
+
 
 class Linear(torch.autograd.Function):
+    """The engine's `_linear` (x [S, M, in] @ w [S, in, out] + b) with every GEMM on oneDNN."""
+
     @staticmethod
     def forward(ctx, x, w, b):
         ctx.save_for_backward(x, w)
         return per_seed(x, w.transpose(1, 2), b)
+
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
         g = g.contiguous()
         return per_seed(g, w), per_seed(x.transpose(1, 2), g.transpose(1, 2)), g.sum(dim=1)
 
+
+# The smoke configuration's four methods in one process, with or without the oneDNN linear in the training passes
+# (argv: threads, mode); run from benchmarks/, so it imports this module and tokens.py.
+_CHILD = """
+import sys, time, torch
+torch.set_num_threads(int(sys.argv[1]))
+from targetpo.tokens import engine as te, transformer as tfm
+from token_onednn import Linear
+from tokens import SMOKE, TOKEN_METHODS
+mkl = tfm._linear
 if sys.argv[2] == "onednn":
     tfm._linear = lambda x, w, b: Linear.apply(x.contiguous(), w, b) if torch.is_grad_enabled() else mkl(x, w, b)
-from tokens import SMOKE, TOKEN_METHODS
 t0 = time.perf_counter()
 errors = [te.run_trial(SMOKE, m, [0, 1])["error"][-1].tolist() for m in TOKEN_METHODS]
 print(time.perf_counter() - t0, errors)
@@ -77,12 +86,8 @@ def main() -> None:
     if not torch.backends.mkldnn.is_available():
         parser.error(f"this torch ({torch.__version__}) was built without oneDNN: nothing to compare")
     torch.set_num_threads(args.threads)
-    lp = torch.ops.mkldnn._linear_pointwise
     gen = torch.Generator().manual_seed(0)
     s, m = 2, args.rows
-
-    def onednn(x, w, b=None):
-        return torch.stack([lp(x[i], w[i], None if b is None else b[i], "none", [], "") for i in range(s)])
 
     print(f"1. GEMMs of the linear layers, 2 seeds × {m} rows, {args.threads} thread(s), µs (median of 50)\n")
     print("| in → out | pass | MKL, batched | oneDNN, per seed | ratio | largest difference |")
@@ -92,10 +97,10 @@ def main() -> None:
                    torch.randn(s, n, generator=gen))
         g = torch.randn(s, m, n, generator=gen)
         passes = {
-            "forward": (lambda: torch.baddbmm(b.unsqueeze(1), x, w), lambda: onednn(x, w.transpose(1, 2), b)),
-            "input gradient": (lambda: torch.bmm(g, w.transpose(1, 2)), lambda: onednn(g, w)),
+            "forward": (lambda: torch.baddbmm(b.unsqueeze(1), x, w), lambda: per_seed(x, w.transpose(1, 2), b)),
+            "input gradient": (lambda: torch.bmm(g, w.transpose(1, 2)), lambda: per_seed(g, w)),
             "weight gradient": (lambda: torch.bmm(x.transpose(1, 2), g),
-                                lambda: onednn(x.transpose(1, 2), g.transpose(1, 2))),
+                                lambda: per_seed(x.transpose(1, 2), g.transpose(1, 2))),
         }
         for name, (ref, new) in passes.items():
             a, c = median_us(ref), median_us(new)
@@ -105,7 +110,7 @@ def main() -> None:
     xs = [torch.randn(s, rows, 64, generator=gen) for rows in range(800, 1000)]
     print("\n2. a new row count each call (64 → 256 forward, rows 800–999), µs per call")
     for name, fn in (("MKL", lambda x: torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))),
-                     ("oneDNN", lambda x: onednn(x, w, b))):
+                     ("oneDNN", lambda x: per_seed(x, w, b))):
         for attempt in ("first pass", "second pass"):
             t0 = time.perf_counter()
             for x in xs:

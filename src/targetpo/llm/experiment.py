@@ -407,12 +407,12 @@ ACCURACY_AXIS = (-0.02, 1.02)  # [0, 1] with a margin that keeps a curve at 0 or
 def _warm_start_text(cfg: dict, ws_steps, done: bool = True) -> str:
     """The warm start as run: its step budget, its stop accuracy and where it stopped (its last evaluation), or
     how far it has got when its unit has not finished (a partial run)."""
+    if not cfg.get("warmstart_until"):  # 0, or a run from before the field
+        return f"warm start {cfg['warmstart_steps']} supervised steps"
     took = ""
     if len(ws_steps):
         took = (f"; it took {count(int(ws_steps[-1]), 'step')}" if done
                 else f"; still running, {count(int(ws_steps[-1]), 'step')} so far")
-    if not cfg.get("warmstart_until"):  # 0, or a run from before the field
-        return f"warm start {cfg['warmstart_steps']} supervised steps"
     return (f"warm start until held-out accuracy ≥ {cfg['warmstart_until']}, at most {cfg['warmstart_steps']} "
             f"supervised steps{took}")
 
