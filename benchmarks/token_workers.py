@@ -16,7 +16,6 @@ below. Rounds alternate (a) and (b); each run is a fresh interpreter.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -45,7 +44,7 @@ def timed_together(children: list[tuple[str, ...]]) -> tuple[float, list[float]]
     """Start every child at once; the wall seconds until the last ends, and each child's own seconds."""
     t0 = time.perf_counter()
     procs = [subprocess.Popen([sys.executable, "-c", _CHILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=os.environ) for args in children]
+                              text=True) for args in children]
     outs = [p.communicate() for p in procs]
     wall = time.perf_counter() - t0
     for p, (out, err), args in zip(procs, outs, children):
