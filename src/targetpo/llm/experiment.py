@@ -404,7 +404,7 @@ CEILING = 0.8
 ACCURACY_AXIS = (-0.02, 1.02)  # [0, 1] with a margin that keeps a curve at 0 or 1 off the axis line
 
 
-def _warm_start_text(cfg: dict, ws_steps, done: bool = True) -> str:
+def _warm_start_text(cfg: dict, ws_steps, done: bool) -> str:
     """The warm start as run: its step budget, its stop accuracy and where it stopped (its last evaluation), or
     how far it has got when its unit has not finished (a partial run)."""
     if not cfg.get("warmstart_until"):  # 0, or a run from before the field
@@ -420,13 +420,13 @@ def _warm_start_text(cfg: dict, ws_steps, done: bool = True) -> str:
 def report(run, section) -> None:
     cfg = run.config
     ws_steps, ws_acc = run.series(WARMSTART, "heldout_accuracy") if WARMSTART in run.units() else ([], [])
-    ws_done = WARMSTART in run.done_units()
+    warm_start = _warm_start_text(cfg, ws_steps, WARMSTART in run.done_units())
     section.text(__doc__.split("\n\n", 1)[1])
     section.text(f"Model `{cfg['model']}`"
                  + (f" ({cfg['tiny_hidden']} hidden, {count(cfg['tiny_layers'], 'layer')})" if cfg["model"] == "tiny" else "")
                  + f"; task `{cfg['task']}`; K = {cfg['k']}, B = {cfg['batch_prompts']} prompts, {cfg['steps']} RL "
                  f"steps, μ = {cfg['epochs']}, AdamW lr {cfg['lr']}, KL β = {cfg['kl_coef']}, LoRA r = {cfg['lora_r']}, "
-                 f"{_warm_start_text(cfg, ws_steps, ws_done)}; {count(cfg['seeds'], 'paired seed')}.")
+                 f"{warm_start}; {count(cfg['seeds'], 'paired seed')}.")
     reward, acc = method_series(run, "reward"), method_series(run, "heldout_accuracy")
     if not reward:
         section.text("No RL steps recorded yet.")
@@ -483,7 +483,7 @@ def report(run, section) -> None:
     for m in (m for m in reward if m.startswith("tpo") and "grpo" in reward):
         start_acc = float(acc[m][1][0].mean()) if m in acc and len(acc[m][1]) else None  # after the warm start
         headroom = ("" if start_acc is None or start_acc >= CEILING else
-                    f"RL starts at {start_acc:.3f} held-out accuracy ({_warm_start_text(cfg, ws_steps, ws_done)}), "
+                    f"RL starts at {start_acc:.3f} held-out accuracy ({warm_start}), "
                     f"below the {CEILING} ceiling level; ")
         checked = (f"{headroom}checked: {count(cfg['seeds'], 'paired seed')}, {cfg['steps']} RL steps, model "
                    f"`{cfg['model']}`, task `{cfg['task']}`; the paper's comparison is at 1.5–1.7B scale")
