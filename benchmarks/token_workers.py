@@ -22,21 +22,23 @@ import sys
 import time
 
 from _args import Parser, positive_int  # benchmarks/ is on sys.path when run as a script
+from tokens import TOKEN_METHODS
 
-# One process: `threads` torch threads, then each "method:seed,seed" trial of the smoke configuration in turn.
+# One process: `threads` torch threads, then each "method:seed,seed" trial of the smoke configuration in turn; run
+# from benchmarks/, so it imports the configuration from tokens.py.
 _CHILD = """
 import json, sys, time, torch
 torch.set_num_threads(int(sys.argv[1]))
 from targetpo.tokens import engine as te
-cfg = te.TrialConfig(task="reverse_copy", reward="bag", length=10, vocab=2, batch=100, k=8, episodes=50)
+from tokens import SMOKE
 t0 = time.perf_counter()
 for spec in sys.argv[2:]:
     method, seeds = spec.split(":")
-    te.run_trial(cfg, method, [int(s) for s in seeds.split(",")])
+    te.run_trial(SMOKE, method, [int(s) for s in seeds.split(",")])
 print(json.dumps({"wall": time.perf_counter() - t0}))
 """
 
-ONE_PROCESS = [("2", "tpo_token:0,1", "grpo_token:0,1", "ppo:0,1", "dg:0,1")]
+ONE_PROCESS = [("2", *(f"{m}:0,1" for m in TOKEN_METHODS))]
 TWO_WORKERS = [("1", "tpo_token:0,1,2,3"), ("1", "ppo:0,1,2,3", "dg:0,1")]
 
 
@@ -44,7 +46,7 @@ def timed_together(children: list[tuple[str, ...]]) -> tuple[float, list[float]]
     """Start every child at once; the wall seconds until the last ends, and each child's own seconds."""
     t0 = time.perf_counter()
     procs = [subprocess.Popen([sys.executable, "-c", _CHILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for args in children]
+                              text=True, cwd=sys.path[0]) for args in children]
     outs = [p.communicate() for p in procs]
     wall = time.perf_counter() - t0
     for p, (out, err), args in zip(procs, outs, children):
